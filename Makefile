@@ -1,0 +1,47 @@
+# Every target bootstraps what it needs: a .venv with the package and its dev tools,
+# and the Node driver of the real @waku/sds for the interop tests.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+JS     := tests/interop/js
+JSSTAMP := $(JS)/node_modules/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint typecheck proto bench fuzz clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+$(JSSTAMP): $(JS)/package.json $(JS)/package-lock.json
+	cd $(JS) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+demo: $(STAMP)
+	$(VENV)/bin/sdsync demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench examples
+	$(VENV)/bin/ruff format --check src tests bench examples
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+test: $(STAMP) $(JSSTAMP) lint typecheck
+	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
+
+proto: $(STAMP)
+	cd src && PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(CURDIR)/$(PY) -m grpc_tools.protoc -I. \
+		--python_out=. --mypy_out=. sdsync/wire/sds_message.proto
+
+bench: $(STAMP) $(JSSTAMP)
+	$(PY) bench/core_vs_js.py
+
+fuzz: $(STAMP)
+	$(PY) bench/fuzz_decoders.py --examples 100000
+
+clean:
+	rm -rf $(VENV) $(JS)/node_modules .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,134 @@
+"""Bloom filters with js-waku's exact bytes, and the rolling filter a channel keeps.
+
+Theory of operation
+-------------------
+A filter is sized from a capacity ``n`` and an error rate ``p``:
+``bits_per_elem = ceil(-ln p / ln(2)^2)``, ``k = round_half_up(ln 2 * bits_per_elem)``,
+``m = n * bits_per_elem`` bits held in ``1 + m // 64`` 64-bit words. Positions come from
+MurmurHash3 (x86, 32-bit, seed 0, read signed) with double hashing:
+``hA = |h(s)| mod m``, ``hB = |h(s + " b")| mod m``, ``pos_i = |hA + i*hB| mod m``.
+Bit ``pos`` is bit ``pos % 64`` of word ``pos // 64``, least significant first, and words
+are serialised big-endian. We keep the bits *in that serialised layout*, so producing the
+wire bytes is a copy and testing a received filter needs no parsing at all.
+
+A channel's own filter rolls over (the spec's SHOULD; js-waku never does): once it holds
+``capacity`` ids it is rebuilt from the most recent ``capacity // 2`` ids, so its false
+positive rate stays near the configured one forever. Only the local contents change; the
+size and therefore the wire format do not.
+
+A *received* filter is evidence, not state. It is usable only if it has exactly our size
+(peers must agree on parameters) and is not saturated: a filter whose fill ratio implies a
+false-positive rate far above the agreed one would "acknowledge" almost anything.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import mmh3
+
+Position = tuple[int, int]  # (byte index in the serialised filter, bit mask)
+
+
+@dataclass(frozen=True, slots=True)
+class BloomParams:
+    """Filter geometry agreed by all participants of a channel."""
+
+    capacity: int = 10_000
+    error_rate: float = 0.001
+    k: int = field(init=False)
+    m_bits: int = field(init=False)
+    n_bytes: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.capacity < 1:
+            raise ValueError(f"bloom capacity must be positive, got {self.capacity}")
+        if not 0.0 < self.error_rate < 1.0:
+            raise ValueError(f"bloom error rate must be in (0, 1), got {self.error_rate}")
+        bits_per_elem = math.ceil(-math.log(self.error_rate) / math.log(2) ** 2)
+        m_bits = self.capacity * bits_per_elem
+        object.__setattr__(self, "k", math.floor(math.log(2) * bits_per_elem + 0.5))
+        object.__setattr__(self, "m_bits", m_bits)
+        object.__setattr__(self, "n_bytes", (1 + m_bits // 64) * 8)
+
+    def positions(self, item: str) -> tuple[Position, ...]:
+        """Where ``item``'s k bits live in the serialised filter."""
+        m = self.m_bits
+        data = item.encode()
+        hash_a = abs(mmh3.hash(data, 0, signed=True)) % m
+        hash_b = abs(mmh3.hash(data + b" b", 0, signed=True)) % m
+        out = []
+        for i in range(self.k):
+            pos = (hash_a + i * hash_b) % m
+            out.append(((pos >> 6) * 8 + 7 - ((pos & 63) >> 3), 1 << (pos & 7)))
+        return tuple(out)
+
+    def false_positive_rate(self, data: bytes) -> float:
+        """The false-positive rate a filter with these bits would have."""
+        fill = int.from_bytes(data, "big").bit_count() / self.m_bits
+        return float(fill**self.k)
+
+
+def contains(data: bytes | bytearray, positions: tuple[Position, ...]) -> bool:
+    """Whether all of an item's bits are set in serialised filter bytes."""
+    return all(data[i] & mask for i, mask in positions)
+
+
+class BloomFilter:
+    """A fixed-size filter (no rollover) with js-waku's byte layout."""
+
+    __slots__ = ("_bits", "count", "params")
+
+    def __init__(self, params: BloomParams, data: bytes | None = None) -> None:
+        if data is not None and len(data) != params.n_bytes:
+            raise ValueError(f"filter has {len(data)} bytes, expected {params.n_bytes}")
+        self.params = params
+        self._bits = bytearray(data) if data is not None else bytearray(params.n_bytes)
+        self.count = 0
+
+    def insert(self, item: str) -> None:
+        self.insert_positions(self.params.positions(item))
+
+    def insert_positions(self, positions: tuple[Position, ...]) -> None:
+        bits = self._bits
+        for i, mask in positions:
+            bits[i] |= mask
+        self.count += 1
+
+    def __contains__(self, item: str) -> bool:
+        return contains(self._bits, self.params.positions(item))
+
+    def to_bytes(self) -> bytes:
+        return bytes(self._bits)
+
+
+class RollingBloomFilter:
+    """A channel's own filter: rebuilt from its most recent ids once it is full."""
+
+    __slots__ = ("_filter", "_recent", "params", "rollover")
+
+    def __init__(self, params: BloomParams, *, rollover: bool = True) -> None:
+        self.params = params
+        self.rollover = rollover
+        self._filter = BloomFilter(params)
+        self._recent: deque[str] = deque(maxlen=params.capacity)
+
+    def insert(self, item: str) -> None:
+        if self.rollover and self._filter.count >= self.params.capacity:
+            self._roll_over()
+        self._filter.insert(item)
+        self._recent.append(item)
+
+    def _roll_over(self) -> None:
+        keep = list(self._recent)[-(self.params.capacity // 2) :]
+        self._filter = BloomFilter(self.params)
+        for item in keep:
+            self._filter.insert(item)
+
+    def __contains__(self, item: str) -> bool:
+        return item in self._filter
+
+    def to_bytes(self) -> bytes:
+        return self._filter.to_bytes()

@@ -1,0 +1,68 @@
+"""Per-channel protocol parameters; defaults follow js-waku where it is right."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from sdsync.core.bloom import BloomParams
+from sdsync.errors import LocalProtocolError
+from sdsync.wire import DEFAULT_LIMITS, WireLimits
+
+OwnLogPolicy = Literal["on_send", "on_ack"]
+
+
+@dataclass(frozen=True, slots=True)
+class RepairConfig:
+    """SDS-R: timing windows and response groups (REFERENCE §3)."""
+
+    enabled: bool = True
+    t_min_ms: int = 30_000
+    t_max_ms: int = 120_000
+    response_groups: int = 1
+    buffer_size: int = 1_000
+    max_requests_per_message: int = 3
+    # Full wire bytes are kept for this many of the most recent log entries so that we
+    # can answer repair requests; older messages are left to store nodes.
+    cache_size: int = 1_000
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.t_min_ms < self.t_max_ms:
+            raise LocalProtocolError("repair needs 0 <= t_min_ms < t_max_ms")
+        if self.response_groups < 1 or self.buffer_size < 1 or self.cache_size < 0:
+            raise LocalProtocolError("repair response groups and buffer size must be positive")
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelConfig:
+    """Everything a MessageChannel needs to know besides its identity."""
+
+    causal_history_size: int = 200
+    bloom: BloomParams = field(default_factory=BloomParams)
+    bloom_rollover: bool = True
+    possible_acks_threshold: int = 2
+    # A received filter whose fill implies a false-positive rate above this gives no ack
+    # evidence (10x the agreed rate by default: such a filter is far past its capacity).
+    max_bloom_false_positive_rate: float = 0.01
+    lost_timeout_ms: int | None = None
+    max_incoming_buffer: int = 10_000
+    # Entries beyond this many leave memory for the HistoryStore (which still answers
+    # "have we seen it?"); causal histories only ever reference the newest entries.
+    max_log_entries: int = 100_000
+    own_log_policy: OwnLogPolicy = "on_send"
+    repair: RepairConfig = field(default_factory=RepairConfig)
+    limits: WireLimits = DEFAULT_LIMITS
+
+    def __post_init__(self) -> None:
+        if self.causal_history_size < 0:
+            raise LocalProtocolError("causal_history_size must be >= 0")
+        if self.possible_acks_threshold < 1:
+            raise LocalProtocolError("possible_acks_threshold must be >= 1")
+        if self.lost_timeout_ms is not None and self.lost_timeout_ms <= 0:
+            raise LocalProtocolError("lost_timeout_ms must be positive (or None to disable)")
+        if self.max_incoming_buffer < 1 or self.max_log_entries < 1:
+            raise LocalProtocolError("buffer and log caps must be positive")
+        if self.causal_history_size > self.limits.max_causal_history:
+            raise LocalProtocolError("causal_history_size exceeds what peers accept")
+        if self.own_log_policy not in ("on_send", "on_ack"):
+            raise LocalProtocolError(f"unknown own_log_policy {self.own_log_policy!r}")

@@ -1,0 +1,140 @@
+"""Events the protocol engine returns to its caller (h11 style: values, not callbacks).
+
+Every state-changing call on a :class:`~sdsync.core.MessageChannel` returns the list of
+events it caused, in order. The runtime turns them into I/O and application callbacks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sdsync.wire import HistoryEntry
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """Base class; ``type`` is the stable name used in JSON (see ``sdsync peer``)."""
+
+    message_id: str
+
+    type = "event"
+
+
+@dataclass(frozen=True, slots=True)
+class MessageSent(Event):
+    """Our content message was handed to the transport (and entered our log, on_send)."""
+
+    lamport_timestamp: int
+    type = "message_sent"
+
+
+@dataclass(frozen=True, slots=True)
+class MessageReceived(Event):
+    """A content message arrived; ``missing`` lists dependencies we never received."""
+
+    sender_id: str
+    lamport_timestamp: int
+    unmet_dependencies: int
+    type = "message_received"
+
+
+@dataclass(frozen=True, slots=True)
+class MessageDelivered(Event):
+    """A content message's causal dependencies are all met; it is in the local log."""
+
+    sender_id: str
+    lamport_timestamp: int
+    content: bytes
+    retrieval_hint: bytes | None
+    type = "message_delivered"
+
+
+@dataclass(frozen=True, slots=True)
+class EphemeralReceived(Event):
+    """An ephemeral message: delivered at once, never logged, buffered or acknowledged."""
+
+    sender_id: str
+    content: bytes
+    type = "ephemeral_received"
+
+
+@dataclass(frozen=True, slots=True)
+class MessageAcknowledged(Event):
+    """One of our messages left the outgoing buffer: a peer has it."""
+
+    by_causal_history: bool
+    type = "message_acknowledged"
+
+
+@dataclass(frozen=True, slots=True)
+class MessagePossiblyAcknowledged(Event):
+    """A bloom filter from a new distinct peer contains one of our messages."""
+
+    count: int
+    type = "message_possibly_acknowledged"
+
+
+@dataclass(frozen=True, slots=True)
+class MessageMissing(Event):
+    """A dependency we have never received; retrieve it with the hint if possible."""
+
+    retrieval_hint: bytes | None
+    sender_id: str | None
+    type = "message_missing"
+
+
+@dataclass(frozen=True, slots=True)
+class MessageLost(Event):
+    """A dependency given up on after the lost timeout; its dependents were delivered."""
+
+    type = "message_lost"
+
+
+@dataclass(frozen=True, slots=True)
+class MessageDropped(Event):
+    """An incoming message we discarded without changing state, and why."""
+
+    reason: str
+    type = "message_dropped"
+
+
+@dataclass(frozen=True, slots=True)
+class SendFailed(Event):
+    """The caller gave up on one of our messages; it will never be reported as sent."""
+
+    type = "send_failed"
+
+
+@dataclass(frozen=True, slots=True)
+class SyncSent(Event):
+    lamport_timestamp: int
+    type = "sync_sent"
+
+
+@dataclass(frozen=True, slots=True)
+class SyncReceived(Event):
+    sender_id: str
+    type = "sync_received"
+
+
+@dataclass(frozen=True, slots=True)
+class RepairRequestSent(Event):
+    """We asked the group to rebroadcast ``message_id`` (carried by another message)."""
+
+    carrier_message_id: str
+    type = "repair_request_sent"
+
+
+@dataclass(frozen=True, slots=True)
+class RepairRequestReceived(Event):
+    sender_id: str
+    type = "repair_request_received"
+
+
+@dataclass(frozen=True, slots=True)
+class RepairResponseSent(Event):
+    type = "repair_response_sent"
+
+
+def missing_event(entry: HistoryEntry) -> MessageMissing:
+    return MessageMissing(entry.message_id, entry.retrieval_hint, entry.sender_id)

@@ -1,0 +1,115 @@
+"""The local log: every delivered message id, ordered by (Lamport timestamp, message id).
+
+Theory of operation
+-------------------
+The log is a sorted list of ``(lamport, message_id)`` keys plus a dict from id to its
+:class:`LogEntry`. Insertion is O(log n) wherever the key lands, so a late message slots
+into the middle without re-sorting anything; membership is O(1); the causal history is
+the last few keys. Two messages with the same Lamport timestamp are ordered by id — the
+spec's conflict resolution falls out of the key order.
+
+Memory is bounded: beyond ``max_entries`` the oldest entries are handed to a
+:class:`HistoryStore` (the application's long-term storage, per the reliability API
+proposal), which keeps answering :meth:`LocalLog.__contains__` so an old message that
+arrives again is still recognised as a duplicate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from sortedcontainers import SortedList
+
+from sdsync.wire import HistoryEntry
+
+
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    message_id: str
+    lamport_timestamp: int
+    sender_id: str
+    retrieval_hint: bytes | None = None
+
+    def history_entry(self) -> HistoryEntry:
+        return HistoryEntry(self.message_id, self.retrieval_hint, self.sender_id)
+
+
+class HistoryStore(Protocol):
+    """Long-term storage for log entries that left the in-memory window."""
+
+    def append(self, entry: LogEntry) -> None: ...
+
+    def __contains__(self, message_id: object) -> bool: ...
+
+
+class MemoryHistoryStore:
+    """Keeps only the ids of evicted entries: enough to recognise duplicates."""
+
+    def __init__(self) -> None:
+        self._ids: set[str] = set()
+
+    def append(self, entry: LogEntry) -> None:
+        self._ids.add(entry.message_id)
+
+    def __contains__(self, message_id: object) -> bool:
+        return message_id in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+
+class LocalLog:
+    __slots__ = ("_entries", "_keys", "history_store", "max_entries", "total")
+
+    def __init__(self, max_entries: int, history_store: HistoryStore | None = None) -> None:
+        self.max_entries = max_entries
+        self.history_store: HistoryStore = (
+            history_store if history_store is not None else MemoryHistoryStore()
+        )
+        self._keys: SortedList = SortedList()
+        self._entries: dict[str, LogEntry] = {}
+        self.total = 0  # entries ever inserted, including evicted ones
+
+    def __contains__(self, message_id: object) -> bool:
+        return message_id in self._entries or message_id in self.history_store
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, message_id: str) -> LogEntry | None:
+        return self._entries.get(message_id)
+
+    def insert(self, entry: LogEntry) -> list[LogEntry]:
+        """Add an entry; returns the entries evicted to the history store."""
+        self._keys.add((entry.lamport_timestamp, entry.message_id))
+        self._entries[entry.message_id] = entry
+        self.total += 1
+        evicted = []
+        while len(self._keys) > self.max_entries:
+            _, oldest_id = self._keys.pop(0)
+            old = self._entries.pop(oldest_id)
+            self.history_store.append(old)
+            evicted.append(old)
+        return evicted
+
+    def set_retrieval_hint(self, message_id: str, hint: bytes) -> bool:
+        entry = self._entries.get(message_id)
+        if entry is None:
+            return False
+        self._entries[message_id] = LogEntry(
+            entry.message_id, entry.lamport_timestamp, entry.sender_id, hint
+        )
+        return True
+
+    def tail(self, n: int) -> list[LogEntry]:
+        """The newest ``n`` entries, oldest first."""
+        if n <= 0:
+            return []
+        entries = self._entries
+        return [entries[mid] for _, mid in self._keys[-n:]]
+
+    def __iter__(self) -> Iterator[LogEntry]:
+        entries = self._entries
+        return (entries[mid] for _, mid in self._keys)

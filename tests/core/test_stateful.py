@@ -1,0 +1,437 @@
+"""Stateful and randomised simulations of 3-5 SDS participants over a lossy network.
+
+The network is simulated packet by packet: every transmission becomes one in-flight packet
+per recipient, and the test (hypothesis, or a seeded ``random.Random``) decides which packet
+moves next and whether it is delivered, dropped or duplicated (a copy is delivered and the
+packet stays in flight). Picking an arbitrary packet each time also reorders them. Time is
+a virtual clock the test advances; nothing reads the wall clock.
+
+Invariants checked after every step:
+
+* no participant ever gets the same message delivered twice, nor its own message;
+* every log iterates in strictly increasing ``(lamport_timestamp, message_id)`` order, holds
+  exactly what the events said was sent or delivered, and with the Lamport timestamp the
+  message was sent with;
+* causal order: when a message is delivered, every id in its causal history had already
+  been sent or delivered by that participant (or reported lost, when a lost timeout is set).
+
+At the end the network stops losing packets and the participants keep exchanging syncs,
+SDS-R repairs and resends until nothing is left to do; then every log must hold every
+message ever sent, in the same order, and every outgoing buffer must drain.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from sdsync.core.channel import MessageChannel
+from sdsync.core.config import ChannelConfig, RepairConfig
+from sdsync.core.events import (
+    Event,
+    MessageAcknowledged,
+    MessageDelivered,
+    MessageDropped,
+    MessageLost,
+    MessageSent,
+    RepairResponseSent,
+)
+from sdsync.wire import Message, decode
+
+CHANNEL = "stateful-channel"
+START_MS = 1_700_000_000_000
+FAST_REPAIR = RepairConfig(t_min_ms=1_000, t_max_ms=5_000)
+
+
+@dataclass(slots=True)
+class Packet:
+    src: str
+    dst: str
+    data: bytes
+
+
+@dataclass
+class Sim:
+    """Participants, the virtual clock, the network, and what the test knows happened."""
+
+    n: int
+    config: ChannelConfig
+    now_ms: int = START_MS
+    ids: list[str] = field(default_factory=list)
+    chans: dict[str, MessageChannel] = field(default_factory=dict)
+    in_flight: list[Packet] = field(default_factory=list)
+    # Every content message ever sent, by id, as it went on the wire.
+    sent: dict[str, Message] = field(default_factory=dict)
+    # Per participant: ids the events say are in its log, in the order they got there.
+    present: dict[str, set[str]] = field(default_factory=dict)
+    order: dict[str, list[str]] = field(default_factory=dict)
+    # Per participant: ids it reported lost (only with a lost timeout).
+    lost: dict[str, set[str]] = field(default_factory=dict)
+    payloads: int = 0
+    stats: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.ids = [f"p{i}" for i in range(self.n)]
+        for pid in self.ids:
+            self.chans[pid] = MessageChannel(CHANNEL, pid, now_ms=self.now_ms, config=self.config)
+            self.present[pid] = set()
+            self.order[pid] = []
+            self.lost[pid] = set()
+
+    # ------------------------------------------------------------- bookkeeping
+
+    def count(self, key: str, amount: int = 1) -> None:
+        self.stats[key] = self.stats.get(key, 0) + amount
+
+    def _enter(self, pid: str, mid: str) -> None:
+        assert mid not in self.present[pid], f"{pid}: {mid} entered the log twice"
+        self.present[pid].add(mid)
+        self.order[pid].append(mid)
+
+    def apply(self, pid: str, events: list[Event], *, waiting: set[str] | None = None) -> None:
+        """Check and record what a call on ``pid``'s channel reported.
+
+        ``waiting`` is the incoming buffer before a sweep: a lost-timeout sweep may deliver
+        a message ahead of dependencies that are still buffered (by design).
+        """
+        for event in events:
+            if isinstance(event, MessageSent):
+                self._enter(pid, event.message_id)
+            elif isinstance(event, MessageAcknowledged):
+                if self.config.own_log_policy == "on_ack":
+                    self._enter(pid, event.message_id)
+            elif isinstance(event, MessageLost):
+                self.lost[pid].add(event.message_id)
+            elif isinstance(event, MessageDelivered):
+                mid = event.message_id
+                assert mid in self.sent, f"{pid}: delivered {mid}, which nobody sent"
+                message = self.sent[mid]
+                assert message.sender_id != pid, f"{pid}: own message {mid} delivered"
+                assert event.sender_id == message.sender_id
+                assert event.lamport_timestamp == message.lamport_timestamp
+                assert event.content == message.content
+                assert mid not in self.present[pid], f"{pid}: {mid} delivered twice"
+                deps = {h.message_id for h in message.causal_history} - {mid}
+                unmet = deps - self.present[pid] - self.lost[pid] - (waiting or set())
+                assert not unmet, f"{pid}: {mid} delivered before its dependencies {unmet}"
+                self._enter(pid, mid)
+                self.count("delivered")
+            elif isinstance(event, MessageDropped):
+                self.count(f"dropped: {event.reason}")
+            elif isinstance(event, RepairResponseSent):
+                self.count("repair responses")
+
+    def broadcast(self, src: str, data: bytes) -> None:
+        self.in_flight.extend(Packet(src, dst, data) for dst in self.ids if dst != src)
+
+    # ------------------------------------------------------------------ actions
+
+    def advance(self, ms: int) -> None:
+        self.now_ms += ms
+
+    def send(self, pid: str) -> str:
+        self.payloads += 1
+        payload = f"payload {self.payloads} from {pid}".encode()
+        out = self.chans[pid].send(payload, self.now_ms)
+        assert out.message_id not in self.sent
+        # The bytes on the wire are the message we keep as the reference.
+        assert decode(out.data) == out.message
+        self.sent[out.message_id] = out.message
+        self.apply(pid, out.events)
+        self.broadcast(pid, out.data)
+        return out.message_id
+
+    def deliver(self, index: int, *, keep: bool = False) -> None:
+        packet = self.in_flight[index] if keep else self.in_flight.pop(index)
+        events = self.chans[packet.dst].receive(packet.data, self.now_ms)
+        self.apply(packet.dst, events)
+        self.count("receives")
+
+    def drop(self, index: int) -> None:
+        self.in_flight.pop(index)
+        self.count("losses")
+
+    def sync(self, pid: str) -> None:
+        out = self.chans[pid].send_sync(self.now_ms)
+        if out is not None:
+            self.apply(pid, out.events)
+            self.broadcast(pid, out.data)
+
+    def resend_all(self, pid: str) -> int:
+        chan = self.chans[pid]
+        sweep = chan.sweep_outgoing()
+        entries = sweep.unacknowledged + sweep.possibly_acknowledged
+        for entry in entries:
+            data = chan.resend(entry.message.message_id, self.now_ms)
+            assert data == entry.data
+            self.broadcast(pid, data)
+        self.count("resends", len(entries))
+        return len(entries)
+
+    def sweep_incoming(self, pid: str) -> None:
+        chan = self.chans[pid]
+        waiting = set(chan.incoming_ids())
+        self.apply(pid, chan.sweep_incoming(self.now_ms).events, waiting=waiting)
+
+    def sweep_repair(self, pid: str) -> None:
+        sweep = self.chans[pid].sweep_repair(self.now_ms)
+        self.apply(pid, sweep.events)
+        for data in sweep.data:
+            self.broadcast(pid, data)
+
+    # --------------------------------------------------------------- invariants
+
+    def check(self) -> None:
+        for pid, chan in self.chans.items():
+            entries = list(chan.log)
+            keys = [(e.lamport_timestamp, e.message_id) for e in entries]
+            assert keys == sorted(keys), f"{pid}: log out of (lamport, id) order"
+            assert len(set(keys)) == len(keys), f"{pid}: duplicate log keys"
+            ids = chan.log_ids()
+            assert len(set(ids)) == len(ids), f"{pid}: an id appears twice in the log"
+            assert set(ids) == self.present[pid], f"{pid}: log disagrees with the events"
+            for entry in entries:
+                assert entry.lamport_timestamp == self.sent[entry.message_id].lamport_timestamp
+            if entries:
+                assert chan.lamport_timestamp >= entries[-1].lamport_timestamp
+            assert not set(chan.incoming_ids()) & set(ids), f"{pid}: logged id still buffered"
+
+    def converged(self) -> bool:
+        everything = set(self.sent)
+        logs = [self.chans[pid].log_ids() for pid in self.ids]
+        return all(set(log) == everything for log in logs) and all(log == logs[0] for log in logs)
+
+    def flush(self) -> None:
+        """Lossless FIFO delivery of everything in flight (nothing here sends)."""
+        while self.in_flight:
+            self.deliver(0)
+            self.check()
+
+    def quiesce(self, max_rounds: int = 40) -> int:
+        """Stop losses; sync, repair and resend until converged. Returns rounds used."""
+        t_max = self.config.repair.t_max_ms
+        for rounds in range(max_rounds):
+            self.flush()
+            if self.converged() and not any(c.incoming_ids() for c in self.chans.values()):
+                return rounds
+            for pid in self.ids:
+                self.sweep_incoming(pid)
+            self.advance(t_max + 1)
+            for pid in self.ids:  # due SDS-R requests ride on these
+                self.sync(pid)
+            self.flush()
+            self.advance(t_max + 1)
+            for pid in self.ids:
+                self.sweep_repair(pid)
+            self.flush()
+            for pid in self.ids:
+                self.resend_all(pid)
+            self.flush()
+            self.advance(1_000)
+        return max_rounds
+
+    def assert_quiescent(self) -> None:
+        rounds = self.quiesce()
+        logs = {pid: self.chans[pid].log_ids() for pid in self.ids}
+        missing = {pid: sorted(set(self.sent) - set(log)) for pid, log in logs.items()}
+        assert all(not m for m in missing.values()), f"never converged: missing {missing}"
+        first = logs[self.ids[0]]
+        assert all(log == first for log in logs.values()), "logs hold the same ids, in two orders"
+        for pid in self.ids:
+            assert not self.chans[pid].incoming_ids(), f"{pid}: incoming buffer never drained"
+        assert rounds < 40
+        # Once everyone has everything, one round of syncs acknowledges everything.
+        self.advance(1_000)
+        for pid in self.ids:
+            self.sync(pid)
+        self.flush()
+        for pid in self.ids:
+            assert not self.chans[pid].outgoing_ids(), f"{pid}: outgoing buffer never drained"
+
+
+# --------------------------------------------------------------------------- hypothesis
+
+
+class SdsNetwork(RuleBasedStateMachine):
+    """Participants send, sync, resend and sweep while the network loses and reorders."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sim: Sim | None = None
+
+    def make_config(self, history: int) -> ChannelConfig:
+        raise NotImplementedError
+
+    @initialize(n=st.integers(3, 5), history=st.integers(2, 5))
+    def setup(self, n: int, history: int) -> None:
+        self.sim = Sim(n, self.make_config(history))
+
+    @property
+    def s(self) -> Sim:
+        assert self.sim is not None
+        return self.sim
+
+    def who(self, index: int) -> str:
+        return self.s.ids[index % self.s.n]
+
+    @rule(who=st.integers(0, 4))
+    def send(self, who: int) -> None:
+        self.s.send(self.who(who))
+
+    @rule(who=st.integers(0, 4))
+    def send_burst(self, who: int) -> None:
+        for _ in range(3):
+            self.s.send(self.who(who))
+
+    @precondition(lambda self: self.s.in_flight)
+    @rule(pick=st.integers(0, 1 << 16))
+    def deliver(self, pick: int) -> None:
+        self.s.deliver(pick % len(self.s.in_flight))
+
+    @precondition(lambda self: self.s.in_flight)
+    @rule(pick=st.integers(0, 1 << 16), count=st.integers(1, 8))
+    def deliver_many(self, pick: int, count: int) -> None:
+        for _ in range(count):
+            if not self.s.in_flight:
+                break
+            self.s.deliver(pick % len(self.s.in_flight))
+
+    @precondition(lambda self: self.s.in_flight)
+    @rule(pick=st.integers(0, 1 << 16))
+    def drop(self, pick: int) -> None:
+        self.s.drop(pick % len(self.s.in_flight))
+
+    @precondition(lambda self: self.s.in_flight)
+    @rule(pick=st.integers(0, 1 << 16))
+    def duplicate(self, pick: int) -> None:
+        self.s.deliver(pick % len(self.s.in_flight), keep=True)
+
+    @rule(who=st.integers(0, 4))
+    def sync(self, who: int) -> None:
+        self.s.sync(self.who(who))
+
+    @rule(who=st.integers(0, 4))
+    def resend(self, who: int) -> None:
+        self.s.resend_all(self.who(who))
+
+    @rule(who=st.integers(0, 4))
+    def sweep_incoming(self, who: int) -> None:
+        self.s.sweep_incoming(self.who(who))
+
+    @rule(who=st.integers(0, 4))
+    def sweep_repair(self, who: int) -> None:
+        self.s.sweep_repair(self.who(who))
+
+    @rule(step=st.sampled_from([1, 10, 250, 1_000, 6_000, 31_000, 121_000]))
+    def advance_clock(self, step: int) -> None:
+        self.s.advance(step)
+
+    @invariant()
+    def invariants_hold(self) -> None:
+        if self.sim is not None:
+            self.sim.check()
+
+    def teardown(self) -> None:
+        if self.sim is not None:
+            self.sim.assert_quiescent()
+
+
+class SmallHistoryNetwork(SdsNetwork):
+    """Causal history of 2-5 ids (the spec's recommendation) and fast SDS-R timers."""
+
+    def make_config(self, history: int) -> ChannelConfig:
+        return ChannelConfig(causal_history_size=history, repair=FAST_REPAIR)
+
+
+class DefaultConfigNetwork(SdsNetwork):
+    """The shipped defaults: 200-id causal history, js-sized bloom, 30-120 s SDS-R."""
+
+    def make_config(self, history: int) -> ChannelConfig:
+        return ChannelConfig()
+
+
+class LostTimeoutNetwork(SdsNetwork):
+    """Small history with a lost timeout: stuck messages are eventually delivered anyway."""
+
+    def make_config(self, history: int) -> ChannelConfig:
+        return ChannelConfig(causal_history_size=history, repair=FAST_REPAIR, lost_timeout_ms=7_000)
+
+
+_STATEFUL = settings(
+    max_examples=60,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+
+TestSmallHistoryNetwork = SmallHistoryNetwork.TestCase
+TestSmallHistoryNetwork.settings = _STATEFUL
+TestDefaultConfigNetwork = DefaultConfigNetwork.TestCase
+TestDefaultConfigNetwork.settings = settings(_STATEFUL, max_examples=40)
+TestLostTimeoutNetwork = LostTimeoutNetwork.TestCase
+TestLostTimeoutNetwork.settings = settings(_STATEFUL, max_examples=40)
+
+
+# ------------------------------------------------------------------------ seeded runs
+
+
+def run_seeded(seed: int, *, participants: int = 5, messages: int = 200, loss: float = 0.3) -> Sim:
+    """A lossy, reordering, duplicating run driven by ``random.Random(seed)``."""
+    rng = random.Random(seed)
+    sim = Sim(participants, ChannelConfig())
+    sent = 0
+    while sent < messages:
+        roll = rng.random()
+        if roll < 0.25:
+            sim.send(rng.choice(sim.ids))
+            sent += 1
+        elif roll < 0.85 and sim.in_flight:
+            index = rng.randrange(len(sim.in_flight))  # any packet: reordering
+            fate = rng.random()
+            if fate < loss:
+                sim.drop(index)
+            elif fate < loss + 0.1:
+                sim.deliver(index, keep=True)  # duplicate: a copy arrives, one stays
+            else:
+                sim.deliver(index)
+        elif roll < 0.90:
+            sim.sync(rng.choice(sim.ids))
+        elif roll < 0.93:
+            sim.resend_all(rng.choice(sim.ids))
+        elif roll < 0.96:
+            sim.sweep_incoming(rng.choice(sim.ids))
+        else:
+            sim.sweep_repair(rng.choice(sim.ids))
+        sim.advance(rng.choice((0, 1, 5, 50, 500, 5_000)))
+        sim.check()
+    # Let the lossy network drain with losses for a while, then stop losing packets.
+    while sim.in_flight:
+        index = rng.randrange(len(sim.in_flight))
+        if rng.random() < loss:
+            sim.drop(index)
+        else:
+            sim.deliver(index)
+        sim.check()
+    return sim
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_seeded_lossy_run_converges(seed: int) -> None:
+    sim = run_seeded(seed)
+    assert len(sim.sent) == 200
+    assert sim.stats.get("losses", 0) > 0
+    sim.assert_quiescent()
+    logs = [sim.chans[pid].log_ids() for pid in sim.ids]
+    assert all(log == logs[0] for log in logs)
+    assert len(logs[0]) == 200
