@@ -1,0 +1,3 @@
+from sdsync.cli.main import app
+
+app(prog_name="sdsync")

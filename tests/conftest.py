@@ -1,0 +1,3 @@
+"""Shared test helpers."""
+
+from __future__ import annotations

@@ -1,0 +1,137 @@
+"""Peers for interop tests: the real @waku/sds (Node) and ours, behind one JSON-lines API."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sdsync.cli.peer import PeerSession
+from sdsync.core import BloomParams, ChannelConfig, RepairConfig
+
+JS_DIR = Path(__file__).parent / "js"
+
+
+class Peer:
+    """Anything that answers our JSON-lines peer protocol."""
+
+    name: str
+
+    def call(self, op: str, **fields: Any) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def ok(self, op: str, **fields: Any) -> dict[str, Any]:
+        reply = self.call(op, **fields)
+        assert reply["ok"], f"{self.name} {op} failed: {reply}"
+        return reply
+
+
+class ProcessPeer(Peer):
+    def __init__(self, name: str, argv: list[str]) -> None:
+        self.name = name
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            bufsize=1,
+        )
+
+    def call(self, op: str, **fields: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"op": op, **fields}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        assert line, f"{self.name} exited (code {self.proc.poll()})"
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+    def raw(self, line: str) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        reply: dict[str, Any] = json.loads(self.proc.stdout.readline())
+        return reply
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+class PyPeer(Peer):
+    """Our peer in-process (the subprocess CLI is tested separately)."""
+
+    def __init__(self, participant: str, **options: Any) -> None:
+        self.name = f"py:{participant}"
+        config = ChannelConfig(
+            causal_history_size=options.get("causal_history", 200),
+            bloom=BloomParams(options.get("bloom_capacity", 10_000), options.get("bloom_error_rate", 0.001)),
+            bloom_rollover=options.get("bloom_rollover", True),
+            possible_acks_threshold=options.get("possible_acks_threshold", 2),
+            repair=RepairConfig(enabled=options.get("repair", True)),
+        )
+        self.session = PeerSession(options.get("channel", "0"), participant, config)
+
+    def call(self, op: str, **fields: Any) -> dict[str, Any]:
+        # Round-trip through JSON so both peers see exactly the same request text.
+        return self.session.handle(json.dumps({"op": op, **fields}))
+
+
+def js_argv(participant: str, **options: Any) -> list[str]:
+    argv = ["node", str(JS_DIR / "driver.mjs"), "--participant", participant]
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if value is False:
+            argv.append(f"--no-{key.replace('_', '-')}")
+        elif value is not True:
+            argv += [flag, str(value)]
+    return argv
+
+
+@pytest.fixture
+def js_peer() -> Iterator[Any]:
+    if shutil.which("node") is None:
+        pytest.fail("Node.js is required for interop tests (make test installs the JS driver)")
+    if not (JS_DIR / "node_modules" / "@waku" / "sds").is_dir():
+        pytest.fail(f"@waku/sds is not installed: run `npm ci` in {JS_DIR} (make test does)")
+    peers: list[ProcessPeer] = []
+
+    def start(participant: str, **options: Any) -> ProcessPeer:
+        peer = ProcessPeer(f"js:{participant}", js_argv(participant, **options))
+        peers.append(peer)
+        return peer
+
+    yield start
+    for peer in peers:
+        peer.close()
+
+
+@pytest.fixture
+def py_peer() -> Any:
+    return PyPeer
+
+
+@pytest.fixture
+def cli_peer() -> Iterator[Any]:
+    peers: list[ProcessPeer] = []
+
+    def start(participant: str, **options: Any) -> ProcessPeer:
+        argv = [sys.executable, "-m", "sdsync.cli", "peer", "--stdio"]
+        peer = ProcessPeer(f"cli:{participant}", argv + js_argv(participant, **options)[2:])
+        peers.append(peer)
+        return peer
+
+    yield start
+    for peer in peers:
+        peer.close()
