@@ -288,7 +288,7 @@ class MessageChannel:
 
     def _causal_history(self) -> tuple[HistoryEntry, ...]:
         tail = self._log.tail(self.config.causal_history_size)
-        return tuple(entry.history_entry() for entry in tail)
+        return tuple(entry.history_entry for entry in tail)
 
     def _take_repair_requests(
         self, now_ms: int, carrier_id: str, events: list[Event]
@@ -382,10 +382,11 @@ class MessageChannel:
         )
 
     def _unmet(self, message: Message) -> list[HistoryEntry]:
+        in_window = self._log.in_window
         own = message.message_id
-        return [
-            e for e in message.causal_history if e.message_id != own and not self._met(e.message_id)
-        ]
+        # Nearly every dependency is in the in-memory window: test that first, cheaply.
+        candidates = [e for e in message.causal_history if not in_window(e.message_id)]
+        return [e for e in candidates if e.message_id != own and not self._met(e.message_id)]
 
     def _buffer(
         self,

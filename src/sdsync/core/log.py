@@ -2,8 +2,8 @@
 
 Theory of operation
 -------------------
-The log is a sorted list of ``(lamport, message_id)`` keys plus a dict from id to its
-:class:`LogEntry`. Insertion is O(log n) wherever the key lands, so a late message slots
+The log is a sorted list of ``(lamport, message_id, entry)`` keys plus a dict from id to
+its :class:`LogEntry`. Insertion is O(log n) wherever the key lands, so a late message slots
 into the middle without re-sorting anything; membership is O(1); the causal history is
 the last few keys. Two messages with the same Lamport timestamp are ordered by id — the
 spec's conflict resolution falls out of the key order.
@@ -17,7 +17,7 @@ arrives again is still recognised as a duplicate.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from sortedcontainers import SortedList
@@ -31,9 +31,12 @@ class LogEntry:
     lamport_timestamp: int
     sender_id: str
     retrieval_hint: bytes | None = None
+    # Built once: the same entry is quoted in the causal history of many later messages.
+    history_entry: HistoryEntry = field(init=False, repr=False, compare=False)
 
-    def history_entry(self) -> HistoryEntry:
-        return HistoryEntry(self.message_id, self.retrieval_hint, self.sender_id)
+    def __post_init__(self) -> None:
+        entry = HistoryEntry(self.message_id, self.retrieval_hint, self.sender_id)
+        object.__setattr__(self, "history_entry", entry)
 
 
 class HistoryStore(Protocol):
@@ -81,15 +84,20 @@ class LocalLog:
     def get(self, message_id: str) -> LogEntry | None:
         return self._entries.get(message_id)
 
+    def in_window(self, message_id: str) -> bool:
+        """Membership in the in-memory window only (no history store lookup)."""
+        return message_id in self._entries
+
     def insert(self, entry: LogEntry) -> list[LogEntry]:
         """Add an entry; returns the entries evicted to the history store."""
-        self._keys.add((entry.lamport_timestamp, entry.message_id))
+        # Ids are unique, so comparisons never reach the entry itself.
+        self._keys.add((entry.lamport_timestamp, entry.message_id, entry))
         self._entries[entry.message_id] = entry
         self.total += 1
         evicted = []
         while len(self._keys) > self.max_entries:
-            _, oldest_id = self._keys.pop(0)
-            old = self._entries.pop(oldest_id)
+            old = self._keys.pop(0)[2]
+            del self._entries[old.message_id]
             self.history_store.append(old)
             evicted.append(old)
         return evicted
@@ -98,18 +106,17 @@ class LocalLog:
         entry = self._entries.get(message_id)
         if entry is None:
             return False
-        self._entries[message_id] = LogEntry(
-            entry.message_id, entry.lamport_timestamp, entry.sender_id, hint
-        )
+        updated = LogEntry(entry.message_id, entry.lamport_timestamp, entry.sender_id, hint)
+        self._keys.remove((entry.lamport_timestamp, entry.message_id, entry))
+        self._keys.add((entry.lamport_timestamp, entry.message_id, updated))
+        self._entries[message_id] = updated
         return True
 
     def tail(self, n: int) -> list[LogEntry]:
         """The newest ``n`` entries, oldest first."""
         if n <= 0:
             return []
-        entries = self._entries
-        return [entries[mid] for _, mid in self._keys[-n:]]
+        return [key[2] for key in self._keys[-n:]]
 
     def __iter__(self) -> Iterator[LogEntry]:
-        entries = self._entries
-        return (entries[mid] for _, mid in self._keys)
+        return (key[2] for key in self._keys)

@@ -13,8 +13,9 @@ Two time-ordered buffers, both O(log n) per operation:
   so the original sender answers first and others only if nobody did.
 
 Seeing the message cancels both our request and our response; seeing someone else's
-request for it defers ours by ``T_max`` (in case their repair fails too). The hash is the first 8 bytes of sha256 as a big-endian
-integer, as in js-waku, so mixed groups agree on who answers when.
+request for it defers ours by ``T_max`` (in case their repair fails too). The hash is the
+first 8 bytes of sha256 as a big-endian integer, as in js-waku, so mixed groups agree on
+who answers when.
 """
 
 from __future__ import annotations

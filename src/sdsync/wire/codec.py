@@ -8,6 +8,11 @@ compiler; this module only converts between the generated classes and our immuta
 proto3 strings and writes ``optional`` fields whenever they are set — exactly what the JS
 encoder does — so equal logical messages give equal bytes.
 
+Speed comes from one schema fact: an embedded message and a ``bytes`` field share the
+same encoding. ``SdsMessageView`` declares the history entries as ``bytes``, so a message
+of 200 entries parses and serialises in bulk, and each distinct entry is converted to or
+from its serialized form only once (entries recur in many consecutive messages).
+
 Decoding treats its input as hostile: the frame size is checked before parsing, every
 parser failure becomes :class:`~sdsync.errors.RemoteProtocolError`, and field sizes are
 bounded by :class:`WireLimits`. The message *kind* is derived from field presence:
@@ -23,7 +28,8 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from google.protobuf.message import DecodeError
 
@@ -46,6 +52,20 @@ class HistoryEntry:
     message_id: str
     retrieval_hint: bytes | None = None
     sender_id: str | None = None
+    _wire: bytes | None = field(default=None, init=False, repr=False, compare=False)
+
+    def to_bytes(self) -> bytes:
+        """The entry's serialized form, computed once (entries recur in ~200 messages)."""
+        wire = self._wire
+        if wire is None:
+            out = pb.HistoryEntry(message_id=self.message_id)
+            if self.retrieval_hint is not None:
+                out.retrieval_hint = self.retrieval_hint
+            if self.sender_id is not None:
+                out.sender_id = self.sender_id
+            wire = out.SerializeToString()
+            object.__setattr__(self, "_wire", wire)
+        return wire
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,13 +124,13 @@ def encode(message: Message) -> bytes:
     message.kind  # noqa: B018 — validates field presence before we emit bytes
     if message.lamport_timestamp is not None and not 0 <= message.lamport_timestamp <= MAX_UINT64:
         raise LocalProtocolError(f"lamport timestamp {message.lamport_timestamp} is not a uint64")
-    out = pb.SdsMessage(
+    out = pb.SdsMessageView(
         sender_id=message.sender_id,
         message_id=message.message_id,
         channel_id=message.channel_id,
-        causal_history=[_entry_to_pb(e) for e in message.causal_history],
-        repair_request=[_entry_to_pb(e) for e in message.repair_request],
     )
+    out.causal_history.extend(map(HistoryEntry.to_bytes, message.causal_history))
+    out.repair_request.extend(map(HistoryEntry.to_bytes, message.repair_request))
     if message.lamport_timestamp is not None:
         out.lamport_timestamp = message.lamport_timestamp
     if message.bloom_filter is not None:
@@ -118,15 +138,6 @@ def encode(message: Message) -> bytes:
     if message.content is not None:
         out.content = message.content
     return out.SerializeToString()
-
-
-def _entry_to_pb(entry: HistoryEntry) -> pb.HistoryEntry:
-    out = pb.HistoryEntry(message_id=entry.message_id)
-    if entry.retrieval_hint is not None:
-        out.retrieval_hint = entry.retrieval_hint
-    if entry.sender_id is not None:
-        out.sender_id = entry.sender_id
-    return out
 
 
 def decode(data: bytes, limits: WireLimits = DEFAULT_LIMITS) -> Message:
@@ -137,15 +148,15 @@ def decode(data: bytes, limits: WireLimits = DEFAULT_LIMITS) -> Message:
         raise RemoteProtocolError(
             f"message of {len(data)} bytes exceeds the limit of {limits.max_message_bytes}"
         )
-    parsed = pb.SdsMessage()
+    parsed = pb.SdsMessageView()
     try:
         parsed.ParseFromString(bytes(data))
     except (DecodeError, ValueError, RuntimeError) as exc:
         raise RemoteProtocolError(f"malformed SDS message: {exc}") from None
-    return _from_pb(parsed, limits)
+    return _from_view(parsed, limits)
 
 
-def _from_pb(parsed: pb.SdsMessage, limits: WireLimits) -> Message:
+def _from_view(parsed: pb.SdsMessageView, limits: WireLimits) -> Message:
     lamport = parsed.lamport_timestamp if parsed.HasField("lamport_timestamp") else None
     content = parsed.content if parsed.HasField("content") else None
     if classify(lamport, content) is None:
@@ -174,31 +185,50 @@ def _from_pb(parsed: pb.SdsMessage, limits: WireLimits) -> Message:
         message_id=parsed.message_id,
         channel_id=parsed.channel_id,
         lamport_timestamp=lamport,
-        causal_history=_entries_from_pb(parsed.causal_history, limits),
+        causal_history=_entries(parsed.causal_history, limits),
         bloom_filter=bloom,
         content=content,
-        repair_request=_entries_from_pb(parsed.repair_request, limits),
+        repair_request=_entries(parsed.repair_request, limits),
     )
 
 
-def _entries_from_pb(entries: object, limits: WireLimits) -> tuple[HistoryEntry, ...]:
-    out = []
-    for raw in entries:  # type: ignore[attr-defined]
-        entry = HistoryEntry(
-            message_id=raw.message_id,
-            retrieval_hint=raw.retrieval_hint if raw.HasField("retrieval_hint") else None,
-            sender_id=raw.sender_id if raw.HasField("sender_id") else None,
-        )
-        if not entry.message_id:
-            raise RemoteProtocolError("history entry with an empty message_id")
-        _check_id("history message_id", entry.message_id, limits)
-        if entry.sender_id is not None:
-            _check_id("history sender_id", entry.sender_id, limits)
-        hint = entry.retrieval_hint
-        if hint is not None and len(hint) > limits.max_retrieval_hint_bytes:
-            raise RemoteProtocolError(f"retrieval hint of {len(hint)} bytes exceeds the limit")
-        out.append(entry)
-    return tuple(out)
+# Serialized entry -> parsed entry. A causal history slides by one entry per message, so
+# almost every entry of a received message was seen in the previous one. Bounded: a peer
+# sending endless fresh entries only makes us clear it now and then.
+_ENTRY_CACHES: dict[WireLimits, dict[bytes, HistoryEntry]] = {}
+_ENTRY_CACHE_MAX = 1 << 16
+
+
+def _entries(raw_entries: Iterable[bytes], limits: WireLimits) -> tuple[HistoryEntry, ...]:
+    cache = _ENTRY_CACHES.setdefault(limits, {})
+    raws = list(raw_entries)
+    found = list(map(cache.get, raws))
+    if not all(found):
+        for i, known in enumerate(found):
+            if known is None:
+                parsed = found[i] = _parse_entry(raws[i], limits)
+                if len(cache) >= _ENTRY_CACHE_MAX:
+                    cache.clear()
+                cache[raws[i]] = parsed
+    return tuple(found)  # type: ignore[arg-type]
+
+
+def _parse_entry(raw: bytes, limits: WireLimits) -> HistoryEntry:
+    parsed = pb.HistoryEntry()
+    try:
+        parsed.ParseFromString(raw)
+    except (DecodeError, ValueError, RuntimeError) as exc:
+        raise RemoteProtocolError(f"malformed history entry: {exc}") from None
+    if not parsed.message_id:
+        raise RemoteProtocolError("history entry with an empty message_id")
+    _check_id("history message_id", parsed.message_id, limits)
+    sender = parsed.sender_id if parsed.HasField("sender_id") else None
+    if sender is not None:
+        _check_id("history sender_id", sender, limits)
+    hint = parsed.retrieval_hint if parsed.HasField("retrieval_hint") else None
+    if hint is not None and len(hint) > limits.max_retrieval_hint_bytes:
+        raise RemoteProtocolError(f"retrieval hint of {len(hint)} bytes exceeds the limit")
+    return HistoryEntry(parsed.message_id, hint, sender)
 
 
 def _check_id(name: str, value: str, limits: WireLimits) -> None:

@@ -108,3 +108,61 @@ class SdsMessage(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__lamport_timestamp) -> _WhichOneofReturnType__lamport_timestamp | None: ...
 
 Global___SdsMessage: _TypeAlias = SdsMessage  # noqa: Y015
+
+@_typing.final
+class SdsMessageView(_message.Message):
+    """The same message with history entries left as their serialized bytes. Embedded
+    messages and bytes share one wire encoding, so this parses and writes exactly the bytes
+    of SdsMessage; the codec uses it to convert each distinct history entry only once.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SENDER_ID_FIELD_NUMBER: _builtins.int
+    MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    CHANNEL_ID_FIELD_NUMBER: _builtins.int
+    LAMPORT_TIMESTAMP_FIELD_NUMBER: _builtins.int
+    CAUSAL_HISTORY_FIELD_NUMBER: _builtins.int
+    BLOOM_FILTER_FIELD_NUMBER: _builtins.int
+    REPAIR_REQUEST_FIELD_NUMBER: _builtins.int
+    CONTENT_FIELD_NUMBER: _builtins.int
+    sender_id: _builtins.str
+    message_id: _builtins.str
+    channel_id: _builtins.str
+    lamport_timestamp: _builtins.int
+    bloom_filter: _builtins.bytes
+    content: _builtins.bytes
+    @_builtins.property
+    def causal_history(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]: ...
+    @_builtins.property
+    def repair_request(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]: ...
+    def __init__(
+        self,
+        *,
+        sender_id: _builtins.str = ...,
+        message_id: _builtins.str = ...,
+        channel_id: _builtins.str = ...,
+        lamport_timestamp: _builtins.int | None = ...,
+        causal_history: _abc.Iterable[_builtins.bytes] | None = ...,
+        bloom_filter: _builtins.bytes | None = ...,
+        repair_request: _abc.Iterable[_builtins.bytes] | None = ...,
+        content: _builtins.bytes | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_bloom_filter", b"_bloom_filter", "_content", b"_content", "_lamport_timestamp", b"_lamport_timestamp", "bloom_filter", b"bloom_filter", "content", b"content", "lamport_timestamp", b"lamport_timestamp"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_bloom_filter", b"_bloom_filter", "_content", b"_content", "_lamport_timestamp", b"_lamport_timestamp", "bloom_filter", b"bloom_filter", "causal_history", b"causal_history", "channel_id", b"channel_id", "content", b"content", "lamport_timestamp", b"lamport_timestamp", "message_id", b"message_id", "repair_request", b"repair_request", "sender_id", b"sender_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__bloom_filter: _TypeAlias = _typing.Literal["bloom_filter"]  # noqa: Y015
+    _WhichOneofArgType__bloom_filter: _TypeAlias = _typing.Literal["_bloom_filter", b"_bloom_filter"]  # noqa: Y015
+    _WhichOneofReturnType__content: _TypeAlias = _typing.Literal["content"]  # noqa: Y015
+    _WhichOneofArgType__content: _TypeAlias = _typing.Literal["_content", b"_content"]  # noqa: Y015
+    _WhichOneofReturnType__lamport_timestamp: _TypeAlias = _typing.Literal["lamport_timestamp"]  # noqa: Y015
+    _WhichOneofArgType__lamport_timestamp: _TypeAlias = _typing.Literal["_lamport_timestamp", b"_lamport_timestamp"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__bloom_filter) -> _WhichOneofReturnType__bloom_filter | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__content) -> _WhichOneofReturnType__content | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__lamport_timestamp) -> _WhichOneofReturnType__lamport_timestamp | None: ...
+
+Global___SdsMessageView: _TypeAlias = SdsMessageView  # noqa: Y015
