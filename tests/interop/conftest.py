@@ -76,7 +76,9 @@ class PyPeer(Peer):
         self.name = f"py:{participant}"
         config = ChannelConfig(
             causal_history_size=options.get("causal_history", 200),
-            bloom=BloomParams(options.get("bloom_capacity", 10_000), options.get("bloom_error_rate", 0.001)),
+            bloom=BloomParams(
+                options.get("bloom_capacity", 10_000), options.get("bloom_error_rate", 0.001)
+            ),
             bloom_rollover=options.get("bloom_rollover", True),
             possible_acks_threshold=options.get("possible_acks_threshold", 2),
             repair=RepairConfig(enabled=options.get("repair", True)),

@@ -43,9 +43,13 @@ def test_same_inputs_give_identical_wire_and_bloom_bytes(js_peer: Any, py_peer: 
         if i % 3 == 2:
             incoming = bob.ok("send", payload_hex=f"b0b{i:03d}", retrieval_hint_hex=f"{i:064x}")
             hint = hashlib.sha256(bytes.fromhex(incoming["wire_hex"])).hexdigest()
-            replies = both(alices, "receive", wire_hex=incoming["wire_hex"], retrieval_hint_hex=hint)
+            replies = both(
+                alices, "receive", wire_hex=incoming["wire_hex"], retrieval_hint_hex=hint
+            )
             assert all("message_delivered" in types(r) for r in replies)
-        sends = both(alices, "send", payload_hex=f"a11ce{i:03d}", retrieval_hint_hex=f"{i:02x}" * 32)
+        sends = both(
+            alices, "send", payload_hex=f"a11ce{i:03d}", retrieval_hint_hex=f"{i:02x}" * 32
+        )
         assert sends[0]["message_id"] == sends[1]["message_id"]
         assert sends[0]["wire_hex"] == sends[1]["wire_hex"], f"send {i} differs"
     states = both(alices, "state")
@@ -86,9 +90,7 @@ def test_rollover_keeps_our_filter_useful_past_capacity(js_peer: Any, py_peer: A
     for i in range(300):
         wire = bob.ok("send", payload_hex=f"{i:08x}")["wire_hex"]
         both([js, py], "receive", wire_hex=wire)
-    fill = {
-        peer.name: bin(int(peer.ok("state")["bloom_hex"], 16)).count("1") for peer in (js, py)
-    }
+    fill = {peer.name: bin(int(peer.ok("state")["bloom_hex"], 16)).count("1") for peer in (js, py)}
     assert fill["py:alice"] < 0.6 * fill["js:alice"], fill
 
 

@@ -91,6 +91,10 @@ class OutgoingEntry:
     possible_ackers: set[str] = field(default_factory=set)
 
     @property
+    def message_id(self) -> str:
+        return self.message.message_id
+
+    @property
     def state(self) -> OutgoingState:
         if self.possible_ackers:
             return OutgoingState.POSSIBLY_ACKNOWLEDGED
@@ -326,6 +330,9 @@ class MessageChannel:
         """Process an already decoded message (``data``, if given, is kept for SDS-R)."""
         drop = self._drop_reason(message)
         if drop is not None:
+            if drop == "duplicate" and self._repair is not None:
+                # Someone rebroadcast it: a repair response we owe is no longer needed.
+                self._repair.responses.remove(message.message_id)
             self.stats.count(self.stats.dropped, drop)
             return [MessageDropped(message.message_id, drop)]
         kind = message.kind

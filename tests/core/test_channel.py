@@ -1,0 +1,359 @@
+"""Protocol steps of MessageChannel, one behaviour per test."""
+
+from __future__ import annotations
+
+import pytest
+
+from sdsync.core import (
+    BloomParams,
+    ChannelConfig,
+    EphemeralReceived,
+    Event,
+    MemoryHistoryStore,
+    MessageAcknowledged,
+    MessageChannel,
+    MessageDelivered,
+    MessageDropped,
+    MessageLost,
+    MessageMissing,
+    MessagePossiblyAcknowledged,
+    RepairConfig,
+    RepairRequestReceived,
+    RepairRequestSent,
+    RepairResponseSent,
+    SendFailed,
+    SyncReceived,
+)
+from sdsync.errors import LocalProtocolError, RemoteProtocolError
+from sdsync.wire import HistoryEntry, Message, decode, encode
+
+SMALL = ChannelConfig(bloom=BloomParams(100, 0.01), causal_history_size=3)
+
+
+def chan(pid: str, config: ChannelConfig = SMALL, now: int = 0) -> MessageChannel:
+    return MessageChannel("c", pid, now_ms=now, config=config)
+
+
+def of(events: list[Event], kind: type[Event]) -> list[str]:
+    return [e.message_id for e in events if isinstance(e, kind)]
+
+
+def test_lamport_send_is_max_of_increment_and_clock() -> None:
+    a = chan("a", now=1_000)
+    assert a.send(b"1", 500).message.lamport_timestamp == 1_001
+    assert a.send(b"2", 5_000).message.lamport_timestamp == 5_000
+    assert a.send(b"3", 5_000).message.lamport_timestamp == 5_001
+
+
+def test_delivery_raises_lamport_to_the_message_and_never_lowers_it() -> None:
+    a, b = chan("a", now=9_000), chan("b", now=10)
+    b.receive(a.send(b"x", 9_000).data, 20)
+    assert b.lamport_timestamp == 9_001
+    b.receive(chan("z", now=5).send(b"y", 5).data, 30)
+    assert b.lamport_timestamp == 9_001
+
+
+def test_causal_history_is_the_tail_of_the_log_with_hints_and_senders() -> None:
+    a, b = chan("a"), chan("b")
+    for i in range(5):
+        b.receive(a.send(f"m{i}".encode(), i).data, i, retrieval_hint=bytes([i]))
+    out = b.send(b"reply", 10)
+    ids = a.log_ids()
+    assert [e.message_id for e in out.message.causal_history] == ids[-3:]
+    assert [e.retrieval_hint for e in out.message.causal_history] == [b"\x02", b"\x03", b"\x04"]
+    assert {e.sender_id for e in out.message.causal_history} == {"a"}
+
+
+def test_bloom_sent_is_the_state_before_our_own_id() -> None:
+    a = chan("a")
+    first = a.send(b"1", 1)
+    assert first.message.bloom_filter == bytes(SMALL.bloom.n_bytes)
+    assert first.message_id in a.log  # entered log (and filter) when handed over
+    assert a.send(b"2", 2).message.bloom_filter != first.message.bloom_filter
+
+
+def test_log_is_ordered_by_lamport_then_id_whatever_the_arrival_order() -> None:
+    senders = [chan(p, ChannelConfig(causal_history_size=0)) for p in "xyz"]
+    wires = [s.send(f"from {s.participant_id}".encode(), 100).data for s in senders]
+    wires.append(senders[0].send(b"later", 50).data)
+    logs = []
+    for order in ([0, 1, 2, 3], [3, 2, 1, 0], [1, 3, 0, 2]):
+        r = chan("r", ChannelConfig(causal_history_size=0))
+        for i in order:
+            r.receive(wires[i], 1)
+        logs.append(r.log_ids())
+        keys = [(e.lamport_timestamp, e.message_id) for e in r.log]
+        assert keys == sorted(keys)
+    assert logs[0] == logs[1] == logs[2]
+
+
+def test_dependency_waiting_in_the_incoming_buffer_is_not_met() -> None:
+    a, b = chan("a"), chan("b")
+    m1, m2, m3 = (a.send(f"{i}".encode(), i).data for i in (1, 2, 3))
+    ev3 = b.receive(m3, 10)
+    assert of(ev3, MessageMissing) == [decode(m1).message_id, decode(m2).message_id]
+    ev2 = b.receive(m2, 11)
+    assert of(ev2, MessageDelivered) == []  # m1 still missing
+    assert of(ev2, MessageMissing) == []  # m1 was already reported
+    ev1 = b.receive(m1, 12)
+    # Cascade: m1 releases m2, which releases m3, in log order.
+    assert of(ev1, MessageDelivered) == a.log_ids()
+    assert b.incoming_ids() == [] and b.log_ids() == a.log_ids()
+
+
+def test_every_duplicate_content_message_is_dropped() -> None:
+    a, b = chan("a"), chan("b")
+    m1, m2 = a.send(b"1", 1).data, a.send(b"2", 2).data
+    assert of(b.receive(m1, 3), MessageDelivered)
+    assert of(b.receive(m1, 4), MessageDropped) == [decode(m1).message_id]  # js re-delivers
+    b.receive(m2, 5)
+    assert b.stats.dropped == {"duplicate": 1}
+    buffered = chan("b2")
+    buffered.receive(m2, 1)
+    assert [e.reason for e in buffered.receive(m2, 2) if isinstance(e, MessageDropped)] == [
+        "duplicate"
+    ]
+
+
+def test_own_and_foreign_channel_messages_are_dropped() -> None:
+    a = chan("a")
+    own = a.send(b"mine", 1).data
+    assert [e.reason for e in a.receive(own, 2)] == ["own message"]  # type: ignore[attr-defined]
+    other = MessageChannel("elsewhere", "z", now_ms=0, config=SMALL).send(b"x", 1).data
+    assert [e.reason for e in a.receive(other, 2)] == ["wrong channel"]  # type: ignore[attr-defined]
+    assert a.log_ids() == [decode(own).message_id]
+
+
+def test_acknowledged_by_causal_history() -> None:
+    a, b = chan("a"), chan("b")
+    sent = a.send(b"x", 1)
+    b.receive(sent.data, 2)
+    events = a.receive(b.send(b"y", 3).data, 4)
+    assert [
+        (e.message_id, e.by_causal_history) for e in events if isinstance(e, MessageAcknowledged)
+    ] == [(sent.message_id, True)]
+    assert a.outgoing_ids() == []
+
+
+def test_possible_acks_count_distinct_senders_only() -> None:
+    config = ChannelConfig(bloom=BloomParams(100, 0.01), causal_history_size=0)
+    a, b, c = chan("a", config), chan("b", config), chan("c", config)
+    sent = a.send(b"x", 1)
+    b.receive(sent.data, 2)
+    c.receive(sent.data, 2)
+    for t in (3, 4, 5):  # b repeats itself: still one possible ack
+        events = a.receive(b.send(f"b{t}".encode(), t).data, t)
+    assert [e.count for e in events if isinstance(e, MessagePossiblyAcknowledged)] == []
+    assert a.outgoing_entry(sent.message_id).possible_ackers == {"b"}  # type: ignore[union-attr]
+    assert [e.message_id for e in a.sweep_outgoing().possibly_acknowledged] == [sent.message_id]
+    events = a.receive(c.send(b"c", 6).data, 6)
+    assert of(events, MessageAcknowledged) == [sent.message_id]
+
+
+def test_saturated_bloom_gives_no_ack_evidence() -> None:
+    config = ChannelConfig(bloom=BloomParams(100, 0.01), possible_acks_threshold=1)
+    a = chan("a", config)
+    sent = a.send(b"x", 1)
+    evil = Message("evil", "e1", "c", 5, (), b"\xff" * config.bloom.n_bytes, b"hi")
+    events = a.receive(encode(evil), 2)
+    assert of(events, MessageDelivered) == ["e1"]
+    assert a.outgoing_ids() == [sent.message_id]
+    assert a.stats.bloom_ignored == {"saturated": 1}
+
+
+def test_wrong_size_bloom_is_ignored_but_the_message_still_processed() -> None:
+    a = chan("a")
+    sent = a.send(b"x", 1)
+    other = chan("b", ChannelConfig(bloom=BloomParams(10, 0.1), causal_history_size=3))
+    other.receive(sent.data, 2)
+    odd = other.send(b"y", 3)  # acks x in its causal history, with a short bloom filter
+    events = a.receive(odd.data, 4)
+    assert of(events, MessageAcknowledged) == [sent.message_id]
+    assert of(events, MessageDelivered) == [odd.message_id]
+    bloom_only = Message("z", "z1", "c", 9, (), bytes(3), b"z")
+    a.send(b"again", 5)
+    a.receive(encode(bloom_only), 6)
+    assert a.stats.bloom_ignored == {"wrong size": 1}
+
+
+def test_full_incoming_buffer_drops_without_recording_the_message() -> None:
+    config = ChannelConfig(bloom=BloomParams(100, 0.01), max_incoming_buffer=2)
+    a, b = chan("a", config), chan("b", config)
+    wires = [a.send(f"{i}".encode(), i).data for i in range(4)]
+    for w in wires[1:]:
+        b.receive(w, 10)
+    assert len(b.incoming_ids()) == 2
+    assert b.stats.dropped == {"incoming buffer full": 1}
+    assert decode(wires[3]).message_id not in b.bloom_bytes().hex()  # sanity: not a hex id
+    b.receive(wires[0], 11)  # delivers 0, 1, 2 — 3 was dropped and is not a duplicate
+    assert of(b.receive(wires[3], 12), MessageDelivered) == [decode(wires[3]).message_id]
+    assert b.log_ids() == a.log_ids()
+
+
+def test_lost_timeout_reports_missing_dependencies_and_delivers_the_waiting_message() -> None:
+    config = ChannelConfig(bloom=BloomParams(100, 0.01), lost_timeout_ms=1_000)
+    a, b = chan("a", config), chan("b", config)
+    lost = a.send(b"lost", 1)
+    kept = a.send(b"kept", 2)
+    b.receive(kept.data, 100)
+    early = b.sweep_incoming(1_099)
+    assert [e.message_id for e in early.missing] == [lost.message_id]
+    assert of(early.events, MessageDelivered) == []
+    late = b.sweep_incoming(1_100)
+    assert of(late.events, MessageLost) == [lost.message_id]
+    assert of(late.events, MessageDelivered) == [kept.message_id]
+    # If the lost message shows up after all, it is still delivered, in log order.
+    assert of(b.receive(lost.data, 2_000), MessageDelivered) == [lost.message_id]
+    assert b.log_ids() == a.log_ids()
+
+
+def test_sync_messages_are_never_logged_buffered_or_filtered() -> None:
+    a, b = chan("a"), chan("b")
+    assert a.send_sync(1) is None  # no history, no repairs: nothing to say
+    a.send(b"x", 2)
+    sync = a.send_sync(3)
+    assert sync is not None and sync.message.content is None
+    bloom_before = b.bloom_bytes()
+    events = b.receive(sync.data, 4)
+    assert of(events, SyncReceived) == [sync.message_id]
+    assert b.bloom_bytes() == bloom_before and b.incoming_ids() == []
+    assert sync.message_id not in a.log and sync.message_id not in b.log
+    assert len(of(events, MessageMissing)) == 1  # but what it names is noticed
+    assert b.receive(sync.data, 5) == events  # no duplicate suppression for syncs
+
+
+def test_ephemeral_messages_are_delivered_at_once_and_leave_no_trace() -> None:
+    a, b = chan("a"), chan("b")
+    out = a.send_ephemeral(b"typing...")
+    assert out.message.lamport_timestamp is None and out.message.bloom_filter is None
+    events = b.receive(out.data, 1)
+    assert events == [EphemeralReceived(out.message_id, "a", b"typing...")]
+    assert b.log_ids() == [] and a.outgoing_ids() == []
+
+
+def test_repeated_message_id_is_a_local_error() -> None:
+    a = chan("a")
+    a.send(b"same", 1)
+    with pytest.raises(LocalProtocolError, match="supply a unique message_id"):
+        a.send(b"same", 2)
+    assert a.send(b"same", 3, message_id="custom-2").message_id == "custom-2"
+    with pytest.raises(LocalProtocolError):
+        a.send(b"", 4)
+
+
+def test_resend_returns_identical_bytes_and_counts_attempts() -> None:
+    a = chan("a")
+    sent = a.send(b"x", 1)
+    assert a.resend(sent.message_id, 50) == sent.data
+    entry = a.outgoing_entry(sent.message_id)
+    assert entry is not None and (entry.attempts, entry.last_sent_ms) == (2, 50)
+    assert a.abandon(sent.message_id) == [SendFailed(sent.message_id)]
+    with pytest.raises(LocalProtocolError):
+        a.resend(sent.message_id, 60)
+
+
+def test_on_ack_policy_logs_our_message_only_once_acknowledged() -> None:
+    config = ChannelConfig(bloom=BloomParams(100, 0.01), own_log_policy="on_ack")
+    a, b = chan("a", config), chan("b", config)
+    sent = a.send(b"x", 1)
+    assert a.log_ids() == [] and a.send(b"y", 2).message.causal_history == ()
+    b.receive(sent.data, 3)
+    a.receive(b.send(b"z", 4).data, 5)
+    assert sent.message_id in a.log
+
+
+def test_retrieval_hint_of_our_message_reaches_later_histories() -> None:
+    a = chan("a")
+    first = a.send(b"x", 1)
+    a.set_retrieval_hint(first.message_id, b"\xaa" * 32)
+    assert a.send(b"y", 2).message.causal_history[-1].retrieval_hint == b"\xaa" * 32
+    with pytest.raises(LocalProtocolError):
+        a.set_retrieval_hint("unknown", b"")
+
+
+def test_mark_dependencies_met_releases_waiting_messages() -> None:
+    a, b = chan("a"), chan("b")
+    first = a.send(b"1", 1)
+    second = a.send(b"2", 2)
+    b.receive(second.data, 3)
+    events = b.mark_dependencies_met([first.message_id])
+    assert of(events, MessageDelivered) == [second.message_id]
+    assert of(b.receive(first.data, 4), MessageDropped) == [first.message_id]
+
+
+def test_log_window_evicts_to_history_store_and_still_detects_duplicates() -> None:
+    store = MemoryHistoryStore()
+    config = ChannelConfig(bloom=BloomParams(100, 0.01), max_log_entries=3)
+    a = chan("a", config)
+    b = MessageChannel("c", "b", now_ms=0, config=config, history_store=store)
+    wires = [a.send(f"{i}".encode(), i).data for i in range(6)]
+    for w in wires:
+        b.receive(w, 10)
+    assert len(b.log) == 3 and len(store) == 3
+    assert of(b.receive(wires[0], 11), MessageDropped) == [decode(wires[0]).message_id]
+
+
+def test_repair_roundtrip_original_sender_answers_first() -> None:
+    repair = RepairConfig(t_min_ms=1_000, t_max_ms=5_000)
+    config = ChannelConfig(bloom=BloomParams(100, 0.01), repair=repair)
+    a, b, c = chan("a", config), chan("b", config), chan("c", config)
+    lost = a.send(b"lost", 1)
+    later = a.send(b"later", 2)
+    c.receive(lost.data, 3)
+    b.receive(later.data, 3)
+    assert b.send_sync(100) is None  # nothing in the log and no request due yet
+    carrier = b.send_sync(10_000)
+    assert carrier is not None
+    assert of(carrier.events, RepairRequestSent) == [lost.message_id]
+    for responder in (a, c):
+        assert of(responder.receive(carrier.data, 10_001), RepairRequestReceived) == [
+            lost.message_id
+        ]
+    answer = a.sweep_repair(10_001)  # distance 0: the original sender is due at once
+    assert answer.data == [lost.data]
+    assert of(answer.events, RepairResponseSent) == [lost.message_id]
+    c.receive(answer.data[0], 10_002)  # c hears the answer: it cancels its own response
+    assert c.sweep_repair(10_000_000).data == []
+    events = b.receive(answer.data[0], 10_003)
+    assert of(events, MessageDelivered) == [lost.message_id, later.message_id]
+
+
+def test_someone_elses_request_defers_ours_instead_of_forgetting_it() -> None:
+    repair = RepairConfig(t_min_ms=1_000, t_max_ms=5_000)
+    config = ChannelConfig(bloom=BloomParams(100, 0.01), repair=repair)
+    a, b, c = chan("a", config), chan("b", config), chan("c", config)
+    a.send(b"lost", 1)
+    later = a.send(b"later", 2).data
+    b.receive(later, 3)
+    c.receive(later, 3)
+    request = c.send_sync(6_000)
+    assert request is not None and request.message.repair_request
+    b.receive(request.data, 6_001)  # the answer to c's request is lost...
+    assert b.send_sync(6_002) is None  # deferred: nothing due
+    retry = b.send_sync(6_001 + 5_000)  # ...so b asks itself after T_max
+    assert retry is not None and len(retry.message.repair_request) == 1
+
+
+def test_bad_bytes_leave_state_untouched() -> None:
+    a, b = chan("a"), chan("b")
+    b.receive(a.send(b"x", 1).data, 2)
+    before = (b.lamport_timestamp, b.log_ids(), b.incoming_ids(), b.bloom_bytes())
+    for junk in (b"\xff\xff", encode(Message("a", "m", "c", 1, content=b"x"))[:-3]):
+        with pytest.raises(RemoteProtocolError):
+            b.receive(junk, 3)
+    assert (b.lamport_timestamp, b.log_ids(), b.incoming_ids(), b.bloom_bytes()) == before
+
+
+def test_self_referencing_history_does_not_block_delivery() -> None:
+    b = chan("b")
+    msg = Message("evil", "loop", "c", 5, (HistoryEntry("loop"),), bytes(SMALL.bloom.n_bytes), b"x")
+    assert of(b.receive(encode(msg), 1), MessageDelivered) == ["loop"]
+
+
+def test_configuration_errors_are_local() -> None:
+    with pytest.raises(LocalProtocolError):
+        ChannelConfig(possible_acks_threshold=0)
+    with pytest.raises(LocalProtocolError):
+        RepairConfig(t_min_ms=10, t_max_ms=5)
+    with pytest.raises(LocalProtocolError):
+        MessageChannel("c", "", now_ms=0)
