@@ -357,3 +357,14 @@ def test_configuration_errors_are_local() -> None:
         RepairConfig(t_min_ms=10, t_max_ms=5)
     with pytest.raises(LocalProtocolError):
         MessageChannel("c", "", now_ms=0)
+
+
+def test_timestamp_far_in_the_future_is_dropped_not_adopted() -> None:
+    b = chan("b", ChannelConfig(bloom=BloomParams(100, 0.01), max_lamport_skew_ms=60_000))
+    poison = Message("m", "p", "c", 10**15, (), bytes(b.config.bloom.n_bytes), b"x")
+    assert [e.reason for e in b.receive(encode(poison), 1_000)] == [  # type: ignore[attr-defined]
+        "lamport timestamp too far in the future"
+    ]
+    assert b.lamport_timestamp == 0 and b.log_ids() == []
+    # Once our clock is within the skew, the same message is accepted.
+    assert of(b.receive(encode(poison), 10**15 - 1_000), MessageDelivered) == ["p"]

@@ -113,19 +113,23 @@ class RollingBloomFilter:
         self.params = params
         self.rollover = rollover
         self._filter = BloomFilter(params)
-        self._recent: deque[str] = deque(maxlen=params.capacity)
+        # Positions rather than ids: a rollover then re-sets bits without re-hashing.
+        self._recent: deque[tuple[Position, ...]] = deque(maxlen=params.capacity)
 
-    def insert(self, item: str) -> None:
+    def insert(self, item: str, positions: tuple[Position, ...] | None = None) -> None:
+        """Add an id (``positions`` may be passed if the caller already computed them)."""
         if self.rollover and self._filter.count >= self.params.capacity:
             self._roll_over()
-        self._filter.insert(item)
-        self._recent.append(item)
+        if positions is None:
+            positions = self.params.positions(item)
+        self._filter.insert_positions(positions)
+        self._recent.append(positions)
 
     def _roll_over(self) -> None:
         keep = list(self._recent)[-(self.params.capacity // 2) :]
         self._filter = BloomFilter(self.params)
-        for item in keep:
-            self._filter.insert(item)
+        for positions in keep:
+            self._filter.insert_positions(positions)
 
     def __contains__(self, item: str) -> bool:
         return item in self._filter

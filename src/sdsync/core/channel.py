@@ -41,6 +41,7 @@ import enum
 import hashlib
 import heapq
 import logging
+import operator
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -71,6 +72,7 @@ from sdsync.errors import LocalProtocolError
 from sdsync.wire import HistoryEntry, Message, MessageKind, decode, encode, message_id_for
 
 logger = logging.getLogger("sdsync.core")
+_message_id = operator.attrgetter("message_id")
 
 
 class OutgoingState(enum.Enum):
@@ -215,7 +217,7 @@ class MessageChannel:
         positions = self.config.bloom.positions(message_id)
         self._outgoing[message_id] = OutgoingEntry(message, data, positions, now_ms, now_ms)
         if self.config.own_log_policy == "on_send":
-            self._enter_own_log(message, data)
+            self._enter_own_log(message, data, positions)
         events.insert(0, MessageSent(message_id, message.lamport_timestamp or 0))
         return Outgoing(message, data, events)
 
@@ -303,8 +305,10 @@ class MessageChannel:
         events.extend(RepairRequestSent(r.message_id, carrier_id) for r in requests)
         return tuple(requests)
 
-    def _enter_own_log(self, message: Message, data: bytes) -> None:
-        self._bloom.insert(message.message_id)
+    def _enter_own_log(
+        self, message: Message, data: bytes, positions: tuple[Position, ...]
+    ) -> None:
+        self._bloom.insert(message.message_id, positions)
         self._insert_log(
             LogEntry(message.message_id, message.lamport_timestamp or 0, self.participant_id),
             data,
@@ -328,7 +332,7 @@ class MessageChannel:
         data: bytes | None = None,
     ) -> list[Event]:
         """Process an already decoded message (``data``, if given, is kept for SDS-R)."""
-        drop = self._drop_reason(message)
+        drop = self._drop_reason(message, now_ms)
         if drop is not None:
             if drop == "duplicate" and self._repair is not None:
                 # Someone rebroadcast it: a repair response we owe is no longer needed.
@@ -343,13 +347,15 @@ class MessageChannel:
         events: list[Event] = []
         if kind is MessageKind.SYNC:
             events.append(SyncReceived(message.message_id, message.sender_id))
+        self._process_repair(message, now_ms, events)
+        # Acks first: with on_ack, a message naming ours may be what puts ours in the log.
+        self._review_acks(message, events)
         unmet = self._unmet(message) if kind is MessageKind.CONTENT else []
         if unmet and len(self._incoming) >= self.config.max_incoming_buffer:
             # Not recorded, not in our filter: the sender will resend and we try again.
             self.stats.count(self.stats.dropped, "incoming buffer full")
-            return [MessageDropped(message.message_id, "incoming buffer full")]
-        self._process_repair(message, now_ms, events)
-        self._review_acks(message, events)
+            events.append(MessageDropped(message.message_id, "incoming buffer full"))
+            return events
         if kind is MessageKind.SYNC:
             self._report_missing(message.causal_history, now_ms, events)
             return events
@@ -365,13 +371,19 @@ class MessageChannel:
             self._deliver(message, retrieval_hint, data, events)
         return events
 
-    def _drop_reason(self, message: Message) -> str | None:
+    def _drop_reason(self, message: Message, now_ms: int) -> str | None:
         if message.channel_id != self.channel_id:
             return "wrong channel"
         if message.sender_id == self.participant_id:
             return "own message"
-        if message.kind is MessageKind.CONTENT and self._seen(message.message_id):
+        if message.kind is not MessageKind.CONTENT:
+            return None
+        if self._seen(message.message_id):
             return "duplicate"
+        skew = self.config.max_lamport_skew_ms
+        if skew is not None and (message.lamport_timestamp or 0) > now_ms + skew:
+            # Delivering it would drag our clock (and every later message) that far ahead.
+            return "lamport timestamp too far in the future"
         return None
 
     def _seen(self, message_id: str) -> bool:
@@ -389,11 +401,12 @@ class MessageChannel:
         )
 
     def _unmet(self, message: Message) -> list[HistoryEntry]:
-        in_window = self._log.in_window
+        history = message.causal_history
+        # Nearly always every dependency is in the in-memory window: check that in bulk.
+        if all(map(self._log.in_window, map(_message_id, history))):
+            return []
         own = message.message_id
-        # Nearly every dependency is in the in-memory window: test that first, cheaply.
-        candidates = [e for e in message.causal_history if not in_window(e.message_id)]
-        return [e for e in candidates if e.message_id != own and not self._met(e.message_id)]
+        return [e for e in history if e.message_id != own and not self._met(e.message_id)]
 
     def _buffer(
         self,
@@ -480,7 +493,7 @@ class MessageChannel:
         for entry in message.causal_history:
             acked = outgoing.pop(entry.message_id, None)
             if acked is not None:
-                self._acknowledged(acked, events, by_causal_history=True)
+                self._acknowledged(acked, message.sender_id, events, by_causal_history=True)
         if outgoing and message.bloom_filter is not None:
             self._review_bloom(message.bloom_filter, message.sender_id, events)
 
@@ -501,9 +514,9 @@ class MessageChannel:
             count = len(entry.possible_ackers)
             if count >= threshold:
                 del outgoing[mid]
-                self._acknowledged(entry, events, by_causal_history=False)
+                self._acknowledged(entry, sender_id, events, by_causal_history=False)
             else:
-                events.append(MessagePossiblyAcknowledged(mid, count))
+                events.append(MessagePossiblyAcknowledged(mid, count, sender_id))
 
     def _ignore_bloom(self, reason: str, sender_id: str) -> None:
         kind = "saturated" if reason == "saturated" else "wrong size"
@@ -516,11 +529,12 @@ class MessageChannel:
         )
 
     def _acknowledged(
-        self, entry: OutgoingEntry, events: list[Event], *, by_causal_history: bool
+        self, entry: OutgoingEntry, acker_id: str, events: list[Event], *, by_causal_history: bool
     ) -> None:
-        events.append(MessageAcknowledged(entry.message.message_id, by_causal_history))
+        events.append(MessageAcknowledged(entry.message.message_id, by_causal_history, acker_id))
         if self.config.own_log_policy == "on_ack":
-            self._enter_own_log(entry.message, entry.data)
+            self._enter_own_log(entry.message, entry.data, entry.positions)
+            self._resolve_elsewhere(entry.message.message_id, events)
 
     # ---------------------------------------------------------------------- SDS-R
 
@@ -555,13 +569,13 @@ class MessageChannel:
         if self._repair is not None:
             self._repair.set_participant_count(participants)
 
-    def next_repair_due(self) -> int | None:
-        """Earliest time a repair request or response is due (for the scheduler)."""
-        if self._repair is None:
-            return None
-        dues = (self._repair.requests.next_due(), self._repair.responses.next_due())
-        pending = [d for d in dues if d is not None]
-        return min(pending) if pending else None
+    def next_repair_request_due(self) -> int | None:
+        """When our next SDS-R request may ride on an outgoing message (for schedulers)."""
+        return self._repair.requests.next_due() if self._repair is not None else None
+
+    def next_repair_response_due(self) -> int | None:
+        """When ``sweep_repair`` will next have a rebroadcast to hand out."""
+        return self._repair.responses.next_due() if self._repair is not None else None
 
     # ------------------------------------------------------------------- sweeps
 

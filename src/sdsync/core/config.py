@@ -45,6 +45,9 @@ class ChannelConfig:
     # evidence (10x the agreed rate by default: such a filter is far past its capacity).
     max_bloom_false_positive_rate: float = 0.01
     lost_timeout_ms: int | None = None
+    # Content whose Lamport timestamp (ms) is this far beyond our clock is dropped: one such
+    # message would otherwise push every later timestamp of ours out of everyone's range.
+    max_lamport_skew_ms: int | None = 24 * 3600 * 1000
     max_incoming_buffer: int = 10_000
     # Entries beyond this many leave memory for the HistoryStore (which still answers
     # "have we seen it?"); causal histories only ever reference the newest entries.

@@ -60,17 +60,23 @@ class EphemeralReceived(Event):
 
 @dataclass(frozen=True, slots=True)
 class MessageAcknowledged(Event):
-    """One of our messages left the outgoing buffer: a peer has it."""
+    """One of our messages left the outgoing buffer: a peer has it.
+
+    ``acker_id`` is the peer whose message settled it (named it in its causal history, or
+    was the last of the distinct peers whose bloom filters contained it).
+    """
 
     by_causal_history: bool
+    acker_id: str
     type = "message_acknowledged"
 
 
 @dataclass(frozen=True, slots=True)
 class MessagePossiblyAcknowledged(Event):
-    """A bloom filter from a new distinct peer contains one of our messages."""
+    """A bloom filter from a new distinct peer (``acker_id``) contains one of our messages."""
 
     count: int
+    acker_id: str
     type = "message_possibly_acknowledged"
 
 

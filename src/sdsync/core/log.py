@@ -16,7 +16,7 @@ arrives again is still recognised as a duplicate.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -84,9 +84,10 @@ class LocalLog:
     def get(self, message_id: str) -> LogEntry | None:
         return self._entries.get(message_id)
 
-    def in_window(self, message_id: str) -> bool:
-        """Membership in the in-memory window only (no history store lookup)."""
-        return message_id in self._entries
+    @property
+    def in_window(self) -> Callable[[object], bool]:
+        """Membership test of the in-memory window only (no history store lookup)."""
+        return self._entries.__contains__
 
     def insert(self, entry: LogEntry) -> list[LogEntry]:
         """Add an entry; returns the entries evicted to the history store."""

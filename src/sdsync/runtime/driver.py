@@ -1,0 +1,204 @@
+"""ChannelDriver: everything the core leaves to its caller, decided without doing I/O.
+
+Theory of operation
+-------------------
+:class:`~sdsync.core.MessageChannel` knows the protocol but not *when* to act. The driver
+owns one channel plus the timing policy of a reliable channel — randomized sync backoff,
+resends with exponential backoff and jitter and a distinct period for possibly
+acknowledged messages, a maximum number of attempts, incoming sweeps, store queries for
+missing dependencies, SDS-R request and response times — and still does no I/O: every
+call takes ``now_ms`` and returns a :class:`Step` of *actions* for the caller to carry out
+(transmit these bytes, query a store for these entries) and the core's *events*.
+
+``next_due()`` says when :meth:`tick` next has work, so an asyncio runtime sleeps until
+then and the simulator schedules a wake-up on its virtual clock: both run the same code.
+Randomness comes from the ``rng`` the caller passes in.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from dataclasses import dataclass, field
+from typing import Literal
+
+from sdsync.core import (
+    Event,
+    MessageChannel,
+    MessageReceived,
+    SyncReceived,
+)
+from sdsync.runtime.policy import RuntimeConfig, SyncTimer
+from sdsync.wire import HistoryEntry, Message
+
+TransmitKind = Literal["content", "resend", "sync", "repair", "ephemeral"]
+
+
+@dataclass(frozen=True, slots=True)
+class Transmit:
+    """Publish ``data`` on the channel's topic."""
+
+    data: bytes
+    message_id: str
+    kind: TransmitKind
+
+
+@dataclass(frozen=True, slots=True)
+class QueryStore:
+    """Ask store nodes for these messages (by retrieval hint where one is known)."""
+
+    entries: tuple[HistoryEntry, ...]
+
+
+Action = Transmit | QueryStore
+
+
+@dataclass(slots=True)
+class Step:
+    actions: list[Action] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+
+    def extend(self, other: Step) -> None:
+        self.actions.extend(other.actions)
+        self.events.extend(other.events)
+
+
+class ChannelDriver:
+    def __init__(
+        self,
+        channel: MessageChannel,
+        config: RuntimeConfig,
+        rng: random.Random,
+        now_ms: int,
+        *,
+        query_stores: bool = True,
+    ) -> None:
+        self.channel = channel
+        self.config = config
+        self.rng = rng
+        self.query_stores = query_stores
+        self._sync = SyncTimer(config.sync_interval_ms, rng, now_ms)
+        self._resends: list[tuple[int, str]] = []  # (due, id); stale entries skipped lazily
+        self._next_sweep = now_ms + config.incoming_sweep_ms
+        self._next_store_query = now_ms
+
+    # ------------------------------------------------------------------ inputs
+
+    def publish(self, payload: bytes, now_ms: int, *, message_id: str | None = None) -> Step:
+        """Send application content now; resends are scheduled from here on."""
+        out = self.channel.send(payload, now_ms, message_id=message_id)
+        self._schedule_resend(out.message_id, 1, now_ms)
+        self._sync.after_own_content(now_ms)
+        return Step([Transmit(out.data, out.message_id, "content")], list(out.events))
+
+    def publish_ephemeral(self, payload: bytes) -> Step:
+        out = self.channel.send_ephemeral(payload)
+        return Step([Transmit(out.data, out.message_id, "ephemeral")], [])
+
+    def receive(self, data: bytes, now_ms: int, *, retrieval_hint: bytes | None = None) -> Step:
+        """Bytes from the transport or a store. Raises RemoteProtocolError, state unchanged."""
+        events = self.channel.receive(data, now_ms, retrieval_hint=retrieval_hint)
+        return self._after_receive(events, now_ms)
+
+    def receive_message(
+        self,
+        message: Message,
+        now_ms: int,
+        *,
+        retrieval_hint: bytes | None = None,
+        data: bytes | None = None,
+    ) -> Step:
+        """An already decoded message (lets a simulator decode a broadcast only once)."""
+        events = self.channel.receive_message(
+            message, now_ms, retrieval_hint=retrieval_hint, data=data
+        )
+        return self._after_receive(events, now_ms)
+
+    def _after_receive(self, events: list[Event], now_ms: int) -> Step:
+        for event in events:
+            if isinstance(event, MessageReceived):
+                self._sync.after_received_content(now_ms)
+            elif isinstance(event, SyncReceived):
+                self._sync.after_received_sync(now_ms)
+        return Step([], events)
+
+    # ----------------------------------------------------------------- timers
+
+    def next_due(self) -> int:
+        """The earliest time at which :meth:`tick` has something to do."""
+        candidates = [self._sync.due_ms, self._next_sweep]
+        if self._resends:
+            candidates.append(self._resends[0][0])
+        for due in (
+            self.channel.next_repair_request_due(),
+            self.channel.next_repair_response_due(),
+        ):
+            if due is not None:
+                candidates.append(due)
+        return min(candidates)
+
+    def tick(self, now_ms: int) -> Step:
+        """Do whatever is due at ``now_ms``."""
+        step = Step()
+        self._resend_due(now_ms, step)
+        self._sync_if_due(now_ms, step)
+        repair = self.channel.sweep_repair(now_ms)
+        step.actions.extend(
+            Transmit(data, event.message_id, "repair")
+            for data, event in zip(repair.data, repair.events, strict=True)
+        )
+        step.events.extend(repair.events)
+        if now_ms >= self._next_sweep:
+            self._next_sweep = now_ms + self.config.incoming_sweep_ms
+            self._sweep_incoming(now_ms, step)
+        return step
+
+    def _sync_if_due(self, now_ms: int, step: Step) -> None:
+        request_due = self.channel.next_repair_request_due()
+        repair_waiting = request_due is not None and request_due <= now_ms
+        if now_ms < self._sync.due_ms and not repair_waiting:
+            return
+        sync = self.channel.send_sync(now_ms)
+        if sync is None:
+            self._sync.after_own_content(now_ms)
+            return
+        self._sync.after_own_sync(now_ms)
+        step.actions.append(Transmit(sync.data, sync.message_id, "sync"))
+        step.events.extend(sync.events)
+
+    def _sweep_incoming(self, now_ms: int, step: Step) -> None:
+        sweep = self.channel.sweep_incoming(now_ms)
+        step.events.extend(sweep.events)
+        if sweep.missing and self.query_stores and now_ms >= self._next_store_query:
+            self._next_store_query = now_ms + self.config.store_query_ms
+            step.actions.append(QueryStore(tuple(sweep.missing)))
+
+    # ---------------------------------------------------------------- resends
+
+    def _schedule_resend(self, message_id: str, attempts: int, now_ms: int) -> None:
+        entry = self.channel.outgoing_entry(message_id)
+        possibly = bool(entry is not None and entry.possible_ackers)
+        due = now_ms + self.config.resend_delay(attempts, possibly, self.rng)
+        heapq.heappush(self._resends, (due, message_id))
+
+    def _resend_due(self, now_ms: int, step: Step) -> None:
+        resends = self._resends
+        while resends and resends[0][0] <= now_ms:
+            _, message_id = heapq.heappop(resends)
+            entry = self.channel.outgoing_entry(message_id)
+            if entry is None:
+                continue  # acknowledged meanwhile
+            if entry.attempts >= self.config.max_attempts:
+                step.events.extend(self.channel.abandon(message_id))
+                continue
+            if entry.possible_ackers:
+                # Became possibly acknowledged after this resend was planned: wait longer.
+                later = entry.last_sent_ms + self.config.resend_delay(
+                    entry.attempts, True, self.rng
+                )
+                if later > now_ms:
+                    heapq.heappush(resends, (later, message_id))
+                    continue
+            data = self.channel.resend(message_id, now_ms)
+            step.actions.append(Transmit(data, message_id, "resend"))
+            self._schedule_resend(message_id, entry.attempts, now_ms)

@@ -1,0 +1,82 @@
+"""Timing policy of a reliable channel: when to sync, resend, sweep and query stores."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from sdsync.errors import LocalProtocolError
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeConfig:
+    """Defaults follow the ReliableChannel of js-waku; resends add backoff and jitter."""
+
+    sync_interval_ms: int = 30_000
+    resend_interval_ms: int = 30_000
+    # Possibly acknowledged messages are likely delivered: resend them less eagerly.
+    resend_possibly_acknowledged_ms: int = 90_000
+    resend_backoff: float = 2.0
+    max_resend_interval_ms: int = 600_000
+    resend_jitter: float = 0.2
+    max_attempts: int = 10
+    incoming_sweep_ms: int = 5_000
+    store_query_ms: int = 10_000
+
+    def __post_init__(self) -> None:
+        positive = (
+            self.sync_interval_ms,
+            self.resend_interval_ms,
+            self.resend_possibly_acknowledged_ms,
+            self.max_resend_interval_ms,
+            self.incoming_sweep_ms,
+            self.store_query_ms,
+            self.max_attempts,
+        )
+        if min(positive) <= 0:
+            raise LocalProtocolError("runtime intervals and max_attempts must be positive")
+        if self.resend_backoff < 1.0 or not 0.0 <= self.resend_jitter < 1.0:
+            raise LocalProtocolError("resend_backoff must be >= 1 and resend_jitter in [0, 1)")
+
+    def resend_delay(self, attempts: int, possibly_acknowledged: bool, rng: random.Random) -> int:
+        """Wait before attempt ``attempts + 1``: exponential backoff with jitter."""
+        base = (
+            self.resend_possibly_acknowledged_ms
+            if possibly_acknowledged
+            else self.resend_interval_ms
+        )
+        delay = min(base * self.resend_backoff ** (attempts - 1), self.max_resend_interval_ms)
+        jitter = rng.uniform(1.0 - self.resend_jitter, 1.0 + self.resend_jitter)
+        return max(1, int(delay * jitter))
+
+
+class SyncTimer:
+    """js-waku's randomized sync backoff: uniform in [0, interval * m].
+
+    m is 2 after our own sync (someone else will probably sync first next time), 1 after
+    our own content or a received sync, and 0.5 after received content (acknowledge soon).
+    """
+
+    __slots__ = ("due_ms", "interval_ms", "rng")
+
+    def __init__(self, interval_ms: int, rng: random.Random, now_ms: int) -> None:
+        self.interval_ms = interval_ms
+        self.rng = rng
+        self.due_ms = now_ms
+        self.reset(now_ms, 1.0)
+
+    def reset(self, now_ms: int, multiplier: float) -> None:
+        self.due_ms = now_ms + int(self.rng.uniform(0, self.interval_ms * multiplier))
+
+    def after_own_sync(self, now_ms: int) -> None:
+        self.reset(now_ms, 2.0)
+
+    def after_own_content(self, now_ms: int) -> None:
+        self.reset(now_ms, 1.0)
+
+    def after_received_sync(self, now_ms: int) -> None:
+        self.reset(now_ms, 1.0)
+
+    def after_received_content(self, now_ms: int) -> None:
+        # Only ever brings the sync forward: an acknowledgement is wanted soon.
+        self.due_ms = min(self.due_ms, now_ms + int(self.rng.uniform(0, self.interval_ms * 0.5)))
