@@ -16,13 +16,24 @@ Invariants checked after every step:
   been sent or delivered by that participant (or reported lost, when a lost timeout is set).
 
 At the end the network stops losing packets and the participants keep exchanging syncs,
-SDS-R repairs and resends until nothing is left to do; then every log must hold every
-message ever sent, in the same order, and every outgoing buffer must drain.
+SDS-R repairs and resends until nothing is left to do. Then no incoming buffer may hold
+anything, every id a participant ever saw in a causal history must be in its log, every
+outgoing buffer must be empty, and every log must hold every message ever sent, in the
+same order.
+
+That last property needs a causal history covering the whole log (the default 200 here).
+With the spec's recommended 2-3 ids it does not follow from the protocol: a message that
+two peers' bloom filters acknowledge, or that only a since-lost sync message named, is
+never named to the participants that missed it, so they cannot ask for it (hypothesis
+finds such runs in about 6% of examples). The short-history machines therefore end with
+the application re-publishing its messages once, and then require identical logs.
 """
 
 from __future__ import annotations
 
+import itertools
 import random
+import sys
 from dataclasses import dataclass, field
 
 import pytest
@@ -32,7 +43,6 @@ from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
     invariant,
-    precondition,
     rule,
 )
 
@@ -75,6 +85,7 @@ class Sim:
     in_flight: list[Packet] = field(default_factory=list)
     # Every content message ever sent, by id, as it went on the wire.
     sent: dict[str, Message] = field(default_factory=dict)
+    wire: dict[str, bytes] = field(default_factory=dict)
     # Per participant: ids the events say are in its log, in the order they got there.
     present: dict[str, set[str]] = field(default_factory=dict)
     order: dict[str, list[str]] = field(default_factory=dict)
@@ -82,6 +93,8 @@ class Sim:
     lost: dict[str, set[str]] = field(default_factory=dict)
     # Per participant: ids named in the causal history of a message it processed.
     known: dict[str, set[str]] = field(default_factory=dict)
+    # Participants whose state changed since the last check.
+    dirty: set[str] = field(default_factory=set)
     payloads: int = 0
     stats: dict[str, int] = field(default_factory=dict)
 
@@ -110,9 +123,11 @@ class Sim:
         ``waiting`` is the incoming buffer before a sweep: a lost-timeout sweep may deliver
         a message ahead of dependencies that are still buffered (by design).
         """
+        self.dirty.add(pid)
         for event in events:
             if isinstance(event, MessageSent):
-                self._enter(pid, event.message_id)
+                if self.config.own_log_policy == "on_send":
+                    self._enter(pid, event.message_id)
             elif isinstance(event, MessageAcknowledged):
                 if self.config.own_log_policy == "on_ack":
                     self._enter(pid, event.message_id)
@@ -153,6 +168,7 @@ class Sim:
         # The bytes on the wire are the message we keep as the reference.
         assert decode(out.data) == out.message
         self.sent[out.message_id] = out.message
+        self.wire[out.message_id] = out.data
         self.apply(pid, out.events)
         self.broadcast(pid, out.data)
         return out.message_id
@@ -200,20 +216,27 @@ class Sim:
 
     # --------------------------------------------------------------- invariants
 
-    def check(self) -> None:
-        for pid, chan in self.chans.items():
-            entries = list(chan.log)
-            keys = [(e.lamport_timestamp, e.message_id) for e in entries]
-            assert keys == sorted(keys), f"{pid}: log out of (lamport, id) order"
-            assert len(set(keys)) == len(keys), f"{pid}: duplicate log keys"
-            ids = chan.log_ids()
-            assert len(set(ids)) == len(ids), f"{pid}: an id appears twice in the log"
-            assert set(ids) == self.present[pid], f"{pid}: log disagrees with the events"
-            for entry in entries:
-                assert entry.lamport_timestamp == self.sent[entry.message_id].lamport_timestamp
-            if entries:
-                assert chan.lamport_timestamp >= entries[-1].lamport_timestamp
-            assert not set(chan.incoming_ids()) & set(ids), f"{pid}: logged id still buffered"
+    def check(self, *, everyone: bool = False) -> None:
+        pids = list(self.chans) if everyone else sorted(self.dirty)
+        self.dirty.clear()
+        for pid in pids:
+            chan = self.chans[pid]
+            keys = [(e.lamport_timestamp, e.message_id) for e in chan.log]
+            assert all(a < b for a, b in itertools.pairwise(keys)), (
+                f"{pid}: log not strictly ordered by (lamport, id)"
+            )
+            ids = {mid for _, mid in keys}
+            assert len(ids) == len(keys), f"{pid}: an id appears twice in the log"
+            assert ids == self.present[pid], f"{pid}: log disagrees with the events"
+            sent = self.sent
+            assert all(ts == sent[mid].lamport_timestamp for ts, mid in keys), (
+                f"{pid}: a log entry has another Lamport timestamp than its message"
+            )
+            if keys:
+                assert chan.lamport_timestamp >= keys[-1][0]
+            assert ids.isdisjoint(chan.incoming_ids()), f"{pid}: logged id still buffered"
+            if everyone:
+                assert chan.log_ids() == [mid for _, mid in keys]
 
     def converged(self) -> bool:
         everything = set(self.sent)
@@ -226,12 +249,12 @@ class Sim:
             self.deliver(0)
             self.check()
 
-    def quiesce(self, max_rounds: int = 40) -> int:
-        """Stop losses; sync, repair and resend until converged. Returns rounds used."""
+    def quiesce(self, *, full: bool, max_rounds: int = 10) -> int:
+        """Stop losses; sync, repair and resend until settled. Returns the rounds used."""
         t_max = self.config.repair.t_max_ms
         for rounds in range(max_rounds):
             self.flush()
-            if self.settled():
+            if self.settled(full=full):
                 return rounds
             for pid in self.ids:
                 self.sweep_incoming(pid)
@@ -256,48 +279,42 @@ class Sim:
             self.advance(1_000)
         return max_rounds
 
-    def settled(self) -> bool:
-        """Nothing buffered, and everything anyone heard of is in its log."""
-        return all(
-            not chan.incoming_ids() and self.known[pid] <= self.present[pid]
-            for pid, chan in self.chans.items()
-        ) and (not self.expect_full or self.converged())
+    def settled(self, *, full: bool) -> bool:
+        """Nothing buffered, everything anyone heard of obtained (or given up on), and
+        with ``full`` every log complete and every outgoing buffer empty."""
+        for pid, chan in self.chans.items():
+            if chan.incoming_ids() or not self.known[pid] <= self.present[pid] | self.lost[pid]:
+                return False
+            if full and chan.outgoing_ids():
+                return False
+        return not full or self.converged()
 
     def republish(self) -> None:
-        """The application re-publishes every message it sent (lossless)."""
-        for pid in self.ids:
-            for mid in self.order[pid]:
-                if self.sent[mid].sender_id == pid:
-                    data = self.chans[pid].wire_bytes(mid)
-                    assert data is not None
-                    self.broadcast(pid, data)
+        """The application re-publishes every message it ever sent (lossless)."""
+        for mid, message in self.sent.items():
+            self.broadcast(message.sender_id, self.wire[mid])
         self.flush()
 
     def assert_quiescent(self) -> None:
-        rounds = self.quiesce()
+        rounds = self.quiesce(full=self.expect_full)
         for pid, chan in self.chans.items():
             assert not chan.incoming_ids(), f"{pid}: incoming buffer never drained"
-            unobtained = self.known[pid] - self.present[pid]
+            # Every id a participant heard of, it eventually obtained (SDS-R), unless the
+            # lost timeout made it give up on it.
+            unobtained = self.known[pid] - self.present[pid] - self.lost[pid]
             assert not unobtained, f"{pid}: heard of {sorted(unobtained)} but never got them"
-        if self.expect_full:
-            missing = {pid: sorted(set(self.sent) - self.present[pid]) for pid in self.ids}
-            assert self.converged(), f"never converged after {rounds} rounds: missing {missing}"
-        else:
+        if not self.expect_full:
             # With a causal history shorter than the log, a message acknowledged by bloom
-            # hits that no retained message references cannot be discovered by those who
-            # missed it (the protocol has no way to name it to them). The application
-            # re-publishing its own messages closes such gaps; logs must then agree.
+            # hits (or by a sync message that was then lost) and named by no retained
+            # message cannot be discovered by those who missed it: nothing names it to
+            # them. The application re-publishing its messages closes such gaps.
             self.republish()
-        logs = [self.chans[pid].log_ids() for pid in self.ids]
-        assert set(logs[0]) == set(self.sent)
-        assert all(log == logs[0] for log in logs), "logs differ after quiescence"
-        # Once everyone has everything, one round of syncs acknowledges everything.
-        self.advance(1_000)
-        for pid in self.ids:
-            self.sync(pid)
-        self.flush()
+            rounds = self.quiesce(full=True)
+        missing = {pid: sorted(set(self.sent) - self.present[pid]) for pid in self.ids}
+        assert self.converged(), f"logs differ after {rounds} rounds; missing: {missing}"
         for pid in self.ids:
             assert not self.chans[pid].outgoing_ids(), f"{pid}: outgoing buffer never drained"
+        self.check(everyone=True)
 
 
 # --------------------------------------------------------------------------- hypothesis
@@ -336,28 +353,35 @@ class SdsNetwork(RuleBasedStateMachine):
         for _ in range(3):
             self.s.send(self.who(who))
 
-    @precondition(lambda self: self.s.in_flight)
+    # Network rules pick any in-flight packet (so packets are reordered); with nothing in
+    # flight they do nothing (preconditions would make hypothesis discard many runs).
+
     @rule(pick=st.integers(0, 1 << 16))
     def deliver(self, pick: int) -> None:
-        self.s.deliver(pick % len(self.s.in_flight))
+        if self.s.in_flight:
+            self.s.deliver(pick % len(self.s.in_flight))
 
-    @precondition(lambda self: self.s.in_flight)
     @rule(pick=st.integers(0, 1 << 16), count=st.integers(1, 8))
     def deliver_many(self, pick: int, count: int) -> None:
         for _ in range(count):
-            if not self.s.in_flight:
-                break
-            self.s.deliver(pick % len(self.s.in_flight))
+            if self.s.in_flight:
+                self.s.deliver(pick % len(self.s.in_flight))
 
-    @precondition(lambda self: self.s.in_flight)
     @rule(pick=st.integers(0, 1 << 16))
     def drop(self, pick: int) -> None:
-        self.s.drop(pick % len(self.s.in_flight))
+        if self.s.in_flight:
+            self.s.drop(pick % len(self.s.in_flight))
 
-    @precondition(lambda self: self.s.in_flight)
+    @rule(pick=st.integers(0, 1 << 16), count=st.integers(1, 4))
+    def drop_many(self, pick: int, count: int) -> None:
+        for _ in range(count):
+            if self.s.in_flight:
+                self.s.drop(pick % len(self.s.in_flight))
+
     @rule(pick=st.integers(0, 1 << 16))
     def duplicate(self, pick: int) -> None:
-        self.s.deliver(pick % len(self.s.in_flight), keep=True)
+        if self.s.in_flight:
+            self.s.deliver(pick % len(self.s.in_flight), keep=True)
 
     @rule(who=st.integers(0, 4))
     def sync(self, who: int) -> None:
@@ -385,7 +409,8 @@ class SdsNetwork(RuleBasedStateMachine):
             self.sim.check()
 
     def teardown(self) -> None:
-        if self.sim is not None:
+        # Hypothesis tears down after a failed step too; only a healthy run must settle.
+        if self.sim is not None and sys.exc_info()[0] is None:
             self.sim.assert_quiescent()
 
 
@@ -412,8 +437,18 @@ class LostTimeoutNetwork(SdsNetwork):
         return ChannelConfig(causal_history_size=history, repair=FAST_REPAIR, lost_timeout_ms=7_000)
 
 
+class OnAckNetwork(SdsNetwork):
+    """own_log_policy="on_ack" (the API proposal's choice): our messages enter our own log
+    only once acknowledged."""
+
+    def make_config(self, history: int) -> ChannelConfig:
+        return ChannelConfig(
+            causal_history_size=history, repair=FAST_REPAIR, own_log_policy="on_ack"
+        )
+
+
 _STATEFUL = settings(
-    max_examples=60,
+    max_examples=100,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
@@ -422,9 +457,11 @@ _STATEFUL = settings(
 TestSmallHistoryNetwork = SmallHistoryNetwork.TestCase
 TestSmallHistoryNetwork.settings = _STATEFUL
 TestDefaultConfigNetwork = DefaultConfigNetwork.TestCase
-TestDefaultConfigNetwork.settings = settings(_STATEFUL, max_examples=40)
+TestDefaultConfigNetwork.settings = settings(_STATEFUL, max_examples=50)
 TestLostTimeoutNetwork = LostTimeoutNetwork.TestCase
-TestLostTimeoutNetwork.settings = settings(_STATEFUL, max_examples=40)
+TestLostTimeoutNetwork.settings = settings(_STATEFUL, max_examples=50)
+TestOnAckNetwork = OnAckNetwork.TestCase
+TestOnAckNetwork.settings = settings(_STATEFUL, max_examples=50)
 
 
 # ------------------------------------------------------------------------ seeded runs
@@ -479,3 +516,118 @@ def test_seeded_lossy_run_converges(seed: int) -> None:
     logs = [sim.chans[pid].log_ids() for pid in sim.ids]
     assert all(log == logs[0] for log in logs)
     assert len(logs[0]) == 200
+
+
+# ------------------------------------------------------------------- targeted scenarios
+
+
+def _route(sim: Sim, *, dst: str, mid: str | None = None, deliver: bool = True) -> int:
+    """Deliver (or drop) every in-flight packet to ``dst`` [carrying message ``mid``]."""
+    moved = 0
+    for index in reversed(range(len(sim.in_flight))):
+        packet = sim.in_flight[index]
+        if packet.dst != dst or (mid is not None and decode(packet.data).message_id != mid):
+            continue
+        if deliver:
+            sim.deliver(index)
+        else:
+            sim.drop(index)
+        moved += 1
+    sim.check(everyone=True)
+    return moved
+
+
+def test_repair_request_suppressed_by_a_peer_is_retried() -> None:
+    """A repair request held back because a peer asked first must come back if the repair
+    never reaches us; otherwise the dependent message waits in the incoming buffer forever
+    (js-waku forgets the request).
+
+    a's message m1 reaches only b. b's next message names m1, so c and d both buffer it and
+    schedule SDS-R requests; a stops resending m1 (b's message acknowledged it). c asks
+    first; d, seeing c's request, holds its own back. The rebroadcasts of m1 reach c but
+    are lost on the way to d. Later mentions of m1 do not re-arm anything (d already waits
+    for it), so only d's deferred request can still fetch m1.
+    """
+    sim = Sim(4, ChannelConfig(causal_history_size=2, repair=FAST_REPAIR))
+    a, b, c, d = sim.ids
+    m1 = sim.send(a)
+    _route(sim, dst=b)
+    _route(sim, dst=c, deliver=False)
+    _route(sim, dst=d, deliver=False)
+    sim.advance(10)
+    m2 = sim.send(b)
+    for peer in (a, c, d):
+        _route(sim, dst=peer)
+    assert sim.chans[a].outgoing_ids() == [], "b's history acknowledged m1"
+    assert m1 in sim.chans[c].missing_ids() and m1 in sim.chans[d].missing_ids()
+    sim.advance(FAST_REPAIR.t_max_ms + 1)  # both requests are due
+    sim.sync(c)  # c asks first ...
+    for peer in (a, b, d):
+        _route(sim, dst=peer)  # ... so d drops its own request
+    sim.advance(FAST_REPAIR.t_max_ms + 1)
+    for peer in (a, b):
+        sim.sweep_repair(peer)
+    assert sim.in_flight, "a and b rebroadcast m1"
+    _route(sim, dst=c)
+    _route(sim, dst=d, deliver=False)  # the rebroadcasts never reach d
+    assert m1 in sim.present[c]
+    assert m2 in sim.chans[d].incoming_ids()
+    rounds = sim.quiesce(full=True)
+    assert m1 in sim.present[d], (
+        f"after {rounds} rounds of syncs, repairs and resends d still waits for m1: "
+        f"incoming={sim.chans[d].incoming_ids()}, missing={sim.chans[d].missing_ids()}"
+    )
+
+
+def test_seen_rebroadcast_cancels_our_repair_response() -> None:
+    """Seeing someone else answer a repair request must cancel our own answer.
+
+    Every participant that owes a response already holds the message, so the rebroadcast
+    it sees is a *duplicate*; the cancellation must happen on the duplicate path too, or
+    every holder in the response group rebroadcasts.
+    """
+    sim = Sim(3, ChannelConfig(causal_history_size=2, repair=FAST_REPAIR))
+    a, b, c = sim.ids
+    m1 = sim.send(a)
+    _route(sim, dst=b)
+    _route(sim, dst=c, deliver=False)
+    sim.advance(10)
+    sim.send(b)  # names m1
+    _route(sim, dst=a)
+    _route(sim, dst=c)
+    sim.advance(FAST_REPAIR.t_max_ms + 1)
+    sim.sync(c)  # asks for m1
+    _route(sim, dst=a)
+    _route(sim, dst=b)
+    sweep = sim.chans[a].sweep_repair(sim.now_ms)  # the original sender answers at once
+    assert [decode(raw).message_id for raw in sweep.data] == [m1]
+    for raw in sweep.data:
+        sim.broadcast(a, raw)
+    _route(sim, dst=b)  # b sees a's answer
+    _route(sim, dst=c)
+    assert m1 in sim.present[c]
+    late = sim.chans[b].sweep_repair(sim.now_ms + FAST_REPAIR.t_max_ms)
+    assert late.data == [], "b rebroadcast m1 although it saw a do so"
+
+
+def test_on_ack_policy_releases_messages_waiting_for_our_message() -> None:
+    """own_log_policy="on_ack": a peer's message naming ours must be delivered.
+
+    Regression: ``receive_message`` computed the unmet dependencies *before* reviewing
+    acks; the peer's causal history acknowledged our message, which entered our log through
+    ``_enter_own_log`` -- a path that never releases the incoming buffer -- so the peer's
+    message waited forever for a message already in our log (and ``sweep_incoming`` kept
+    reporting our own message as missing).
+    """
+    config = ChannelConfig(own_log_policy="on_ack")
+    a = MessageChannel(CHANNEL, "a", now_ms=START_MS, config=config)
+    b = MessageChannel(CHANNEL, "b", now_ms=START_MS, config=config)
+    m1 = a.send(b"one", START_MS + 1)
+    b.receive(m1.data, START_MS + 2)
+    m2 = b.send(b"two", START_MS + 3)
+    assert [h.message_id for h in m2.message.causal_history] == [m1.message_id]
+    events = a.receive(m2.data, START_MS + 4)
+    assert any(isinstance(e, MessageAcknowledged) for e in events)
+    assert m1.message_id in a.log_ids()
+    assert a.incoming_ids() == [], "b's message waits for our own, already logged, message"
+    assert m2.message_id in a.log_ids()

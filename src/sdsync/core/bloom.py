@@ -31,6 +31,9 @@ import mmh3
 
 Position = tuple[int, int]  # (byte index in the serialised filter, bit mask)
 
+_POSITIONS: dict[tuple[int, int, str], tuple[Position, ...]] = {}
+_POSITIONS_MAX = 1 << 17
+
 
 @dataclass(frozen=True, slots=True)
 class BloomParams:
@@ -54,7 +57,17 @@ class BloomParams:
         object.__setattr__(self, "n_bytes", (1 + m_bits // 64) * 8)
 
     def positions(self, item: str) -> tuple[Position, ...]:
-        """Where ``item``'s k bits live in the serialised filter."""
+        """Where ``item``'s k bits live in the serialised filter (memoised: every
+        participant hashes the same ids)."""
+        key = (self.m_bits, self.k, item)
+        cached = _POSITIONS.get(key)
+        if cached is None:
+            if len(_POSITIONS) >= _POSITIONS_MAX:
+                _POSITIONS.clear()
+            cached = _POSITIONS[key] = self._compute_positions(item)
+        return cached
+
+    def _compute_positions(self, item: str) -> tuple[Position, ...]:
         m = self.m_bits
         data = item.encode()
         hash_a = abs(mmh3.hash(data, 0, signed=True)) % m

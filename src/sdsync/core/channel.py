@@ -350,14 +350,15 @@ class MessageChannel:
         self._process_repair(message, now_ms, events)
         # Acks first: with on_ack, a message naming ours may be what puts ours in the log.
         self._review_acks(message, events)
-        unmet = self._unmet(message) if kind is MessageKind.CONTENT else []
-        if unmet and len(self._incoming) >= self.config.max_incoming_buffer:
+        unmet = self._unmet(message.causal_history, message.message_id)
+        full = len(self._incoming) >= self.config.max_incoming_buffer
+        if unmet and full and kind is MessageKind.CONTENT:
             # Not recorded, not in our filter: the sender will resend and we try again.
             self.stats.count(self.stats.dropped, "incoming buffer full")
             events.append(MessageDropped(message.message_id, "incoming buffer full"))
             return events
         if kind is MessageKind.SYNC:
-            self._report_missing(message.causal_history, now_ms, events)
+            self._report_missing(unmet, now_ms, events)
             return events
         self._bloom.insert(message.message_id)
         events.append(
@@ -400,13 +401,17 @@ class MessageChannel:
             or (message_id in self._log)
         )
 
-    def _unmet(self, message: Message) -> list[HistoryEntry]:
-        history = message.causal_history
+    def _unmet(self, history: tuple[HistoryEntry, ...], own: str) -> list[HistoryEntry]:
+        """Entries of a causal history that are not (yet) in our log, lost or met elsewhere."""
+        in_window = self._log.in_window
         # Nearly always every dependency is in the in-memory window: check that in bulk.
-        if all(map(self._log.in_window, map(_message_id, history))):
+        if all(map(in_window, map(_message_id, history))):
             return []
-        own = message.message_id
-        return [e for e in history if e.message_id != own and not self._met(e.message_id)]
+        return [
+            e
+            for e in history
+            if not in_window(e.message_id) and e.message_id != own and not self._met(e.message_id)
+        ]
 
     def _buffer(
         self,
@@ -520,12 +525,17 @@ class MessageChannel:
 
     def _ignore_bloom(self, reason: str, sender_id: str) -> None:
         kind = "saturated" if reason == "saturated" else "wrong size"
-        self.stats.count(self.stats.bloom_ignored, kind)
-        logger.warning(
-            "channel %s: bloom filter from %s gives no ack evidence: %s",
+        table = self.stats.bloom_ignored
+        # The first time per kind at WARNING; after that DEBUG, so a peer cannot flood logs.
+        level = logging.WARNING if kind not in table else logging.DEBUG
+        self.stats.count(table, kind)
+        logger.log(
+            level,
+            "channel %s: bloom filter from %s gives no ack evidence: %s (%d so far)",
             self.channel_id,
             sender_id,
             reason,
+            table[kind],
         )
 
     def _acknowledged(
@@ -637,6 +647,15 @@ class MessageChannel:
                 self._repair.mark_received(mid)
             self._resolve_elsewhere(mid, events)
         return events
+
+    def drop_volatile_state(self) -> None:
+        """Forget what a crash loses when only the log and outgoing buffer are durable:
+        the incoming buffer and the SDS-R schedules. What was lost is learnt again from
+        later causal histories, repairs and stores."""
+        self._incoming.clear()
+        self._waiters.clear()
+        if self._repair is not None:
+            self._repair = RepairState(self._repair.config, self.participant_id)
 
     # -------------------------------------------------------------- inspection
 

@@ -1,0 +1,355 @@
+"""Discrete-event simulation of an SDS group on a virtual clock.
+
+Theory of operation
+-------------------
+One heap of timed events drives everything: a participant publishing, a packet copy
+arriving, a participant's driver waking up, a store answering a query, churn and outages.
+Every random choice comes from one ``random.Random(seed)``, and ties in time are broken by
+a sequence number, so the same seed replays the same run bit for bit.
+
+Participants run the real engine: a :class:`~sdsync.core.MessageChannel` wrapped in the
+runtime's :class:`~sdsync.runtime.ChannelDriver`, exactly as the live runtime does; the
+simulator only carries out the driver's actions (broadcast bytes, query a store) and keeps
+ground truth to check the outcome. A broadcast is decoded once and the immutable message
+shared by all receivers, which is what lets one core process a million receives quickly.
+
+Store nodes archive every copy they hear (by retrieval hint and by message id) and answer
+queries for missing dependencies after a round trip, unless they are in an outage.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sdsync.core import BloomParams, ChannelConfig, MessageChannel, RepairConfig
+from sdsync.runtime import ChannelDriver, QueryStore, RuntimeConfig, Step, Transmit
+from sdsync.sim.config import SimConfig
+from sdsync.sim.record import Recorder
+from sdsync.wire import Message, decode
+
+# Event kinds in the heap, in the order they run when due at the same time.
+_CHURN, _OUTAGE, _ARRIVE, _STORE_REPLY, _PUBLISH, _WAKE = range(6)
+CHECK_EVERY_MS = 5_000
+
+
+@dataclass(slots=True)
+class Participant:
+    index: int
+    name: str
+    drivers: list[ChannelDriver]
+    online: bool = True
+    wake_at: int = -1
+    burst_bad: bool = False  # Gilbert–Elliott state of this receiver
+
+
+@dataclass(slots=True)
+class StoreNode:
+    index: int
+    online: bool = True
+    by_hint: dict[bytes, bytes] = field(default_factory=dict)
+    by_id: dict[tuple[int, str], bytes] = field(default_factory=dict)
+
+
+ChannelFactory = Callable[[str, str, int, ChannelConfig], MessageChannel]
+
+
+def default_channel_factory(
+    channel_id: str, participant_id: str, now_ms: int, config: ChannelConfig
+) -> MessageChannel:
+    return MessageChannel(channel_id, participant_id, now_ms=now_ms, config=config)
+
+
+def retrieval_hint(data: bytes) -> bytes:
+    """Stand-in for the transport's message hash (Waku's is sha256 over topic + payload)."""
+    return hashlib.sha256(data).digest()
+
+
+class Simulation:
+    def __init__(
+        self,
+        config: SimConfig,
+        *,
+        record_events: bool = True,
+        channel_factory: ChannelFactory = default_channel_factory,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.rng = random.Random(config.seed)
+        self.now = 0
+        self.recorder = Recorder(config, record_events)
+        self._progress = progress
+        self._heap: list[tuple[int, int, int, int, object]] = []
+        self._seq = 0
+        proto = config.protocol
+        self.channel_config = ChannelConfig(
+            causal_history_size=proto.causal_history,
+            bloom=BloomParams(proto.bloom_capacity, proto.bloom_error_rate),
+            possible_acks_threshold=proto.possible_acks_threshold,
+            lost_timeout_ms=proto.lost_timeout_ms,
+            repair=RepairConfig(
+                enabled=proto.repair,
+                t_min_ms=proto.repair_t_min_ms,
+                t_max_ms=proto.repair_t_max_ms,
+                response_groups=max(1, config.participants // 128),
+            ),
+        )
+        self.runtime_config = RuntimeConfig(
+            sync_interval_ms=proto.sync_interval_ms,
+            resend_interval_ms=proto.resend_interval_ms,
+            resend_possibly_acknowledged_ms=proto.resend_possibly_acknowledged_ms,
+            max_attempts=proto.max_attempts,
+        )
+        self.channel_ids = [f"channel-{c}" for c in range(config.channels)]
+        self._factory = channel_factory
+        self.participants = [self._new_participant(i) for i in range(config.participants)]
+        self.stores = [StoreNode(i) for i in range(config.stores)]
+        self._partition_of: list[int] = [0] * config.participants
+        self._schedule_faults()
+        self._schedule_workload()
+        for p in self.participants:
+            self._rearm(p)
+
+    # ------------------------------------------------------------------ setup
+
+    def _new_participant(self, index: int) -> Participant:
+        name = f"p{index:05d}"
+        drivers = [
+            ChannelDriver(
+                self._factory(cid, name, self.now, self.channel_config),
+                self.runtime_config,
+                self.rng,
+                self.now,
+                query_stores=self.config.stores > 0,
+            )
+            for cid in self.channel_ids
+        ]
+        return Participant(index, name, drivers)
+
+    def _push(self, at: int, kind: int, target: int, payload: object = None) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (at, kind, self._seq, target, payload))
+
+    def _schedule_workload(self) -> None:
+        work = self.config.workload
+        n = self.config.participants
+        for i in range(work.messages):
+            at = int(self.rng.uniform(0, work.duration_ms))
+            if work.hot_senders and self.rng.random() < work.hot_senders:
+                sender = 0
+            else:
+                sender = self.rng.randrange(n)
+            self._push(at, _PUBLISH, sender, i)
+
+    def _schedule_faults(self) -> None:
+        for churn in self.config.churn:
+            self._push(
+                churn.start_ms, _CHURN, churn.participant, (False, churn.lose_volatile_state)
+            )
+            self._push(churn.end_ms, _CHURN, churn.participant, (True, False))
+        for outage in self.config.store_outages:
+            self._push(outage.start_ms, _OUTAGE, outage.store, False)
+            self._push(outage.end_ms, _OUTAGE, outage.store, True)
+        for part in self.config.partitions:
+            self._push(part.start_ms, _OUTAGE, -1, part)
+            self._push(part.heal_ms, _OUTAGE, -1, None)
+
+    # -------------------------------------------------------------------- run
+
+    def run(self) -> None:
+        work = self.config.workload
+        deadline = work.duration_ms + self.config.drain_ms
+        next_check = work.duration_ms
+        heap = self._heap
+        while heap:
+            at, kind, _, target, payload = heap[0]
+            if at > deadline:
+                break
+            if at >= next_check:
+                next_check = at + CHECK_EVERY_MS
+                if self._progress is not None:
+                    self._progress(at, deadline)
+                if at >= work.duration_ms and self._quiescent():
+                    break
+            heapq.heappop(heap)
+            self.now = at
+            if kind == _ARRIVE:
+                self._arrive(target, payload)  # type: ignore[arg-type]
+            elif kind == _WAKE:
+                self._wake(target)
+            elif kind == _PUBLISH:
+                self._publish(target, payload)  # type: ignore[arg-type]
+            elif kind == _STORE_REPLY:
+                self._store_reply(target, payload)  # type: ignore[arg-type]
+            elif kind == _CHURN:
+                self._churn(target, *payload)  # type: ignore[misc]
+            else:
+                self._outage(target, payload)
+        self.recorder.finish(self)
+
+    def _quiescent(self) -> bool:
+        """Everything sent is in every log and nothing waits to be acknowledged."""
+        sent = self.recorder.sent_per_channel
+        for p in self.participants:
+            if not p.online:
+                return False
+            for c, driver in enumerate(p.drivers):
+                chan = driver.channel
+                if chan.log.total < sent[c]:
+                    return False
+                if chan.outgoing_ids():
+                    return False
+        return True
+
+    # ---------------------------------------------------------------- actions
+
+    def _publish(self, index: int, number: int) -> None:
+        p = self.participants[index]
+        if not p.online:
+            return  # an offline participant writes nothing
+        channel = number % self.config.channels
+        payload = f"{p.name} #{number} ".encode().ljust(self.config.workload.payload_bytes, b".")
+        step = p.drivers[channel].publish(payload, self.now)
+        self.recorder.published(p.index, channel, step, self.now)
+        self._carry_out(p, channel, step)
+
+    def _wake(self, index: int) -> None:
+        p = self.participants[index]
+        if not p.online or self.now != p.wake_at:
+            return
+        p.wake_at = -1
+        for channel, driver in enumerate(p.drivers):
+            if driver.next_due() <= self.now:
+                self._carry_out(p, channel, driver.tick(self.now))
+        self._rearm(p)
+
+    def _rearm(self, p: Participant) -> None:
+        due = max(self.now, min(d.next_due() for d in p.drivers))
+        if p.wake_at < 0 or due < p.wake_at:
+            p.wake_at = due
+            self._push(due, _WAKE, p.index)
+
+    def _carry_out(self, p: Participant, channel: int, step: Step) -> None:
+        self.recorder.events(p.index, channel, step.events, self.now)
+        for action in step.actions:
+            if isinstance(action, Transmit):
+                self._broadcast(p, channel, action)
+            elif isinstance(action, QueryStore):
+                self._query_store(p, channel, action)
+        self._rearm(p)
+
+    def _broadcast(self, sender: Participant, channel: int, action: Transmit) -> None:
+        data = action.data
+        hint = retrieval_hint(data)
+        if action.kind == "content":
+            sender.drivers[channel].channel.set_retrieval_hint(action.message_id, hint)
+        message = decode(data, self.channel_config.limits)
+        packet = (channel, message, data, hint)
+        self.recorder.transmitted(sender.index, channel, action, self.now)
+        net = self.config.network
+        rng = self.rng
+        group = self._partition_of[sender.index]
+        for p in self.participants:
+            if p is sender or self._partition_of[p.index] != group:
+                continue
+            self.recorder.copies += 1
+            self.recorder.bytes_on_wire += len(data)
+            if self._lost(p, net.loss):
+                continue
+            copies = 2 if net.duplicate and rng.random() < net.duplicate else 1
+            for _ in range(copies):
+                self._push(self.now + self._latency(), _ARRIVE, p.index, packet)
+        for store in self.stores:
+            if store.online and not (net.store_loss and rng.random() < net.store_loss):
+                store.by_hint[hint] = data
+                store.by_id[(channel, message.message_id)] = data
+
+    def _lost(self, p: Participant, loss: float) -> bool:
+        net = self.config.network
+        rng = self.rng
+        if net.burst_enter:
+            if p.burst_bad:
+                p.burst_bad = rng.random() >= net.burst_exit
+            else:
+                p.burst_bad = rng.random() < net.burst_enter
+            if p.burst_bad and rng.random() < net.burst_loss:
+                return True
+        return bool(loss) and rng.random() < loss
+
+    def _latency(self) -> int:
+        net = self.config.network
+        delay = self.rng.gauss(net.latency_ms, net.jitter_ms) if net.jitter_ms else net.latency_ms
+        if net.reorder and self.rng.random() < net.reorder:
+            delay += net.reorder_delay_ms
+        return max(1, int(delay))
+
+    def _arrive(self, index: int, packet: tuple[int, Message, bytes, bytes]) -> None:
+        p = self.participants[index]
+        if not p.online:
+            return
+        channel, message, data, hint = packet
+        self.recorder.receive_events += 1
+        step = p.drivers[channel].receive_message(message, self.now, retrieval_hint=hint, data=data)
+        self.recorder.received(p.index, channel, message, len(data), self.now)
+        self._carry_out(p, channel, step)
+
+    def _query_store(self, p: Participant, channel: int, query: QueryStore) -> None:
+        online = [s for s in self.stores if s.online]
+        self.recorder.store_queries += 1
+        if not online:
+            return
+        store = online[self.rng.randrange(len(online))]
+        found = []
+        for entry in query.entries:
+            data = None
+            if entry.retrieval_hint is not None:
+                data = store.by_hint.get(entry.retrieval_hint)
+            if data is None:
+                data = store.by_id.get((channel, entry.message_id))
+            if data is not None:
+                found.append(data)
+        rtt = self._latency() + self._latency()
+        self._push(self.now + rtt, _STORE_REPLY, p.index, (channel, found))
+
+    def _store_reply(self, index: int, reply: tuple[int, list[bytes]]) -> None:
+        p = self.participants[index]
+        if not p.online:
+            return
+        channel, found = reply
+        for data in found:
+            message = decode(data, self.channel_config.limits)
+            step = p.drivers[channel].receive_message(
+                message, self.now, retrieval_hint=retrieval_hint(data), data=data
+            )
+            self.recorder.received(p.index, channel, message, len(data), self.now, store=True)
+            self._carry_out(p, channel, step)
+
+    # ------------------------------------------------------------------ faults
+
+    def _churn(self, index: int, online: bool, lose_state: bool) -> None:
+        p = self.participants[index]
+        p.online = online
+        self.recorder.churned(index, online, self.now)
+        if online:
+            p.wake_at = -1
+            self._rearm(p)
+        elif lose_state:
+            for driver in p.drivers:
+                driver.channel.drop_volatile_state()
+
+    def _outage(self, target: int, payload: object) -> None:
+        if target >= 0:
+            self.stores[target].online = bool(payload)
+            return
+        n = self.config.participants
+        if payload is None:
+            self._partition_of = [0] * n
+            return
+        groups = payload.groups or (tuple(range(n // 2)),)  # type: ignore[attr-defined]
+        self._partition_of = [0] * n
+        for g, members in enumerate(groups, start=1):
+            for member in members:
+                self._partition_of[member] = g
