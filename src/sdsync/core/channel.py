@@ -495,10 +495,10 @@ class MessageChannel:
         outgoing = self._outgoing
         if not outgoing:
             return
-        for entry in message.causal_history:
-            acked = outgoing.pop(entry.message_id, None)
-            if acked is not None:
-                self._acknowledged(acked, message.sender_id, events, by_causal_history=True)
+        named = outgoing.keys() & set(map(_message_id, message.causal_history))
+        for message_id in sorted(named):
+            acked = outgoing.pop(message_id)
+            self._acknowledged(acked, message.sender_id, events, by_causal_history=True)
         if outgoing and message.bloom_filter is not None:
             self._review_bloom(message.bloom_filter, message.sender_id, events)
 
