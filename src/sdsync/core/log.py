@@ -16,7 +16,7 @@ arrives again is still recognised as a duplicate.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -85,9 +85,9 @@ class LocalLog:
         return self._entries.get(message_id)
 
     @property
-    def in_window(self) -> Callable[[object], bool]:
-        """Membership test of the in-memory window only (no history store lookup)."""
-        return self._entries.__contains__
+    def window(self) -> dict[str, LogEntry]:
+        """The in-memory entries by id (read-only by convention: for fast set operations)."""
+        return self._entries
 
     def insert(self, entry: LogEntry) -> list[LogEntry]:
         """Add an entry; returns the entries evicted to the history store."""

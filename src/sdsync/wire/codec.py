@@ -80,6 +80,16 @@ class Message:
     bloom_filter: bytes | None = None
     content: bytes | None = None
     repair_request: tuple[HistoryEntry, ...] = ()
+    _history_ids: frozenset[str] | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def history_ids(self) -> frozenset[str]:
+        """Ids of the causal history as a set (computed once; receivers share a message)."""
+        ids = self._history_ids
+        if ids is None:
+            ids = frozenset(e.message_id for e in self.causal_history)
+            object.__setattr__(self, "_history_ids", ids)
+        return ids
 
     @property
     def kind(self) -> MessageKind:
