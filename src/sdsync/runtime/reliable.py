@@ -1,0 +1,199 @@
+"""ReliableChannel: one SDS channel on a real event loop and a real transport.
+
+Theory of operation
+-------------------
+All protocol decisions live in the core and all timing decisions in
+:class:`~sdsync.runtime.ChannelDriver`; this class only performs I/O for them. Two tasks
+run while the channel is open:
+
+* the *receive loop* feeds every frame from the transport to the driver — frames that are
+  not valid SDS are counted and logged by reason, and the loop carries on;
+* the *timer loop* sleeps until ``driver.next_due()`` (or until something changed that may
+  make it earlier) and then lets the driver tick.
+
+Whatever a driver step asks for is carried out in order: transmissions are published
+(and the transport's retrieval hint attached to our own messages), store queries are
+answered by the :class:`StoreClient` and fed back in. Application events arrive on
+:meth:`events`. Data flows one way: transport → wire decode → core → events → app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from types import TracebackType
+from typing import Protocol
+
+from sdsync.core import ChannelConfig, Event, MessageChannel, system_clock_ms
+from sdsync.errors import LocalProtocolError, RemoteProtocolError
+from sdsync.runtime.driver import ChannelDriver, QueryStore, Step, Transmit
+from sdsync.runtime.policy import RuntimeConfig
+from sdsync.transport.base import Received, Transport
+from sdsync.wire import HistoryEntry
+
+logger = logging.getLogger("sdsync.runtime")
+
+
+class StoreClient(Protocol):
+    """Where missing messages are fetched from (store nodes)."""
+
+    async def fetch(self, channel_id: str, entries: tuple[HistoryEntry, ...]) -> list[Received]:
+        """The stored frames of whichever of ``entries`` the store has."""
+        ...
+
+
+class ReliableChannel:
+    def __init__(
+        self,
+        transport: Transport,
+        channel_id: str,
+        participant_id: str,
+        *,
+        config: ChannelConfig | None = None,
+        runtime: RuntimeConfig | None = None,
+        store: StoreClient | None = None,
+        rng: random.Random | None = None,
+        clock: Callable[[], int] = system_clock_ms,
+        topic: str | None = None,
+    ) -> None:
+        self.transport = transport
+        self.topic = topic if topic is not None else f"/sds/1/{channel_id}"
+        self._clock = clock
+        now = clock()
+        self.channel = MessageChannel(channel_id, participant_id, now_ms=now, config=config)
+        self.driver = ChannelDriver(
+            self.channel,
+            runtime if runtime is not None else RuntimeConfig(),
+            rng if rng is not None else random.Random(),
+            now,
+            query_stores=store is not None,
+        )
+        self.store = store
+        self.rejected: Counter[str] = Counter()
+        self._events: asyncio.Queue[Event] = asyncio.Queue()
+        self._wake = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._fetches: set[asyncio.Task[None]] = set()
+
+    # -------------------------------------------------------------- lifecycle
+
+    async def __aenter__(self) -> ReliableChannel:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        if self._tasks:
+            raise LocalProtocolError("channel already started")
+        frames = self.transport.subscribe(self.topic)
+        self._tasks = [
+            asyncio.create_task(self._receive_loop(frames), name="sds-receive"),
+            asyncio.create_task(self._timer_loop(), name="sds-timers"),
+        ]
+
+    async def stop(self) -> None:
+        for task in [*self._tasks, *self._fetches]:
+            task.cancel()
+        for task in [*self._tasks, *self._fetches]:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    # ----------------------------------------------------------------- sending
+
+    async def send(self, payload: bytes, *, message_id: str | None = None) -> str:
+        """Publish content; returns its message id. Delivery is then the channel's job."""
+        async with self._lock:
+            step = self.driver.publish(payload, self._clock(), message_id=message_id)
+            await self._carry_out(step)
+        self._wake.set()
+        return step.actions[0].message_id  # type: ignore[union-attr]
+
+    async def send_ephemeral(self, payload: bytes) -> None:
+        async with self._lock:
+            await self._carry_out(self.driver.publish_ephemeral(payload))
+
+    # ---------------------------------------------------------------- events
+
+    async def events(self) -> AsyncIterator[Event]:
+        """Application events, in the order they happened."""
+        while True:
+            yield await self._events.get()
+
+    def pending_events(self) -> list[Event]:
+        """Events not consumed yet, without waiting."""
+        out = []
+        while not self._events.empty():
+            out.append(self._events.get_nowait())
+        return out
+
+    # ----------------------------------------------------------------- loops
+
+    async def _receive_loop(self, frames: AsyncIterator[Received]) -> None:
+        async for frame in frames:
+            async with self._lock:
+                await self._receive(frame)
+            self._wake.set()
+
+    async def _receive(self, frame: Received) -> None:
+        try:
+            step = self.driver.receive(
+                frame.data, self._clock(), retrieval_hint=frame.retrieval_hint
+            )
+        except RemoteProtocolError as exc:
+            reason = str(exc).split(":")[0]
+            self.rejected[reason] += 1
+            logger.warning("%s: dropped a bad frame: %s", self.channel.participant_id, exc)
+            return
+        await self._carry_out(step)
+
+    async def _timer_loop(self) -> None:
+        while True:
+            delay = max(0, self.driver.next_due() - self._clock()) / 1000
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=delay)
+            async with self._lock:
+                now = self._clock()
+                if self.driver.next_due() <= now:
+                    await self._carry_out(self.driver.tick(now))
+
+    async def _carry_out(self, step: Step) -> None:
+        for event in step.events:
+            self._events.put_nowait(event)
+        for action in step.actions:
+            if isinstance(action, Transmit):
+                await self._transmit(action)
+            elif isinstance(action, QueryStore) and self.store is not None:
+                # Fetch outside the lock: a slow store must not stall receiving.
+                task = asyncio.create_task(self._query_store(self.store, action))
+                self._fetches.add(task)
+                task.add_done_callback(self._fetches.discard)
+
+    async def _transmit(self, action: Transmit) -> None:
+        hint = await self.transport.publish(self.topic, action.data)
+        if action.kind == "content" and hint is not None:
+            self.channel.set_retrieval_hint(action.message_id, hint)
+
+    async def _query_store(self, store: StoreClient, query: QueryStore) -> None:
+        try:
+            found = await store.fetch(self.channel.channel_id, query.entries)
+        except OSError as exc:  # an unreachable store is retried on the next sweep
+            logger.info("store query failed: %s", exc)
+            return
+        async with self._lock:
+            for frame in found:
+                await self._receive(frame)
+        self._wake.set()

@@ -1,0 +1,28 @@
+"""The transport contract: publish bytes on a topic, receive bytes with a retrieval hint."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """Bytes from the network and the hint that lets anyone fetch them again later
+    (for Waku: the deterministic message hash)."""
+
+    data: bytes
+    retrieval_hint: bytes | None
+
+
+class Transport(Protocol):
+    async def publish(self, topic: str, data: bytes) -> bytes | None:
+        """Broadcast ``data``; returns its retrieval hint if the transport has one."""
+        ...
+
+    def subscribe(self, topic: str) -> AsyncIterator[Received]:
+        """Everything published on ``topic`` by others, until the transport closes."""
+        ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,145 @@
+"""ReliableChannel over the in-memory network: real event loop, real timers, lossy links."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from sdsync.core import BloomParams, ChannelConfig, MessageDelivered, RepairConfig, SendFailed
+from sdsync.runtime import MemoryStore, ReliableChannel, RuntimeConfig
+from sdsync.transport import MemoryNetwork
+from sdsync.transport.memory import Faults
+
+FAST = RuntimeConfig(
+    sync_interval_ms=200,
+    resend_interval_ms=150,
+    resend_possibly_acknowledged_ms=400,
+    max_resend_interval_ms=1_000,
+    incoming_sweep_ms=50,
+    store_query_ms=100,
+)
+CONFIG = ChannelConfig(
+    bloom=BloomParams(1_000, 0.01),
+    causal_history_size=10,
+    repair=RepairConfig(t_min_ms=100, t_max_ms=500),  # SDS-R at test speed
+)
+# A liveness bound, not a performance assertion: convergence normally takes ~1-2 s.
+PATIENCE_S = 60
+
+
+async def converged(channels: list[ReliableChannel], expected: int) -> None:
+    while True:
+        logs = [c.channel.log_ids() for c in channels]
+        pending = sum(len(c.channel.outgoing_ids()) for c in channels)
+        if len(logs[0]) == expected and all(log == logs[0] for log in logs) and not pending:
+            return
+        await asyncio.sleep(0.05)
+
+
+def group(net: MemoryNetwork, n: int, store: MemoryStore | None = None) -> list[ReliableChannel]:
+    return [
+        ReliableChannel(
+            net.transport(f"p{i}"),
+            "chat",
+            f"p{i}",
+            config=CONFIG,
+            runtime=FAST,
+            store=store,
+            rng=random.Random(i),
+        )
+        for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize("with_store", [False, True])
+def test_three_participants_converge_over_a_lossy_network(with_store: bool) -> None:
+    async def scenario() -> None:
+        net = MemoryNetwork(Faults(loss=0.3, latency_ms=5, jitter_ms=3, duplicate=0.1), seed=7)
+        store = MemoryStore(net.transport("store"), ["/sds/1/chat"]) if with_store else None
+        if store is not None:
+            await store.start()
+        members = group(net, 3, store)
+        for m in members:
+            await m.start()
+        for i in range(30):
+            await members[i % 3].send(f"line {i}".encode())
+            await asyncio.sleep(0.005)
+        await asyncio.wait_for(converged(members, 30), PATIENCE_S)
+        delivered = [
+            [e.message_id for e in m.pending_events() if isinstance(e, MessageDelivered)]
+            for m in members
+        ]
+        for m, ids in zip(members, delivered, strict=True):
+            assert len(ids) == len(set(ids)) == 20  # everything from the other two, once
+            assert set(ids) <= set(m.channel.log_ids())
+        assert net.dropped > 0
+        for m in members:
+            await m.stop()
+        if store is not None:
+            await store.stop()
+
+    asyncio.run(scenario())
+
+
+def test_bad_frames_are_counted_and_the_channel_keeps_working() -> None:
+    async def scenario() -> None:
+        net = MemoryNetwork(seed=1)
+        a, b = group(net, 2)
+        await a.start()
+        await b.start()
+        rogue = net.transport("rogue")
+        await rogue.publish("/sds/1/chat", b"\xff\xfe garbage")
+        await rogue.publish("/sds/1/chat", b"\x0a" * 2_000_000)  # oversized
+        await a.send(b"still fine")
+        await asyncio.wait_for(converged([a, b], 1), PATIENCE_S)
+        assert sum(b.rejected.values()) == 2
+        await a.stop()
+        await b.stop()
+
+    asyncio.run(scenario())
+
+
+def test_gives_up_after_max_attempts_and_reports_send_failed() -> None:
+    async def scenario() -> None:
+        net = MemoryNetwork(Faults(loss=1.0), seed=1)
+        runtime = RuntimeConfig(
+            sync_interval_ms=10_000,
+            resend_interval_ms=20,
+            resend_backoff=1.0,
+            resend_jitter=0.0,
+            max_attempts=3,
+        )
+        lonely = ReliableChannel(net.transport("a"), "chat", "a", runtime=runtime, config=CONFIG)
+        async with lonely:
+            mid = await lonely.send(b"anyone?")
+            events = lonely.events()
+            while True:
+                event = await asyncio.wait_for(anext(events), PATIENCE_S)
+                if isinstance(event, SendFailed):
+                    break
+            assert event.message_id == mid
+            assert lonely.channel.outgoing_ids() == []
+            assert net.copies == 0  # nobody else subscribed: nothing was ever carried
+
+    asyncio.run(scenario())
+
+
+def test_partition_heals_and_logs_merge() -> None:
+    async def scenario() -> None:
+        net = MemoryNetwork(Faults(latency_ms=2), seed=3)
+        members = group(net, 4)
+        for m in members:
+            await m.start()
+        net.partition(["p0", "p1"], ["p2", "p3"])
+        for i, m in enumerate(members):
+            await m.send(f"during split {i}".encode())
+        await asyncio.sleep(0.3)
+        assert members[0].channel.log_ids() != members[2].channel.log_ids()
+        net.heal()
+        await asyncio.wait_for(converged(members, 4), PATIENCE_S)
+        for m in members:
+            await m.stop()
+
+    asyncio.run(scenario())
