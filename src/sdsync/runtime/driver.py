@@ -77,7 +77,12 @@ class ChannelDriver:
         self.config = config
         self.rng = rng
         self.query_stores = query_stores
-        self._sync = SyncTimer(config.sync_interval_ms, rng, now_ms)
+        self._sync = SyncTimer(
+            config.sync_interval_ms,
+            rng,
+            now_ms,
+            suppress=config.suppress_sync_after_received_sync,
+        )
         self._resends: list[tuple[int, str]] = []  # (due, id); stale entries skipped lazily
         self._next_sweep = now_ms + config.incoming_sweep_ms
         self._next_store_query = now_ms

@@ -22,6 +22,11 @@ class RuntimeConfig:
     max_attempts: int = 10
     incoming_sweep_ms: int = 5_000
     store_query_ms: int = 10_000
+    # js-waku redraws uniform(0, interval) after a received sync, so a group of n still
+    # syncs about every interval / n. Waiting a full interval first (then the random draw)
+    # lets one sync serve everyone: in the simulator (30 participants, 20 % loss, 3 seeds)
+    # 45 % fewer syncs and 30 % fewer bytes per message at the same time to consistency.
+    suppress_sync_after_received_sync: bool = True
 
     def __post_init__(self) -> None:
         positive = (
@@ -55,13 +60,17 @@ class SyncTimer:
 
     m is 2 after our own sync (someone else will probably sync first next time), 1 after
     our own content or a received sync, and 0.5 after received content (acknowledge soon).
+    With ``suppress`` a received sync first defers ours by one full interval.
     """
 
-    __slots__ = ("due_ms", "interval_ms", "rng")
+    __slots__ = ("due_ms", "interval_ms", "rng", "suppress")
 
-    def __init__(self, interval_ms: int, rng: random.Random, now_ms: int) -> None:
+    def __init__(
+        self, interval_ms: int, rng: random.Random, now_ms: int, *, suppress: bool = True
+    ) -> None:
         self.interval_ms = interval_ms
         self.rng = rng
+        self.suppress = suppress
         self.due_ms = now_ms
         self.reset(now_ms, 1.0)
 
@@ -75,7 +84,8 @@ class SyncTimer:
         self.reset(now_ms, 1.0)
 
     def after_received_sync(self, now_ms: int) -> None:
-        self.reset(now_ms, 1.0)
+        start = now_ms + self.interval_ms if self.suppress else now_ms
+        self.reset(start, 1.0)
 
     def after_received_content(self, now_ms: int) -> None:
         # Only ever brings the sync forward: an acknowledgement is wanted soon.
