@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from sdsync.core import BloomParams, ChannelConfig, RepairConfig
 from sdsync.errors import LocalProtocolError
@@ -75,6 +77,136 @@ def peer(
     except (ValueError, LocalProtocolError) as exc:
         raise typer.BadParameter(str(exc)) from None
     serve(PeerSession(channel, participant, config))
+
+
+@app.command()
+def simulate(
+    out: Annotated[Path, typer.Option("--out", file_okay=False, help="Directory for the outputs.")],
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config", exists=True, dir_okay=False, help="Scenario TOML; flags override it."
+        ),
+    ] = None,
+    participants: Annotated[int | None, typer.Option(min=2, help="Group size.")] = None,
+    messages: Annotated[
+        int | None, typer.Option(min=0, help="Content messages over the workload.")
+    ] = None,
+    loss: Annotated[
+        float | None, typer.Option(min=0.0, max=1.0, help="Independent loss per copy.")
+    ] = None,
+    burst_loss: Annotated[
+        str | None,
+        typer.Option(
+            metavar="ENTER,EXIT,LOSS",
+            help="Gilbert–Elliott: P(good→bad), P(bad→good) per copy, loss while bad.",
+        ),
+    ] = None,
+    latency_ms: Annotated[
+        str | None, typer.Option(metavar="MEAN[,JITTER]", help="One-way latency, ms.")
+    ] = None,
+    churn: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="P:START_S-END_S[:lose]",
+            help="Participant P offline in [START, END) s; ':lose' drops volatile state. "
+            "Repeatable; replaces the scenario's churn entries.",
+        ),
+    ] = None,
+    partition: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="START_S-HEAL_S[:0,1,2[/3,4]]",
+            help="Partition into halves (or the given groups) until it heals. Repeatable; "
+            "replaces the scenario's partitions.",
+        ),
+    ] = None,
+    stores: Annotated[int | None, typer.Option(min=0, help="Store nodes.")] = None,
+    repair: Annotated[
+        bool | None, typer.Option("--repair/--no-repair", help="SDS-R on or off.")
+    ] = None,
+    causal_history: Annotated[
+        int | None, typer.Option(min=0, help="Causal history entries per message.")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed of the whole run.")] = None,
+    duration_s: Annotated[
+        float | None, typer.Option(min=0.001, help="Workload duration, seconds.")
+    ] = None,
+    drain_s: Annotated[
+        float | None,
+        typer.Option(min=0.0, help="After the workload, how long to wait for consistency."),
+    ] = None,
+    channels: Annotated[int | None, typer.Option(min=1, help="Channels per participant.")] = None,
+    duplicate: Annotated[
+        float | None, typer.Option(min=0.0, max=1.0, help="P(a copy arrives twice).")
+    ] = None,
+    reorder: Annotated[
+        float | None, typer.Option(min=0.0, max=1.0, help="P(a copy is held back).")
+    ] = None,
+    sync_interval_ms: Annotated[
+        int | None, typer.Option(min=1, help="Base sync interval of every participant.")
+    ] = None,
+    events: Annotated[
+        bool, typer.Option("--events/--no-events", help="Write events.parquet.")
+    ] = True,
+) -> None:
+    """Simulate a group on a virtual clock; write summary.json, events.parquet and logs/.
+
+    Exit code 0 when every invariant holds, 1 when one fails, 2 on bad arguments.
+    """
+    from sdsync.cli.simulate import (
+        ArgumentError,
+        Flags,
+        InvalidScenarioError,
+        build_config,
+        print_summary,
+        run_simulation,
+    )
+
+    flags = Flags(
+        config=config,
+        participants=participants,
+        messages=messages,
+        loss=loss,
+        burst_loss=burst_loss,
+        latency_ms=latency_ms,
+        churn=churn,
+        partition=partition,
+        stores=stores,
+        repair=repair,
+        causal_history=causal_history,
+        seed=seed,
+        duration_s=duration_s,
+        drain_s=drain_s,
+        channels=channels,
+        duplicate=duplicate,
+        reorder=reorder,
+        sync_interval_ms=sync_interval_ms,
+    )
+    err = Console(stderr=True)
+
+    def bad(message: str) -> typer.Exit:
+        # Escaped: messages quote TOML tables like "[network]", which rich reads as markup.
+        err.print(f"[red]error:[/] {escape(message)}", highlight=False)
+        return typer.Exit(2)
+
+    try:
+        sim_config = build_config(flags)
+    except ArgumentError as exc:
+        raise typer.BadParameter(str(exc), param_hint=exc.option) from None
+    except LocalProtocolError as exc:
+        raise bad(str(exc)) from None
+    try:
+        # Fail before a long run, not after it, when the outputs cannot be written.
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise bad(f"cannot create --out {out}: {exc}") from None
+    try:
+        summary = run_simulation(sim_config, out, events=events, console=err)
+    except InvalidScenarioError as exc:
+        raise bad(str(exc)) from None
+    print_summary(summary, out, Console())
+    raise typer.Exit(0 if summary["invariants_hold"] else 1)
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -102,19 +102,50 @@ class SimConfig:
             raise LocalProtocolError("a simulation needs at least 2 participants")
         if self.stores < 0 or self.channels < 1:
             raise LocalProtocolError("stores must be >= 0 and channels >= 1")
-        for name in ("loss", "burst_enter", "burst_exit", "burst_loss", "duplicate", "reorder"):
-            value = getattr(self.network, name)
+        if self.drain_ms < 0:
+            raise LocalProtocolError("drain_ms must be >= 0")
+        net = self.network
+        for name in (
+            "loss",
+            "burst_enter",
+            "burst_exit",
+            "burst_loss",
+            "duplicate",
+            "reorder",
+            "store_loss",
+        ):
+            value = getattr(net, name)
             if not 0.0 <= value <= 1.0:
                 raise LocalProtocolError(f"network.{name} must be a probability, got {value}")
+        for name in ("latency_ms", "jitter_ms", "reorder_delay_ms"):
+            if getattr(net, name) < 0:
+                raise LocalProtocolError(f"network.{name} must be >= 0")
+        work = self.workload
+        if work.messages < 0 or work.duration_ms < 1 or work.payload_bytes < 1:
+            raise LocalProtocolError(
+                "workload needs messages >= 0, duration_ms >= 1 and payload_bytes >= 1"
+            )
+        if not 0.0 <= work.hot_senders <= 1.0:
+            raise LocalProtocolError("workload.hot_senders must be a fraction in [0, 1]")
         for churn in self.churn:
-            if not 0 <= churn.participant < self.participants or churn.end_ms <= churn.start_ms:
-                raise LocalProtocolError(f"bad churn entry {churn}")
+            if not 0 <= churn.participant < self.participants:
+                raise LocalProtocolError(
+                    f"churn: no participant {churn.participant} among {self.participants}"
+                )
+            if not 0 <= churn.start_ms < churn.end_ms:
+                raise LocalProtocolError(f"churn: need 0 <= start_ms < end_ms, got {churn}")
         for outage in self.store_outages:
-            if not 0 <= outage.store < self.stores or outage.end_ms <= outage.start_ms:
-                raise LocalProtocolError(f"bad store outage {outage}")
+            if not 0 <= outage.store < self.stores:
+                raise LocalProtocolError(f"store outage: no store {outage.store}")
+            if not 0 <= outage.start_ms < outage.end_ms:
+                raise LocalProtocolError(f"store outage: need 0 <= start_ms < end_ms: {outage}")
         for part in self.partitions:
-            if part.heal_ms <= part.start_ms:
-                raise LocalProtocolError(f"partition heals before it starts: {part}")
+            if not 0 <= part.start_ms < part.heal_ms:
+                raise LocalProtocolError(f"partition: need 0 <= start_ms < heal_ms: {part}")
+            for group in part.groups:
+                # An out-of-range member would only fail (IndexError) mid-run.
+                if any(not 0 <= m < self.participants for m in group):
+                    raise LocalProtocolError(f"partition group {group} names no participant")
 
 
 _NESTED = {
@@ -125,13 +156,56 @@ _NESTED = {
 _LISTS = {"partitions": PartitionConfig, "churn": ChurnConfig, "store_outages": StoreOutage}
 
 
+# Scalar field annotations (strings, under ``from __future__ import annotations``) and
+# the TOML values they accept: a string where a number belongs would otherwise only fail
+# deep inside a run, with a confusing TypeError.
+_SCALARS: dict[str, tuple[type, ...]] = {
+    "int": (int,),
+    "float": (int, float),
+    "bool": (bool,),
+    "int | None": (int, type(None)),
+}
+
+
+def _check_types(cls: type[Any], table: dict[str, Any], where: str) -> dict[str, Any]:
+    checked = dict(table)
+    for f in dataclasses.fields(cls):
+        if f.name not in table or not isinstance(f.type, str) or f.type not in _SCALARS:
+            continue
+        value = table[f.name]
+        allowed = _SCALARS[f.type]
+        # bool is an int in Python, but `loss = true` is a typo, not a probability.
+        if (isinstance(value, bool) and bool not in allowed) or not isinstance(value, allowed):
+            raise LocalProtocolError(
+                f"[{where}] {f.name} must be {f.type}, got {type(value).__name__} {value!r}"
+            )
+        if f.type == "float":
+            checked[f.name] = float(table[f.name])  # an int or a float, checked above
+    return checked
+
+
+def _groups(raw: Any, where: str) -> tuple[tuple[int, ...], ...]:
+    try:
+        groups = tuple(tuple(g) for g in raw)
+    except TypeError:
+        groups = None
+    if groups is None or not all(
+        isinstance(m, int) and not isinstance(m, bool) for g in groups for m in g
+    ):
+        raise LocalProtocolError(f"[{where}] groups must be a list of lists of participants")
+    return groups
+
+
 def _build(cls: type[Any], table: dict[str, Any], where: str) -> Any:
+    if not isinstance(table, dict):
+        raise LocalProtocolError(f"[{where}] must be a table, got {type(table).__name__}")
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(table) - known)
     if unknown:
         raise LocalProtocolError(f"unknown key(s) in [{where}]: {', '.join(unknown)}")
+    table = _check_types(cls, table, where)
     if cls is PartitionConfig and "groups" in table:
-        table = {**table, "groups": tuple(tuple(g) for g in table["groups"])}
+        table = {**table, "groups": _groups(table["groups"], where)}
     try:
         return cls(**table)
     except TypeError as exc:
@@ -144,6 +218,8 @@ def config_from_dict(raw: dict[str, Any]) -> SimConfig:
         if key in _NESTED:
             top[key] = _build(_NESTED[key], value, key)
         elif key in _LISTS:
+            if not isinstance(value, list):
+                raise LocalProtocolError(f"{key} must be an array of tables ([[{key}]])")
             top[key] = tuple(_build(_LISTS[key], item, key) for item in value)
         else:
             top[key] = value
@@ -161,14 +237,22 @@ def load_config(path: Path) -> SimConfig:
 
 
 def with_overrides(config: SimConfig, overrides: dict[str, Any]) -> SimConfig:
-    """Apply ``{"network.loss": 0.2, "participants": 10, ...}`` (None values are skipped)."""
+    """Apply ``{"network.loss": 0.2, "participants": 10, ...}`` (None values are skipped).
+
+    All fields change in one step, so the result is validated once, as a whole: applying
+    them one by one could reject a valid combination on the way (say, fewer participants
+    before the churn entry naming a removed one is replaced too).
+    """
+    top: dict[str, Any] = {}
+    nested: dict[str, dict[str, Any]] = {}
     for dotted, value in overrides.items():
         if value is None:
             continue
         section, _, name = dotted.rpartition(".")
         if section:
-            inner = dataclasses.replace(getattr(config, section), **{name: value})
-            config = dataclasses.replace(config, **{section: inner})
+            nested.setdefault(section, {})[name] = value
         else:
-            config = dataclasses.replace(config, **{name: value})
-    return config
+            top[name] = value
+    for section, fields in nested.items():
+        top[section] = dataclasses.replace(getattr(config, section), **fields)
+    return dataclasses.replace(config, **top) if top else config

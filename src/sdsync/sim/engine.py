@@ -108,6 +108,9 @@ class Simulation:
         self.participants = [self._new_participant(i) for i in range(config.participants)]
         self.stores = [StoreNode(i) for i in range(config.stores)]
         self._partition_of: list[int] = [0] * config.participants
+        # The run may stop early once consistent, but never before the last scheduled fault:
+        # a scenario whose participant goes offline after the workload must see it happen.
+        self._last_fault_ms = 0
         self._schedule_faults()
         self._schedule_workload()
         for p in self.participants:
@@ -145,6 +148,13 @@ class Simulation:
             self._push(at, _PUBLISH, sender, i)
 
     def _schedule_faults(self) -> None:
+        config = self.config
+        self._last_fault_ms = max(
+            [c.end_ms for c in config.churn]
+            + [o.end_ms for o in config.store_outages]
+            + [p.heal_ms for p in config.partitions]
+            + [0]
+        )
         for churn in self.config.churn:
             self._push(
                 churn.start_ms, _CHURN, churn.participant, (False, churn.lose_volatile_state)
@@ -162,7 +172,10 @@ class Simulation:
     def run(self) -> None:
         work = self.config.workload
         deadline = work.duration_ms + self.config.drain_ms
-        next_check = work.duration_ms
+        # Progress is reported from the start (the workload is the busy part of a run);
+        # quiescence is only worth checking once nothing more is scheduled to happen.
+        settle_from = max(work.duration_ms, self._last_fault_ms)
+        next_check = 0
         heap = self._heap
         while heap:
             at, kind, _, target, payload = heap[0]
@@ -172,7 +185,7 @@ class Simulation:
                 next_check = at + CHECK_EVERY_MS
                 if self._progress is not None:
                     self._progress(at, deadline)
-                if at >= work.duration_ms and self._quiescent():
+                if at >= settle_from and self._quiescent():
                     break
             heapq.heappop(heap)
             self.now = at
@@ -251,13 +264,22 @@ class Simulation:
         self.recorder.transmitted(sender.index, channel, action, self.now)
         net = self.config.network
         rng = self.rng
-        group = self._partition_of[sender.index]
+        partition_of = self._partition_of
+        group = partition_of[sender.index]
         for p in self.participants:
-            if p is sender or self._partition_of[p.index] != group:
+            if p is sender:
+                continue
+            if partition_of[p.index] != group:
+                # Recorded (not counted as a copy on the wire) so a pipeline sees the cut.
+                self.recorder.dropped_copy(
+                    p.index, channel, message.message_id, "partition", self.now
+                )
                 continue
             self.recorder.copies += 1
             self.recorder.bytes_on_wire += len(data)
-            if self._lost(p, net.loss):
+            reason = self._lost(p, net.loss)
+            if reason is not None:
+                self.recorder.dropped_copy(p.index, channel, message.message_id, reason, self.now)
                 continue
             copies = 2 if net.duplicate and rng.random() < net.duplicate else 1
             for _ in range(copies):
@@ -267,7 +289,8 @@ class Simulation:
                 store.by_hint[hint] = data
                 store.by_id[(channel, message.message_id)] = data
 
-    def _lost(self, p: Participant, loss: float) -> bool:
+    def _lost(self, p: Participant, loss: float) -> str | None:
+        """Why this copy to ``p`` is lost ("burst" or "loss"), or None if it gets through."""
         net = self.config.network
         rng = self.rng
         if net.burst_enter:
@@ -276,8 +299,8 @@ class Simulation:
             else:
                 p.burst_bad = rng.random() < net.burst_enter
             if p.burst_bad and rng.random() < net.burst_loss:
-                return True
-        return bool(loss) and rng.random() < loss
+                return "burst"
+        return "loss" if loss and rng.random() < loss else None
 
     def _latency(self) -> int:
         net = self.config.network
@@ -288,9 +311,10 @@ class Simulation:
 
     def _arrive(self, index: int, packet: tuple[int, Message, bytes, bytes]) -> None:
         p = self.participants[index]
-        if not p.online:
-            return
         channel, message, data, hint = packet
+        if not p.online:
+            self.recorder.dropped_copy(index, channel, message.message_id, "offline", self.now)
+            return
         self.recorder.receive_events += 1
         step = p.drivers[channel].receive_message(message, self.now, retrieval_hint=hint, data=data)
         self.recorder.received(p.index, channel, message, len(data), self.now)
@@ -316,9 +340,12 @@ class Simulation:
 
     def _store_reply(self, index: int, reply: tuple[int, list[bytes]]) -> None:
         p = self.participants[index]
-        if not p.online:
-            return
         channel, found = reply
+        if not p.online:
+            for data in found:
+                mid = decode(data, self.channel_config.limits).message_id
+                self.recorder.dropped_copy(index, channel, mid, "offline", self.now)
+            return
         for data in found:
             message = decode(data, self.channel_config.limits)
             step = p.drivers[channel].receive_message(

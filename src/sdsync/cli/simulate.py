@@ -1,0 +1,269 @@
+"""`sdsync simulate`: run a scenario on the simulator, write its outputs, judge the run.
+
+The command is thin: flags are parsed into overrides of a :class:`SimConfig` (loaded from
+``--config`` or the defaults), the :class:`Simulation` runs under a progress bar, and
+:func:`sdsync.sim.output.write_outputs` writes ``summary.json``, ``events.parquet`` and
+``logs/``. Exit codes: 0 when every invariant holds, 1 when one fails (the summary says
+which), 2 on bad arguments — including a scenario file that does not parse or validate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from sdsync.errors import LocalProtocolError
+from sdsync.sim.config import (
+    ChurnConfig,
+    PartitionConfig,
+    SimConfig,
+    load_config,
+    with_overrides,
+)
+
+
+class ArgumentError(ValueError):
+    """A flag value that does not parse; ``option`` names the flag."""
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(message)
+        self.option = option
+
+
+def _number(text: str, option: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ArgumentError(option, f"{text!r} is not a number") from None
+
+
+def _seconds_to_ms(text: str, option: str) -> int:
+    value = _number(text, option)
+    if value < 0:
+        raise ArgumentError(option, f"{text!r}: times are seconds >= 0")
+    return round(value * 1000)
+
+
+def parse_burst(text: str) -> dict[str, float]:
+    """``ENTER,EXIT,LOSS`` → the Gilbert–Elliott parameters of ``[network]``."""
+    parts = text.split(",")
+    if len(parts) != 3:
+        raise ArgumentError("--burst-loss", f"{text!r}: expected ENTER,EXIT,LOSS")
+    enter, exit_, loss = (_number(p, "--burst-loss") for p in parts)
+    return {"network.burst_enter": enter, "network.burst_exit": exit_, "network.burst_loss": loss}
+
+
+def parse_latency(text: str) -> dict[str, float]:
+    """``MEAN`` or ``MEAN,JITTER`` in milliseconds."""
+    parts = text.split(",")
+    if len(parts) not in (1, 2):
+        raise ArgumentError("--latency-ms", f"{text!r}: expected MEAN or MEAN,JITTER")
+    values = [_number(p, "--latency-ms") for p in parts]
+    if min(values) < 0:
+        raise ArgumentError("--latency-ms", f"{text!r}: latencies are >= 0")
+    overrides = {"network.latency_ms": values[0]}
+    if len(values) == 2:
+        overrides["network.jitter_ms"] = values[1]
+    return overrides
+
+
+def _interval(text: str, option: str) -> tuple[int, int]:
+    start, sep, end = text.partition("-")
+    if not sep:
+        raise ArgumentError(option, f"{text!r}: expected START_S-END_S")
+    return _seconds_to_ms(start, option), _seconds_to_ms(end, option)
+
+
+def parse_churn(text: str) -> ChurnConfig:
+    """``PARTICIPANT:START_S-END_S[:lose]``, e.g. ``3:60-3660:lose``."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] != "lose"):
+        raise ArgumentError("--churn", f"{text!r}: expected PARTICIPANT:START_S-END_S[:lose]")
+    try:
+        participant = int(parts[0])
+    except ValueError:
+        raise ArgumentError("--churn", f"{text!r}: {parts[0]!r} is not a participant") from None
+    start, end = _interval(parts[1], "--churn")
+    return ChurnConfig(participant, start, end, lose_volatile_state=len(parts) == 3)
+
+
+def parse_partition(text: str) -> PartitionConfig:
+    """``START_S-HEAL_S`` (halves) or ``START_S-HEAL_S:0,1,2[/3,4]`` (explicit groups;
+    everyone not named forms one more group)."""
+    window, sep, spec = text.partition(":")
+    start, heal = _interval(window, "--partition")
+    if not sep:
+        return PartitionConfig(start, heal)
+    try:
+        groups = tuple(
+            tuple(int(member) for member in group.split(",")) for group in spec.split("/")
+        )
+    except ValueError:
+        raise ArgumentError(
+            "--partition", f"{text!r}: groups are comma-separated participants, '/' between"
+        ) from None
+    return PartitionConfig(start, heal, groups)
+
+
+class InvalidScenarioError(ValueError):
+    """The configuration parses but the engine rejects it."""
+
+
+@dataclass
+class Flags:
+    """Everything `sdsync simulate` takes besides ``--out``; None means "not given"."""
+
+    config: Path | None = None
+    participants: int | None = None
+    messages: int | None = None
+    loss: float | None = None
+    burst_loss: str | None = None
+    latency_ms: str | None = None
+    churn: list[str] | None = None
+    partition: list[str] | None = None
+    stores: int | None = None
+    repair: bool | None = None
+    causal_history: int | None = None
+    seed: int | None = None
+    duration_s: float | None = None
+    drain_s: float | None = None
+    channels: int | None = None
+    duplicate: float | None = None
+    reorder: float | None = None
+    sync_interval_ms: int | None = None
+
+
+def build_config(flags: Flags) -> SimConfig:
+    """The scenario file (or defaults) with the flags applied on top.
+
+    Raises :class:`ArgumentError` for a flag that does not parse and
+    :class:`LocalProtocolError` for a scenario or combination that is invalid.
+    """
+    config = load_config(flags.config) if flags.config is not None else SimConfig()
+    overrides: dict[str, Any] = {
+        "seed": flags.seed,
+        "participants": flags.participants,
+        "stores": flags.stores,
+        "channels": flags.channels,
+        "workload.messages": flags.messages,
+        "network.loss": flags.loss,
+        "network.duplicate": flags.duplicate,
+        "network.reorder": flags.reorder,
+        "protocol.repair": flags.repair,
+        "protocol.causal_history": flags.causal_history,
+        "protocol.sync_interval_ms": flags.sync_interval_ms,
+    }
+    if flags.duration_s is not None:
+        overrides["workload.duration_ms"] = round(flags.duration_s * 1000)
+    if flags.drain_s is not None:
+        overrides["drain_ms"] = round(flags.drain_s * 1000)
+    if flags.burst_loss is not None:
+        overrides.update(parse_burst(flags.burst_loss))
+    if flags.latency_ms is not None:
+        overrides.update(parse_latency(flags.latency_ms))
+    # Repeated flags replace the file's list rather than extend it: "flags override".
+    if flags.churn:
+        overrides["churn"] = tuple(parse_churn(c) for c in flags.churn)
+    if flags.partition:
+        overrides["partitions"] = tuple(parse_partition(p) for p in flags.partition)
+    return with_overrides(config, overrides)
+
+
+def run_simulation(
+    config: SimConfig, out: Path, *, events: bool, console: Console
+) -> dict[str, Any]:
+    """Run under a progress bar on ``console``, write the outputs, return the summary.
+
+    Raises :class:`InvalidScenarioError` when the engine rejects the protocol parameters (they
+    are validated where they are used, when the simulation is built).
+    """
+    from sdsync.sim.engine import Simulation
+    from sdsync.sim.output import write_outputs
+
+    progress = Progress(
+        TextColumn("[bold]simulating[/]"),
+        BarColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=console,
+    )
+    task = progress.add_task("", total=1)
+    holder: list[Simulation] = []
+
+    def report(now_ms: int, deadline_ms: int) -> None:
+        received = holder[0].recorder.receive_events if holder else 0
+        progress.update(
+            task,
+            total=deadline_ms,
+            completed=now_ms,
+            description=f"virtual {now_ms / 1000:,.0f} s · {received:,} receive events",
+        )
+
+    try:
+        sim = Simulation(config, record_events=events, progress=report)
+    except (LocalProtocolError, ValueError) as exc:
+        # Only construction is guarded: an error during the run is a bug, not bad input.
+        raise InvalidScenarioError(f"invalid protocol parameters: {exc}") from None
+    holder.append(sim)
+    with progress:
+        sim.run()
+        # A run ends early once every log is consistent: show it as complete.
+        progress.update(
+            task,
+            completed=progress.tasks[0].total or 1,
+            description=f"done at virtual {sim.now / 1000:,.1f} s · "
+            f"{sim.recorder.receive_events:,} receive events",
+        )
+    with console.status("writing outputs…"):
+        return write_outputs(sim, out, events=events)
+
+
+def _ms(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.0f} ms"
+
+
+def print_summary(summary: dict[str, Any], out: Path, console: Console) -> None:
+    ok = bool(summary["invariants_hold"])
+    ttc = summary["time_to_consistency_ms"]
+    table = Table(title="sdsync simulate", show_header=False)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows = [
+        ("seed", str(summary["seed"])),
+        (
+            "participants / stores / channels",
+            (f"{summary['participants']} / {summary['stores']} / {summary['channels']}"),
+        ),
+        ("content messages sent", f"{summary['messages_sent']:,}"),
+        ("receive events", f"{summary['receive_events']:,}"),
+        ("delivery rate", f"{summary['delivery_rate']:.4%}"),
+        ("identical logs", str(summary["identical_logs"])),
+        ("causal order respected", str(summary["causal_order_ok"])),
+        ("duplicate deliveries", str(summary["duplicates"])),
+        ("irretrievably lost", str(summary["irretrievably_lost"])),
+        ("time to consistency p50 / p99", f"{_ms(ttc['p50'])} / {_ms(ttc['p99'])}"),
+        ("bytes on wire per content message", f"{summary['bytes_per_content_message']:,.0f}"),
+        ("false acks", str(summary["false_acks"])),
+        ("virtual time", f"{summary['virtual_ms'] / 1000:,.1f} s"),
+        (
+            "wall time (simulation / writing)",
+            (f"{summary['wall_seconds']:.2f} s / {summary['write_seconds']:.2f} s"),
+        ),
+        ("receive events / s", f"{summary['receive_events_per_second']:,}"),
+        ("invariants", "[green]hold[/]" if ok else "[red]FAIL[/]"),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)
+    for problem in summary["problems"]:
+        console.print(f"[red]problem:[/] {escape(problem)}", highlight=False)
+    console.print(f"wrote {out / 'summary.json'}")
+    for name, path in summary["outputs"].items():
+        if name != "summary":
+            console.print(f"wrote {path}")
