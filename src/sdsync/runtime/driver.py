@@ -25,6 +25,7 @@ from typing import Literal
 from sdsync.core import (
     Event,
     MessageChannel,
+    MessageMissing,
     MessageReceived,
     SyncReceived,
 )
@@ -86,6 +87,7 @@ class ChannelDriver:
         self._resends: list[tuple[int, str]] = []  # (due, id); stale entries skipped lazily
         self._next_sweep = now_ms + config.incoming_sweep_ms
         self._next_store_query = now_ms
+        self._heard_missing: dict[str, HistoryEntry] = {}
 
     # ------------------------------------------------------------------ inputs
 
@@ -121,7 +123,12 @@ class ChannelDriver:
 
     def _after_receive(self, events: list[Event], now_ms: int) -> Step:
         for event in events:
-            if isinstance(event, MessageReceived):
+            if isinstance(event, MessageMissing):
+                # Includes gaps named only by sync messages, which wait in no buffer.
+                self._heard_missing[event.message_id] = HistoryEntry(
+                    event.message_id, event.retrieval_hint, event.sender_id
+                )
+            elif isinstance(event, MessageReceived):
                 self._sync.after_received_content(now_ms)
             elif isinstance(event, SyncReceived):
                 self._sync.after_received_sync(now_ms)
@@ -174,9 +181,15 @@ class ChannelDriver:
     def _sweep_incoming(self, now_ms: int, step: Step) -> None:
         sweep = self.channel.sweep_incoming(now_ms)
         step.events.extend(sweep.events)
-        if sweep.missing and self.query_stores and now_ms >= self._next_store_query:
+        log = self.channel.log
+        for mid in [mid for mid in self._heard_missing if mid in log]:
+            del self._heard_missing[mid]
+        wanted = {e.message_id: e for e in sweep.missing}
+        for mid, entry in self._heard_missing.items():
+            wanted.setdefault(mid, entry)
+        if wanted and self.query_stores and now_ms >= self._next_store_query:
             self._next_store_query = now_ms + self.config.store_query_ms
-            step.actions.append(QueryStore(tuple(sweep.missing)))
+            step.actions.append(QueryStore(tuple(wanted.values())))
 
     # ---------------------------------------------------------------- resends
 
