@@ -220,6 +220,23 @@ def test_reordered_copies_arrive_late_and_logs_stay_ordered() -> None:
     assert sim.recorder.verdict.ordered_logs
 
 
+def test_each_link_has_its_own_latency() -> None:
+    config = tiny(
+        **{"network.jitter_ms": 0.0, "network.latency_ms": 100.0, "network.link_spread": 0.5}
+    )
+    sim = run(config)
+    holds(sim)
+    sent = {r["message_id"]: (r["participant"], r["time_ms"]) for r in rows(sim, "send")}
+    per_link: dict[tuple[str, str], set[int]] = {}
+    for r in rows(sim, "receive"):
+        if r["message_id"] in sent:
+            sender, at = sent[r["message_id"]]
+            per_link.setdefault((sender, r["participant"]), set()).add(r["time_ms"] - at)
+    assert all(len(delays) == 1 for delays in per_link.values())  # fixed per link
+    distinct = {next(iter(d)) for d in per_link.values()}
+    assert len(distinct) > 3 and min(distinct) >= 50 and max(distinct) <= 150
+
+
 def test_partition_cuts_the_group_until_it_heals() -> None:
     config = tiny(participants=6, partitions=(PartitionConfig(2_000, 8_000),))
     sim = run(config)

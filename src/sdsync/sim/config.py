@@ -21,6 +21,9 @@ from sdsync.errors import LocalProtocolError
 class NetworkConfig:
     latency_ms: float = 100.0  # mean one-way latency per copy
     jitter_ms: float = 50.0  # standard deviation (normal, truncated at 1 ms)
+    # Per-link spread of the mean: each directed link (a, b) gets a fixed factor in
+    # [1 - spread, 1 + spread] from a hash of (seed, a, b), so near and far peers exist.
+    link_spread: float = 0.0
     loss: float = 0.0  # independent loss per copy
     # Gilbert–Elliott burst loss per receiver: P(good->bad), P(bad->good) per packet,
     # and the loss rate while bad. burst_enter = 0 disables it.
@@ -113,6 +116,7 @@ class SimConfig:
             "duplicate",
             "reorder",
             "store_loss",
+            "link_spread",
         ):
             value = getattr(net, name)
             if not 0.0 <= value <= 1.0:

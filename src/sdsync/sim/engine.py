@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import random
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -283,7 +284,8 @@ class Simulation:
                 continue
             copies = 2 if net.duplicate and rng.random() < net.duplicate else 1
             for _ in range(copies):
-                self._push(self.now + self._latency(), _ARRIVE, p.index, packet)
+                latency = self._latency(self._link_factor(sender.index, p.index))
+                self._push(self.now + latency, _ARRIVE, p.index, packet)
         for store in self.stores:
             if store.online and not (net.store_loss and rng.random() < net.store_loss):
                 store.by_hint[hint] = data
@@ -302,9 +304,17 @@ class Simulation:
                 return "burst"
         return "loss" if loss and rng.random() < loss else None
 
-    def _latency(self) -> int:
+    def _link_factor(self, sender: int, receiver: int) -> float:
+        spread = self.config.network.link_spread
+        if not spread:
+            return 1.0
+        key = f"{self.config.seed}:{sender}:{receiver}".encode()
+        return 1.0 + spread * (2.0 * zlib.crc32(key) / 0xFFFFFFFF - 1.0)
+
+    def _latency(self, factor: float = 1.0) -> int:
         net = self.config.network
-        delay = self.rng.gauss(net.latency_ms, net.jitter_ms) if net.jitter_ms else net.latency_ms
+        mean = net.latency_ms * factor
+        delay = self.rng.gauss(mean, net.jitter_ms) if net.jitter_ms else mean
         if net.reorder and self.rng.random() < net.reorder:
             delay += net.reorder_delay_ms
         return max(1, int(delay))
