@@ -605,3 +605,9 @@ def test_every_scenario_in_the_catalogue_parses() -> None:
     assert len(scenarios) >= 8
     for path in scenarios:
         Simulation(load_config(path), record_events=False)  # validates protocol parameters too
+
+
+def test_rate_workload_sets_the_number_of_messages() -> None:
+    config = tiny(**{"workload.rate_per_participant_s": 0.5, "workload.duration_ms": 8_000})
+    sim = run(config)
+    assert holds(sim)["messages_sent"] == round(0.5 * config.participants * 8)

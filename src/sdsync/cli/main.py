@@ -92,6 +92,10 @@ def simulate(
     messages: Annotated[
         int | None, typer.Option(min=0, help="Content messages over the workload.")
     ] = None,
+    rate: Annotated[
+        float | None,
+        typer.Option(min=0.0, help="Messages per participant per second (replaces --messages)."),
+    ] = None,
     loss: Annotated[
         float | None, typer.Option(min=0.0, max=1.0, help="Independent loss per copy.")
     ] = None,
@@ -167,6 +171,7 @@ def simulate(
         config=config,
         participants=participants,
         messages=messages,
+        rate=rate,
         loss=loss,
         burst_loss=burst_loss,
         latency_ms=latency_ms,

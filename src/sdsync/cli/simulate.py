@@ -122,6 +122,7 @@ class Flags:
     config: Path | None = None
     participants: int | None = None
     messages: int | None = None
+    rate: float | None = None
     loss: float | None = None
     burst_loss: str | None = None
     latency_ms: str | None = None
@@ -152,6 +153,7 @@ def build_config(flags: Flags) -> SimConfig:
         "stores": flags.stores,
         "channels": flags.channels,
         "workload.messages": flags.messages,
+        "workload.rate_per_participant_s": flags.rate,
         "network.loss": flags.loss,
         "network.duplicate": flags.duplicate,
         "network.reorder": flags.reorder,

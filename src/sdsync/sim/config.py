@@ -68,6 +68,13 @@ class WorkloadConfig:
     duration_ms: int = 60_000  # messages are spread over this window
     payload_bytes: int = 64
     hot_senders: float = 0.0  # fraction of traffic from participant 0 (0: uniform)
+    # Messages per participant per second; when set it replaces ``messages``.
+    rate_per_participant_s: float | None = None
+
+    def total_messages(self, participants: int) -> int:
+        if self.rate_per_participant_s is None:
+            return self.messages
+        return round(self.rate_per_participant_s * participants * self.duration_ms / 1000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +132,8 @@ class SimConfig:
             if getattr(net, name) < 0:
                 raise LocalProtocolError(f"network.{name} must be >= 0")
         work = self.workload
+        if work.rate_per_participant_s is not None and work.rate_per_participant_s < 0:
+            raise LocalProtocolError("workload.rate_per_participant_s must be >= 0")
         if work.messages < 0 or work.duration_ms < 1 or work.payload_bytes < 1:
             raise LocalProtocolError(
                 "workload needs messages >= 0, duration_ms >= 1 and payload_bytes >= 1"

@@ -140,7 +140,7 @@ class Simulation:
     def _schedule_workload(self) -> None:
         work = self.config.workload
         n = self.config.participants
-        for i in range(work.messages):
+        for i in range(work.total_messages(self.config.participants)):
             at = int(self.rng.uniform(0, work.duration_ms))
             if work.hot_senders and self.rng.random() < work.hot_senders:
                 sender = 0
