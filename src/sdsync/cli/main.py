@@ -216,3 +216,8 @@ def simulate(
 
 def main() -> None:  # pragma: no cover - console entry point
     app()
+
+
+from sdsync.cli.pipeline import pipeline_app  # noqa: E402
+
+app.add_typer(pipeline_app, name="pipeline")

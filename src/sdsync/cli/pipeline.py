@@ -1,0 +1,194 @@
+"""``sdsync pipeline …``: the Spark data pipeline's commands.
+
+Exit codes, for every command: 0 — ran, found no problem; 1 — ran, found differences
+or violations; 2 — bad input (an unreadable file, a missing column, a bad option), with
+a message naming the file and the column.  Progress goes to stderr, the summary table
+to stdout; the full summary is ``OUT/summary.json``.
+
+Spark is imported only when a command runs, so ``sdsync --help`` stays fast and works
+without the ``spark`` extra.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from sdsync.pipeline.progress import Progress
+
+pipeline_app = typer.Typer(
+    help="The data pipeline on Spark (local[*] by default; --master or --remote for a cluster).",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+Master = Annotated[
+    str | None,
+    typer.Option(help="Spark master URL (default local[*]; spark-submit sets its own)."),
+]
+Remote = Annotated[str | None, typer.Option(help="Spark Connect URL, e.g. sc://host:15002.")]
+
+
+def _fail(err: Console, message: str) -> typer.Exit:
+    err.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    return typer.Exit(2)
+
+
+def _run(
+    master: str | None,
+    remote: str | None,
+    out: Path,
+    job: Callable[[SparkSession, Progress], dict[str, Any]],
+) -> dict[str, Any]:
+    """Start (or join) Spark, run ``job``, map bad input to exit code 2."""
+    err = Console(stderr=True)
+    if master and remote:
+        raise _fail(err, "--master and --remote are mutually exclusive")
+    try:
+        from sdsync.pipeline.io import InputError, input_error_from_spark
+        from sdsync.pipeline.progress import Progress
+        from sdsync.pipeline.session import SessionOptions, build_session
+    except ImportError as exc:  # pragma: no cover - depends on the installation
+        raise _fail(
+            err, f"the pipeline needs the 'spark' extra: pip install 'sdsync[spark]' ({exc})"
+        ) from None
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _fail(err, f"cannot create --out {out}: {exc}") from None
+    try:
+        with err.status("starting Spark…"):
+            try:
+                spark, owned = build_session(SessionOptions(master=master, remote=remote))
+            except ImportError as exc:  # Spark Connect's client needs more packages
+                raise _fail(
+                    err, f"--remote needs pip install 'pyspark[connect]==4.3.0' ({exc})"
+                ) from None
+        try:
+            return job(spark, Progress(spark, err))
+        finally:
+            if owned:  # a session we joined (spark-submit, tests) is not ours to stop
+                spark.stop()
+    except InputError as exc:
+        raise _fail(err, str(exc)) from None
+    except Exception as exc:
+        mapped = input_error_from_spark(exc)
+        if mapped is None:
+            raise
+        raise _fail(err, str(mapped)) from None
+
+
+def _print(title: str, rows: Mapping[str, Any]) -> None:
+    table = Table(title=title, show_header=False)
+    for key, value in rows.items():
+        table.add_row(key, escape(str(value)))
+    Console().print(table)
+
+
+@pipeline_app.command()
+def consolidate(
+    logs: Annotated[
+        str, typer.Option("--logs", help="Directory (or file) of per-participant log Parquet.")
+    ],
+    out: Annotated[Path, typer.Option("--out", file_okay=False, help="Output directory.")],
+    events: Annotated[
+        str | None,
+        typer.Option(
+            "--events",
+            help="Message metadata Parquet: channel, message_id, causal_history "
+            "array<string>, optional archived boolean.",
+        ),
+    ] = None,
+    master: Master = None,
+    remote: Remote = None,
+) -> None:
+    """Canonical log per channel, and how each participant's log departs from it.
+
+    Per participant: missing, extra, out-of-order and duplicate entries; with --events,
+    causal gaps (dependencies in no log and no archive).
+
+    Exit code 0 when every participant matches and nothing is lost, 1 otherwise, 2 on
+    bad input.
+    """
+
+    def job(spark: SparkSession, progress: Progress) -> dict[str, Any]:
+        from sdsync.pipeline.consolidate import consolidate as run
+
+        return run(spark, logs, events, out, progress)
+
+    summary = _run(master, remote, out, job)
+    keys = (
+        "channels",
+        "participants",
+        "canonical_entries",
+        "divergent_participants",
+        "missing_entries",
+        "extra_entries",
+        "order_violations",
+        "duplicates",
+        "causal_gaps",
+    )
+    _print(f"consolidate → {out}", {k: summary[k] for k in keys})
+    problems = summary["divergent_participants"] or summary["causal_gaps"]
+    raise typer.Exit(1 if problems else 0)
+
+
+@pipeline_app.command()
+def reconcile(
+    archive: Annotated[
+        list[str],
+        typer.Option(
+            "--archive",
+            metavar="[NAME=]DIR",
+            help="A store archive (Parquet: message_hash, timestamp, …). Repeat: two or more.",
+        ),
+    ],
+    out: Annotated[Path, typer.Option("--out", file_okay=False, help="Output directory.")],
+    fingerprint_cache: Annotated[
+        bool,
+        typer.Option(
+            "--fingerprint-cache/--no-fingerprint-cache",
+            help="Write leaf fingerprints beside each archive and reuse them while the "
+            "archive's files are unchanged.",
+        ),
+    ] = False,
+    leaf_items: Annotated[
+        int, typer.Option(min=1, help="Target items per leaf range in the largest archive.")
+    ] = 256,
+    master: Master = None,
+    remote: Remote = None,
+) -> None:
+    """For every archive, each message another archive holds and it lacks (OUT/missing/).
+
+    Exit code 0 when all archives hold the same messages, 1 otherwise, 2 on bad input.
+    """
+    from sdsync.pipeline.reconcile import ReconcileOptions, parse_archive
+
+    archives = [parse_archive(a) for a in archive]
+    options = ReconcileOptions(leaf_items=leaf_items, fingerprint_cache=fingerprint_cache)
+
+    def job(spark: SparkSession, progress: Progress) -> dict[str, Any]:
+        from sdsync.pipeline.reconcile import reconcile as run
+
+        return run(spark, archives, out, progress, options)
+
+    summary = _run(master, remote, out, job)
+    rows: dict[str, Any] = {}
+    for name in summary["archives"]:
+        rows[f"{name}: rows"] = summary["rows_per_archive"][name]
+        rows[f"{name}: missing"] = summary["missing_per_archive"][name]
+    rows["ranges compared / differing"] = (
+        f"{summary['ranges_compared']} / {summary['ranges_differing']}"
+    )
+    rows["rows compared exactly"] = summary["rows_compared_exactly"]
+    _print(f"reconcile → {out}", rows)
+    raise typer.Exit(1 if any(summary["missing_per_archive"].values()) else 0)

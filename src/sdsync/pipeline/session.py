@@ -1,0 +1,97 @@
+"""Building the SparkSession every pipeline command runs in.
+
+Theory of operation: the pipeline is embedded by default — ``local[*]`` starts a Spark
+driver inside this Python process, no cluster needed.  ``--master URL`` points the same
+code at a cluster (or run it under ``spark-submit``, which provides the master), and
+``--remote sc://HOST`` talks to a Spark Connect server instead.  When a session is
+already active (under ``spark-submit``, in a notebook, in the tests) we reuse it and
+leave it running: only a session we started is ours to stop.
+
+Local defaults are sized for small machines: few shuffle partitions (the default 200
+makes 200 tiny tasks per shuffle), no web UI (it costs start-up time and a port), no
+console progress bar (we draw our own), UTC session time.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from pyspark.sql import SparkSession
+
+APP_NAME = "sdsync-pipeline"
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    """Where and how to run Spark."""
+
+    master: str | None = None
+    remote: str | None = None
+    app_name: str = APP_NAME
+    ui: bool = False
+    shuffle_partitions: int | None = None
+    fast_start: bool = False
+    """JIT only with C1: starts and runs short jobs about twice as fast on small machines,
+    at the price of throughput on long ones (tests, not benchmarks)."""
+    conf: Mapping[str, str] = field(default_factory=dict)
+
+
+def _local_conf(options: SessionOptions) -> dict[str, str]:
+    cores = os.cpu_count() or 2
+    conf = {
+        "spark.sql.shuffle.partitions": str(options.shuffle_partitions or max(2, 2 * cores)),
+        "spark.ui.enabled": "true" if options.ui else "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.session.timeZone": "UTC",
+        # Python workers (if any stage ever needs one) must see this venv's packages.
+        "spark.pyspark.python": sys.executable,
+        "spark.pyspark.driver.python": sys.executable,
+    }
+    if options.fast_start:
+        # Compiler threads compete with the two task threads on a 2-core machine.
+        conf["spark.driver.extraJavaOptions"] = (
+            "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:CICompilerCount=2"
+        )
+    return conf
+
+
+def build_session(options: SessionOptions) -> tuple[SparkSession, bool]:
+    """The session to run in and whether we started it (and so must stop it)."""
+    if options.master and options.remote:
+        raise ValueError("--master and --remote are mutually exclusive")
+    active = SparkSession.getActiveSession()
+    if active is not None and not options.remote:
+        return active, False
+    if options.remote:
+        builder = SparkSession.builder.remote(options.remote)
+    else:
+        builder = SparkSession.builder.master(options.master or "local[*]")
+        for key, value in _local_conf(options).items():
+            builder = builder.config(key, value)
+    builder = builder.appName(options.app_name)
+    for key, value in options.conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    if not options.remote:
+        spark.sparkContext.setLogLevel("ERROR")
+    return spark, True
+
+
+@contextmanager
+def spark_session(options: SessionOptions) -> Iterator[SparkSession]:
+    """A session for the duration of a command; stopped afterwards if we started it."""
+    spark, owned = build_session(options)
+    try:
+        yield spark
+    finally:
+        if owned:
+            spark.stop()
+
+
+def is_connect(spark: SparkSession) -> bool:
+    """Spark Connect sessions have no SparkContext (no job descriptions, no status API)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")

@@ -1,0 +1,51 @@
+"""Store archives for tests: Parquet with the store's columns, built with pyarrow."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+ARCHIVE_SCHEMA = pa.schema(
+    [
+        ("message_hash", pa.binary()),
+        ("timestamp", pa.int64()),
+        ("pubsub_topic", pa.string()),
+        ("content_topic", pa.string()),
+        ("payload", pa.binary()),
+        ("meta", pa.binary()),
+        ("version", pa.int32()),
+    ]
+)
+
+Item = tuple[int, bytes]
+
+
+def random_items(n: int, rng: random.Random, *, start: int = 1_700_000_000 * 10**9) -> list[Item]:
+    """``n`` items at random nanosecond times over about an hour."""
+    return [(start + rng.randrange(3_600 * 10**9), rng.randbytes(32)) for _ in range(n)]
+
+
+def write_archive(directory: Path, items: Iterable[Item], *, files: int = 1) -> Path:
+    """Write ``items`` as an archive directory of ``files`` Parquet files."""
+    rows = list(items)
+    directory.mkdir(parents=True, exist_ok=True)
+    for f in range(files):
+        part = rows[f::files]
+        table = pa.table(
+            {
+                "message_hash": pa.array([h for _, h in part], pa.binary()),
+                "timestamp": pa.array([t for t, _ in part], pa.int64()),
+                "pubsub_topic": pa.array(["/waku/2/rs/1/0"] * len(part)),
+                "content_topic": pa.array(["/app/1/chat/proto"] * len(part)),
+                "payload": pa.array([b"p"] * len(part), pa.binary()),
+                "meta": pa.array([None] * len(part), pa.binary()),
+                "version": pa.array([0] * len(part), pa.int32()),
+            },
+            schema=ARCHIVE_SCHEMA,
+        )
+        pq.write_table(table, directory / f"part-{f:03d}.parquet")
+    return directory
