@@ -35,7 +35,7 @@ test: $(STAMP) $(JSSTAMP) lint typecheck
 
 proto: $(STAMP)
 	cd src && PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(CURDIR)/$(PY) -m grpc_tools.protoc -I. \
-		--python_out=. --mypy_out=. sdsync/wire/sds_message.proto
+		--python_out=. --mypy_out=. sdsync/wire/sds_message.proto sdsync/wire/waku_message.proto
 
 bench: $(STAMP) $(JSSTAMP)
 	$(PY) bench/core_vs_js.py

@@ -137,3 +137,13 @@ def cli_peer() -> Iterator[Any]:
     yield start
     for peer in peers:
         peer.close()
+
+
+@pytest.fixture
+def js_waku_proto() -> Iterator[ProcessPeer]:
+    """The real @waku/proto WakuMessage codec behind JSON lines."""
+    if shutil.which("node") is None:
+        pytest.fail("Node.js is required for interop tests (make test installs the JS driver)")
+    peer = ProcessPeer("js:waku-proto", ["node", str(JS_DIR / "waku_message.mjs")])
+    yield peer
+    peer.close()

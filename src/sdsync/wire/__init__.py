@@ -1,4 +1,4 @@
-"""Wire format: SDS protobuf messages, byte-compatible with @waku/sds."""
+"""Wire format: SDS protobuf messages (byte-compatible with @waku/sds) and the Waku envelope."""
 
 from sdsync.wire.codec import (
     DEFAULT_LIMITS,
@@ -11,15 +11,19 @@ from sdsync.wire.codec import (
     encode,
     message_id_for,
 )
+from sdsync.wire.waku import WakuMessage, decode_waku_message, message_hash
 
 __all__ = [
     "DEFAULT_LIMITS",
     "HistoryEntry",
     "Message",
     "MessageKind",
+    "WakuMessage",
     "WireLimits",
     "classify",
     "decode",
+    "decode_waku_message",
     "encode",
+    "message_hash",
     "message_id_for",
 ]
