@@ -35,23 +35,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from google.protobuf.message import DecodeError
-
 from sdsync.core.bloom import BloomParams
 from sdsync.core.channel import MessageChannel
 from sdsync.core.config import ChannelConfig, RepairConfig
 from sdsync.errors import RemoteProtocolError
 from sdsync.wire import (
-    DEFAULT_LIMITS,
     HistoryEntry,
     Message,
     MessageKind,
-    WireLimits,
-    classify,
     decode,
     encode,
 )
-from sdsync.wire import sds_message_pb2 as pb
+from sdsync.wire.oracle import ENTRY_FIELDS, INVALID_UTF8, SDS_FIELDS, key, reference_decode, varint
 
 CHANNEL = "fuzz-channel"
 NOW = 1_700_000_000_000
@@ -61,105 +56,10 @@ SMALL = ChannelConfig(
     repair=RepairConfig(t_min_ms=1_000, t_max_ms=5_000),
 )
 
-# ------------------------------------------------------------------- reference decoder
-
-
-def _parse_entries_alone(data: bytes) -> pb.SdsMessage:
-    view = pb.SdsMessageView()
-    view.ParseFromString(data)
-    out = pb.SdsMessage()
-    for name in ("sender_id", "message_id", "channel_id"):
-        setattr(out, name, getattr(view, name))
-    for name in ("lamport_timestamp", "bloom_filter", "content"):
-        if view.HasField(name):
-            setattr(out, name, getattr(view, name))
-    for name in ("causal_history", "repair_request"):
-        for raw in getattr(view, name):
-            getattr(out, name).add().ParseFromString(raw)
-    return out
-
-
-def reference_decode(data: bytes, limits: WireLimits = DEFAULT_LIMITS) -> Message | None:
-    """What ``decode`` must return, via the plain schema; None where it must reject."""
-    if len(data) > limits.max_message_bytes:
-        return None
-    parsed = pb.SdsMessage()
-    try:
-        parsed.ParseFromString(data)
-    except DecodeError:
-        try:  # the tolerated divergence: entries are parsed one nesting level shallower
-            parsed = _parse_entries_alone(data)
-        except DecodeError:
-            return None
-    lamport = parsed.lamport_timestamp if parsed.HasField("lamport_timestamp") else None
-    content = parsed.content if parsed.HasField("content") else None
-    bloom = parsed.bloom_filter if parsed.HasField("bloom_filter") else None
-    entries: list[tuple[HistoryEntry, ...]] = []
-    for raw_entries in (parsed.causal_history, parsed.repair_request):
-        out = []
-        for raw in raw_entries:
-            entry = HistoryEntry(
-                raw.message_id,
-                raw.retrieval_hint if raw.HasField("retrieval_hint") else None,
-                raw.sender_id if raw.HasField("sender_id") else None,
-            )
-            if not entry.message_id or len(entry.message_id) > limits.max_id_length:
-                return None
-            if entry.sender_id is not None and len(entry.sender_id) > limits.max_id_length:
-                return None
-            hint = entry.retrieval_hint
-            if hint is not None and len(hint) > limits.max_retrieval_hint_bytes:
-                return None
-            out.append(entry)
-        entries.append(tuple(out))
-    ok = (
-        classify(lamport, content) is not None
-        and (lamport is None or lamport <= limits.max_lamport_timestamp)
-        and bool(parsed.message_id)
-        and all(
-            len(s) <= limits.max_id_length
-            for s in (parsed.sender_id, parsed.message_id, parsed.channel_id)
-        )
-        and (bloom is None or len(bloom) <= limits.max_bloom_bytes)
-        and len(entries[0]) <= limits.max_causal_history
-        and len(entries[1]) <= limits.max_repair_requests
-    )
-    if not ok:
-        return None
-    return Message(
-        sender_id=parsed.sender_id,
-        message_id=parsed.message_id,
-        channel_id=parsed.channel_id,
-        lamport_timestamp=lamport,
-        causal_history=entries[0],
-        bloom_filter=bloom,
-        content=content,
-        repair_request=entries[1],
-    )
-
-
 # ------------------------------------------------------------------------ generators
 
 
-def varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        low = value & 0x7F
-        value >>= 7
-        if not value:
-            out.append(low)
-            return bytes(out)
-        out.append(low | 0x80)
-
-
-def key(number: int, wire_type: int) -> bytes:
-    return varint((number << 3) | wire_type)
-
-
-SDS_FIELDS = (1, 2, 3, 10, 11, 12, 13, 20)
-ENTRY_FIELDS = (1, 2, 3)
 WIRE_TYPES = {1: 2, 2: 2, 3: 2, 10: 0, 11: 2, 12: 2, 13: 2, 20: 2}
-INVALID_UTF8 = (b"\xff", b"\xc0\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"a\xe2\x82")
 ALPHABET = "abcdef0123456789-_é\u4e2d\U0001f600"
 
 

@@ -45,12 +45,20 @@ from sdsync.wire import (
     HistoryEntry,
     Message,
     MessageKind,
-    WireLimits,
     classify,
     decode,
     encode,
 )
 from sdsync.wire import sds_message_pb2 as pb
+from sdsync.wire.oracle import (
+    ENTRY_FIELDS,
+    INVALID_UTF8,
+    SDS_FIELDS,
+    key,
+    reference_decode,
+    reference_encode,
+    varint,
+)
 
 FUZZ = settings(
     max_examples=2_000,
@@ -73,124 +81,6 @@ SMALL = ChannelConfig(
     repair=RepairConfig(t_min_ms=1_000, t_max_ms=5_000),
 )
 DEFAULT = ChannelConfig()
-
-
-# --------------------------------------------------------------------- reference decoder
-
-
-def reference_decode(data: bytes, limits: WireLimits = DEFAULT_LIMITS) -> Message | None:
-    """What ``decode`` must return, via the plain schema; None where it must reject."""
-    if len(data) > limits.max_message_bytes:
-        return None
-    parsed = pb.SdsMessage()
-    try:
-        parsed.ParseFromString(data)
-    except DecodeError:
-        if not _too_deep_only(data):
-            return None
-        parsed = _parse_entries_alone(data)
-    lamport = parsed.lamport_timestamp if parsed.HasField("lamport_timestamp") else None
-    content = parsed.content if parsed.HasField("content") else None
-    bloom = parsed.bloom_filter if parsed.HasField("bloom_filter") else None
-    entries: list[tuple[HistoryEntry, ...]] = []
-    for field_entries in (parsed.causal_history, parsed.repair_request):
-        out = []
-        for raw in field_entries:
-            entry = HistoryEntry(
-                raw.message_id,
-                raw.retrieval_hint if raw.HasField("retrieval_hint") else None,
-                raw.sender_id if raw.HasField("sender_id") else None,
-            )
-            if not entry.message_id or len(entry.message_id) > limits.max_id_length:
-                return None
-            if entry.sender_id is not None and len(entry.sender_id) > limits.max_id_length:
-                return None
-            hint = entry.retrieval_hint
-            if hint is not None and len(hint) > limits.max_retrieval_hint_bytes:
-                return None
-            out.append(entry)
-        entries.append(tuple(out))
-    ok = (
-        classify(lamport, content) is not None
-        and (lamport is None or lamport <= limits.max_lamport_timestamp)
-        and bool(parsed.message_id)
-        and all(
-            len(s) <= limits.max_id_length
-            for s in (parsed.sender_id, parsed.message_id, parsed.channel_id)
-        )
-        and (bloom is None or len(bloom) <= limits.max_bloom_bytes)
-        and len(entries[0]) <= limits.max_causal_history
-        and len(entries[1]) <= limits.max_repair_requests
-    )
-    if not ok:
-        return None
-    return Message(
-        sender_id=parsed.sender_id,
-        message_id=parsed.message_id,
-        channel_id=parsed.channel_id,
-        lamport_timestamp=lamport,
-        causal_history=entries[0],
-        bloom_filter=bloom,
-        content=content,
-        repair_request=entries[1],
-    )
-
-
-def _parse_entries_alone(data: bytes) -> pb.SdsMessage:
-    view = pb.SdsMessageView()
-    view.ParseFromString(data)
-    out = pb.SdsMessage()
-    for name in ("sender_id", "message_id", "channel_id"):
-        setattr(out, name, getattr(view, name))
-    for name in ("lamport_timestamp", "bloom_filter", "content"):
-        if view.HasField(name):
-            setattr(out, name, getattr(view, name))
-    for name in ("causal_history", "repair_request"):
-        for raw in getattr(view, name):
-            getattr(out, name).add().ParseFromString(raw)
-    return out
-
-
-def _too_deep_only(data: bytes) -> bool:
-    """The one known divergence: nesting depth.
-
-    The plain schema parses a history entry one level deeper than sdsync, which parses
-    entries on their own, so an entry wrapping exactly 100 nested unknown groups is
-    rejected by the first and accepted by the second. Nothing else differs; this returns
-    True when that is the only reason the plain parse failed.
-    """
-    try:
-        _parse_entries_alone(data)
-    except DecodeError:
-        return False
-    return True
-
-
-def reference_encode(message: Message) -> bytes:
-    """The plain schema's serialisation (what @waku/sds writes)."""
-
-    def entry(e: HistoryEntry) -> pb.HistoryEntry:
-        out = pb.HistoryEntry(message_id=e.message_id)
-        if e.retrieval_hint is not None:
-            out.retrieval_hint = e.retrieval_hint
-        if e.sender_id is not None:
-            out.sender_id = e.sender_id
-        return out
-
-    out = pb.SdsMessage(
-        sender_id=message.sender_id,
-        message_id=message.message_id,
-        channel_id=message.channel_id,
-        causal_history=[entry(e) for e in message.causal_history],
-        repair_request=[entry(e) for e in message.repair_request],
-    )
-    if message.lamport_timestamp is not None:
-        out.lamport_timestamp = message.lamport_timestamp
-    if message.bloom_filter is not None:
-        out.bloom_filter = message.bloom_filter
-    if message.content is not None:
-        out.content = message.content
-    return out.SerializeToString()
 
 
 def decode_outcome(data: bytes) -> Message | None:
@@ -322,29 +212,6 @@ def mutated(draw: st.DrawFn) -> bytes:
             data[at:at] = data[at:end]
     return bytes(data)
 
-
-# ------------------------------------------------------------------ raw protobuf writer
-
-
-def varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        low = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(low | 0x80)
-        else:
-            out.append(low)
-            return bytes(out)
-
-
-def key(field_number: int, wire_type: int) -> bytes:
-    return varint((field_number << 3) | wire_type)
-
-
-SDS_FIELDS = (1, 2, 3, 10, 11, 12, 13, 20)
-ENTRY_FIELDS = (1, 2, 3)
-INVALID_UTF8 = [b"\xff", b"\xc0\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"a\xe2\x82"]
 
 # Strategies are built once: constructing them per draw dominates generation time.
 _ANY_FIELD_NUMBER = st.integers(0, (1 << 29) - 1)
