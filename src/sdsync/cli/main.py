@@ -221,3 +221,7 @@ def main() -> None:  # pragma: no cover - console entry point
 from sdsync.cli.pipeline import pipeline_app  # noqa: E402
 
 app.add_typer(pipeline_app, name="pipeline")
+
+from sdsync.cli.store import store_app  # noqa: E402
+
+app.add_typer(store_app, name="store")

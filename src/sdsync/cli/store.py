@@ -1,0 +1,171 @@
+"""``sdsync store …``: run a store node, export its archive.
+
+Exit codes: 0 — done (``serve``: stopped by SIGINT/SIGTERM); 2 — bad options or an
+archive that cannot be opened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+store_app = typer.Typer(
+    help="Store node: archive of Waku messages, 13/WAKU2-STORE v3 REST API, Parquet export.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+DEFAULT_DATA_DIR = Path(os.environ.get("XDG_DATA_HOME") or "~/.local/share") / "sdsync" / "store"
+DEFAULT_LISTEN = "127.0.0.1:8645"
+
+DataDir = Annotated[
+    Path,
+    typer.Option("--data-dir", file_okay=False, help="State: SQLite archive, last-online time."),
+]
+Db = Annotated[
+    str | None,
+    typer.Option(
+        "--db",
+        help="postgresql://user@host/db, or a SQLite file (default: DATA_DIR/store.sqlite3).",
+    ),
+]
+
+
+def _fail(message: str) -> typer.Exit:
+    Console(stderr=True).print(f"[red]error:[/] {escape(message)}", highlight=False)
+    return typer.Exit(2)
+
+
+def _db_url(db: str | None, data_dir: Path) -> str:
+    return db if db is not None else str(data_dir.expanduser() / "store.sqlite3")
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) → (host, port)."""
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise typer.BadParameter(f"expected HOST:PORT, not {listen!r}", param_hint="--listen")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+@store_app.command()
+def serve(
+    db: Db = None,
+    data_dir: DataDir = DEFAULT_DATA_DIR,
+    listen: Annotated[
+        str, typer.Option(help="Where the HTTP API listens, HOST:PORT.")
+    ] = DEFAULT_LISTEN,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="SDSYNC_STORE_TOKEN",
+            help="Bearer token for writes and admin routes (none: writes disabled).",
+        ),
+    ] = None,
+    retention: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="time:SECONDS|capacity:N|size:BYTES[GB]",
+            help="Retention policy; repeatable; 'none' keeps everything. [default: time:172800]",
+        ),
+    ] = None,
+    retention_interval: Annotated[
+        float, typer.Option(min=1.0, help="Seconds between retention runs.")
+    ] = 1800.0,
+    peer: Annotated[
+        list[str] | None,
+        typer.Option(help="Base URL of another store node, for Store Resume; repeatable."),
+    ] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO.")] = False,
+) -> None:
+    """Serve the archive over HTTP until SIGINT or SIGTERM."""
+    from sdsync.errors import LocalProtocolError
+    from sdsync.store import NodeConfig, RetentionPolicy, StoreNode, open_archive
+    from sdsync.store import serve as serve_node
+    from sdsync.store.retention import DEFAULT_POLICY
+
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
+    host, port = parse_listen(listen)
+    specs = retention if retention else [DEFAULT_POLICY]
+    try:
+        policies = tuple(RetentionPolicy.parse(s) for s in specs if s != "none")
+    except LocalProtocolError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--retention") from None
+    url = _db_url(db, data_dir)
+    try:
+        archive = open_archive(url)
+    except Exception as exc:  # any driver's failure to open is the operator's to fix
+        raise _fail(f"cannot open the archive {url}: {exc}") from None
+    config = NodeConfig(
+        data_dir=data_dir.expanduser(),
+        host=host,
+        port=port,
+        token=token,
+        retention=policies,
+        retention_interval_s=retention_interval,
+        peers=tuple(peer or ()),
+    )
+    node = StoreNode(archive, config)
+
+    def ready(node: StoreNode) -> None:
+        print(
+            f"sdsync store: listening on {node.url} ({archive.backend} archive {_redacted(url)}; "
+            f"writes {'need the token' if token else 'disabled'})",
+            flush=True,
+        )
+
+    try:
+        asyncio.run(serve_node(node, on_ready=ready))
+    except OSError as exc:
+        raise _fail(f"cannot listen on {listen}: {exc}") from None
+    print("sdsync store: stopped", flush=True)
+
+
+def _redacted(url: str) -> str:
+    """``url`` without a password, for logs."""
+    scheme, sep, rest = url.partition("://")
+    credentials, at, location = rest.rpartition("@")
+    if not sep or not at or ":" not in credentials:
+        return url
+    return f"{scheme}://{credentials.split(':', 1)[0]}:***@{location}"
+
+
+@store_app.command()
+def export(
+    parquet: Annotated[
+        Path, typer.Option("--parquet", file_okay=False, help="Output directory (Parquet dataset).")
+    ],
+    db: Db = None,
+    data_dir: DataDir = DEFAULT_DATA_DIR,
+    start: Annotated[int | None, typer.Option(help="From this time, Unix ns (inclusive).")] = None,
+    end: Annotated[int | None, typer.Option(help="Up to this time, Unix ns (exclusive).")] = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace files a previous export wrote.")
+    ] = False,
+) -> None:
+    """Export the archive as Parquet for `sdsync pipeline reconcile` (see docs/store.md)."""
+    import pyarrow as pa
+
+    from sdsync.store import export_parquet, open_archive
+
+    url = _db_url(db, data_dir)
+    if db is None and not Path(url).exists():
+        raise _fail(f"no archive at {url} (give --db or --data-dir)")
+    try:
+        archive = open_archive(url)
+    except Exception as exc:  # any driver's failure to open is the operator's to fix
+        raise _fail(f"cannot open the archive {url}: {exc}") from None
+    try:
+        report = export_parquet(archive, parquet, start=start, end=end, overwrite=overwrite)
+    except (pa.ArrowException, OSError) as exc:
+        raise _fail(f"cannot export to {parquet}: {exc}") from None
+    finally:
+        archive.close()
+    print(f"exported {report.rows} messages in {report.files} files to {parquet}")

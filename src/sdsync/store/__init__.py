@@ -1,0 +1,62 @@
+"""The store node: an archive of full Waku messages, queried with 13/WAKU2-STORE v3.
+
+Theory of operation
+-------------------
+SDS recovers a missing message by its *retrieval hint*, the deterministic Waku message
+hash; a store node is where that hint is redeemed.  It archives every full message it
+hears, keyed by that hash, ordered by ``(timestamp, message_hash)``, and answers v3
+queries — by hashes, or by pubsub topic, content topics and time range, a page at a
+time with a cursor — over nwaku's REST API, so existing tooling can query it.
+
+The parts, from the bottom up:
+
+* :mod:`~sdsync.store.model` — a stored message (its hash checked on creation), a
+  query (valid by construction), a page;
+* :mod:`~sdsync.store.archive` — the archive contract, and the SQL shared by the
+  SQLite (:mod:`~sdsync.store.sqlite`) and hourly-partitioned PostgreSQL
+  (:mod:`~sdsync.store.postgres`) backends.  Besides queries it offers what Store Sync
+  will need: sorted ``(timestamp, hash)`` items of a time window, messages by hash,
+  idempotent verified inserts, a count;
+* :mod:`~sdsync.store.retention` — nwaku's time, capacity and size policies;
+* :mod:`~sdsync.store.rest`, :mod:`~sdsync.store.server` — the HTTP API (aiohttp);
+* :mod:`~sdsync.store.resume` — Store Resume from a random peer after downtime;
+* :mod:`~sdsync.store.node` — the node that runs all of it (``sdsync store serve``);
+* :mod:`~sdsync.store.client` — the HTTP client, also the runtime's StoreClient;
+* :mod:`~sdsync.store.export` — Parquet for the Spark pipeline.
+"""
+
+from sdsync.store.archive import Archive, SqlArchive, open_archive
+from sdsync.store.client import HttpStoreClient, StoreUnavailableError
+from sdsync.store.export import ExportReport, export_parquet
+from sdsync.store.model import (
+    DEFAULT_PAGE_SIZE,
+    MAX_PAGE_SIZE,
+    Page,
+    QueryError,
+    StatusCode,
+    StoredMessage,
+    StoreQuery,
+)
+from sdsync.store.node import NodeConfig, StoreNode, serve
+from sdsync.store.retention import RetentionPolicy
+
+__all__ = [
+    "DEFAULT_PAGE_SIZE",
+    "MAX_PAGE_SIZE",
+    "Archive",
+    "ExportReport",
+    "HttpStoreClient",
+    "NodeConfig",
+    "Page",
+    "QueryError",
+    "RetentionPolicy",
+    "SqlArchive",
+    "StatusCode",
+    "StoreNode",
+    "StoreQuery",
+    "StoreUnavailableError",
+    "StoredMessage",
+    "export_parquet",
+    "open_archive",
+    "serve",
+]

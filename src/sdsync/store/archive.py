@@ -1,0 +1,288 @@
+"""The archive: full messages keyed by message hash, ordered by (timestamp, hash).
+
+Theory of operation
+-------------------
+Two backends, one contract (:class:`Archive`): SQLite, embedded and the default, and
+PostgreSQL, time-partitioned by hour of timestamp for large stores.  Both keep one
+table ``messages`` with the columns of a WakuMessage archive (``message_hash``,
+``timestamp``, ``pubsub_topic``, ``content_topic``, ``payload``, ``meta``,
+``version``) and two indexes that serve every query in key order:
+``(timestamp, message_hash)`` and ``(pubsub_topic, content_topic, timestamp,
+message_hash)``, plus a unique lookup by ``message_hash``.
+
+Everything both backends can say in the same SQL lives in :class:`SqlArchive`: v3
+queries with keyset pagination (``(timestamp, message_hash) > (cursor row)``, never
+OFFSET, so a page costs the same at any depth), idempotent inserts (``ON CONFLICT DO
+NOTHING``), and the batched sorted scans that reconciliation and the Parquet export
+iterate.  The backends supply connections, the DDL, and the deletions that retention
+needs, because there they differ: SQLite deletes rows and returns the pages to the file
+system (incremental vacuum); PostgreSQL drops whole hourly partitions and deletes rows
+only in the partition a bound falls in.
+
+The archive is synchronous and thread-safe; the HTTP server runs it on a thread pool.
+Every :class:`~sdsync.store.model.StoredMessage` has had its hash checked, so inserts
+cannot store a message under a hash that does not match it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+from sdsync.store.model import Page, QueryError, StatusCode, StoredMessage, StoreQuery
+
+COLUMNS = (
+    "message_hash",
+    "timestamp",
+    "pubsub_topic",
+    "content_topic",
+    "payload",
+    "meta",
+    "version",
+)
+SCAN_BATCH = 10_000
+_INT64_MAX = (1 << 63) - 1
+_ABOVE_EVERY_HASH = b"\xff" * 33
+Key = tuple[int, bytes]
+"""A position in archive order: (timestamp ns, message hash)."""
+
+
+class Archive(Protocol):
+    """What a store node, Store Resume, the export and (later) Store Sync need."""
+
+    backend: str
+
+    def insert(self, messages: Iterable[StoredMessage]) -> int:
+        """Store ``messages``; returns how many were new (inserting twice is harmless)."""
+        ...
+
+    def query(self, query: StoreQuery) -> Page:
+        """Answer one v3 query (one page)."""
+        ...
+
+    def get(self, hashes: Sequence[bytes]) -> list[StoredMessage]:
+        """The stored messages among ``hashes``, in archive order."""
+        ...
+
+    def items(self, start: int, end: int) -> Iterator[Key]:
+        """Every (timestamp, hash) with ``start <= timestamp < end``, in order."""
+        ...
+
+    def messages(self, start: int | None = None, end: int | None = None) -> Iterator[StoredMessage]:
+        """Every message with ``start <= timestamp < end`` (open bounds: all), in order."""
+        ...
+
+    def count(self) -> int: ...
+
+    def size_bytes(self) -> int:
+        """Bytes the archive occupies on disk."""
+        ...
+
+    def delete_before(self, timestamp: int) -> int:
+        """Delete every message older than ``timestamp``; returns how many."""
+        ...
+
+    def delete_oldest(self, count: int) -> int:
+        """Delete the ``count`` oldest messages; returns how many."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class SqlArchive(ABC):
+    """The SQL both backends share; subclasses provide connections and deletions.
+
+    SQL here is written with ``?`` placeholders; :meth:`_sql` adapts it.
+    """
+
+    backend: str
+
+    # -- backend hooks
+
+    @abstractmethod
+    def _read(self) -> AbstractContextManager[Any]:
+        """A connection for reading."""
+
+    @abstractmethod
+    def _write(self) -> AbstractContextManager[Any]:
+        """A connection in a write transaction, committed when the block ends."""
+
+    def _sql(self, text: str) -> str:
+        return text
+
+    def _prepare(self, rows: list[tuple[Any, ...]]) -> None:
+        """Make room for ``rows`` before inserting them (PostgreSQL: hourly partitions)."""
+        return  # SQLite's single table needs nothing
+
+    @abstractmethod
+    def _delete_below(self, key: Key) -> int:
+        """Delete every row ordered before ``key``; returns how many."""
+
+    @abstractmethod
+    def size_bytes(self) -> int:
+        """Bytes the archive occupies on disk."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    # -- writing
+
+    def insert(self, messages: Iterable[StoredMessage]) -> int:
+        rows = [_row(m) for m in messages]
+        if not rows:
+            return 0
+        marks = ", ".join("?" * len(COLUMNS))
+        sql = self._sql(
+            f"INSERT INTO messages ({', '.join(COLUMNS)}) VALUES ({marks}) ON CONFLICT DO NOTHING"
+        )
+        self._prepare(rows)
+        with self._write() as conn:
+            cursor = conn.cursor()
+            cursor.executemany(sql, rows)
+            return int(cursor.rowcount)
+
+    def delete_before(self, timestamp: int) -> int:
+        return self._delete_below((timestamp, b""))
+
+    def delete_oldest(self, count: int) -> int:
+        if count <= 0:
+            return 0
+        sql = "SELECT timestamp, message_hash FROM messages ORDER BY timestamp, message_hash"
+        rows = self._fetch(f"{sql} LIMIT 1 OFFSET ?", [count])
+        key = (rows[0][0], bytes(rows[0][1])) if rows else (_INT64_MAX, _ABOVE_EVERY_HASH)
+        return self._delete_below(key)
+
+    # -- reading
+
+    def count(self) -> int:
+        return int(self._fetch("SELECT count(*) FROM messages", [])[0][0])
+
+    def query(self, query: StoreQuery) -> Page:
+        after = self._cursor_key(query.cursor) if query.cursor is not None else None
+        columns = COLUMNS if query.include_data else COLUMNS[:2]
+        where, args = _filters(query)
+        if after is not None:
+            where.append(f"(timestamp, message_hash) {'>' if query.forward else '<'} (?, ?)")
+            args.extend(after)
+        order = "ASC" if query.forward else "DESC"
+        rows = self._fetch(
+            f"SELECT {', '.join(columns)} FROM messages {_where(where)} "
+            f"ORDER BY timestamp {order}, message_hash {order} LIMIT ?",
+            [*args, query.page_size + 1],
+        )
+        cursor = bytes(rows[query.page_size - 1][0]) if len(rows) > query.page_size else None
+        rows = rows[: query.page_size]
+        if not query.forward:
+            rows.reverse()  # pages are always chronological; the cursor says where we were
+        return Page(
+            hashes=[bytes(r[0]) for r in rows],
+            messages=[_message(r) for r in rows] if query.include_data else [],
+            cursor=cursor,
+        )
+
+    def get(self, hashes: Sequence[bytes]) -> list[StoredMessage]:
+        found: list[StoredMessage] = []
+        for start in range(0, len(hashes), 500):  # bounded statements, any input size
+            chunk = list(hashes[start : start + 500])
+            rows = self._fetch(
+                f"SELECT {', '.join(COLUMNS)} FROM messages "
+                f"WHERE message_hash IN ({', '.join('?' * len(chunk))})",
+                chunk,
+            )
+            found.extend(_message(r) for r in rows)
+        return sorted(found, key=lambda m: (m.timestamp, m.message_hash))
+
+    def items(self, start: int, end: int) -> Iterator[Key]:
+        for row in self._scan(COLUMNS[:2], start, end):
+            yield int(row[1]), bytes(row[0])
+
+    def messages(self, start: int | None = None, end: int | None = None) -> Iterator[StoredMessage]:
+        for row in self._scan(COLUMNS, start, end):
+            yield _message(row)
+
+    def _scan(self, columns: Sequence[str], start: int | None, end: int | None) -> Iterator[Any]:
+        # Keyset batches: no transaction or server cursor stays open between batches.
+        bounds, args = [], []
+        if start is not None:
+            bounds.append("timestamp >= ?")
+            args.append(start)
+        if end is not None:
+            bounds.append("timestamp < ?")
+            args.append(end)
+        after: list[Any] = []
+        while True:
+            where = [*bounds, "(timestamp, message_hash) > (?, ?)"] if after else bounds
+            rows = self._fetch(
+                f"SELECT {', '.join(columns)} FROM messages {_where(where)} "
+                "ORDER BY timestamp, message_hash LIMIT ?",
+                [*args, *after, SCAN_BATCH],
+            )
+            yield from rows
+            if len(rows) < SCAN_BATCH:
+                return
+            after = [rows[-1][1], rows[-1][0]]
+
+    def _cursor_key(self, cursor: bytes) -> Key:
+        rows = self._fetch("SELECT timestamp FROM messages WHERE message_hash = ?", [cursor])
+        if not rows:
+            raise QueryError(StatusCode.BAD_REQUEST, f"unknown cursor {cursor.hex()}")
+        return int(rows[0][0]), cursor
+
+    def _fetch(self, sql: str, args: Sequence[Any]) -> list[Any]:
+        with self._read() as conn:
+            return list(conn.execute(self._sql(sql), args).fetchall())
+
+
+def _filters(query: StoreQuery) -> tuple[list[str], list[Any]]:
+    where: list[str] = []
+    args: list[Any] = []
+    if query.message_hashes:
+        where.append(f"message_hash IN ({', '.join('?' * len(query.message_hashes))})")
+        args.extend(query.message_hashes)
+    if query.pubsub_topic is not None:
+        where.append("pubsub_topic = ?")
+        args.append(query.pubsub_topic)
+    if query.content_topics:
+        where.append(f"content_topic IN ({', '.join('?' * len(query.content_topics))})")
+        args.extend(query.content_topics)
+    if query.time_start is not None:
+        where.append("timestamp >= ?")
+        args.append(query.time_start)
+    if query.time_end is not None:
+        where.append("timestamp <= ?")
+        args.append(query.time_end)
+    return where, args
+
+
+def _where(conditions: Sequence[str]) -> str:
+    return f"WHERE {' AND '.join(conditions)}" if conditions else ""
+
+
+def _row(m: StoredMessage) -> tuple[Any, ...]:
+    msg = m.message
+    return (
+        m.message_hash,
+        msg.timestamp,
+        m.pubsub_topic,
+        msg.content_topic,
+        msg.payload,
+        msg.meta,
+        msg.version,
+    )
+
+
+def _message(row: Sequence[Any]) -> StoredMessage:
+    return StoredMessage.from_columns(*row)
+
+
+def open_archive(db: str) -> SqlArchive:
+    """The archive at ``db``: a ``postgresql://`` URL, or a SQLite file path."""
+    if db.startswith(("postgresql://", "postgres://")):
+        from sdsync.store.postgres import PostgresArchive
+
+        return PostgresArchive(db)
+    from sdsync.store.sqlite import SqliteArchive
+
+    return SqliteArchive(db.removeprefix("sqlite://"))

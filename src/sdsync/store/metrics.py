@@ -1,0 +1,71 @@
+"""Prometheus metrics of a store node, on the node's own registry.
+
+Each node owns a :class:`~prometheus_client.CollectorRegistry`, so several nodes in
+one process (tests, benchmarks) never share or collide on counters.  The Store Sync
+counters are defined now, with their final names, and are incremented by the sync
+component once it is mounted.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class StoreMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.messages = Gauge("sdsync_store_messages", "Messages in the archive.", registry=r)
+        self.archive_bytes = Gauge(
+            "sdsync_store_archive_bytes", "Bytes the archive occupies on disk.", registry=r
+        )
+        self.ingested = Counter(
+            "sdsync_store_ingested_messages",
+            "Messages newly archived, by source (http, resume, relay, sync).",
+            ["source"],
+            registry=r,
+        )
+        self.duplicates = Counter(
+            "sdsync_store_duplicate_messages",
+            "Messages received that the archive already held, by source.",
+            ["source"],
+            registry=r,
+        )
+        self.rejected = Counter(
+            "sdsync_store_rejected_requests",
+            "Ingestion requests rejected for bad data (e.g. a hash not matching its message).",
+            registry=r,
+        )
+        self.queries = Counter(
+            "sdsync_store_queries",
+            "Store v3 queries answered, by status code.",
+            ["status"],
+            registry=r,
+        )
+        self.query_seconds = Histogram(
+            "sdsync_store_query_seconds", "Time to answer a store v3 query.", registry=r
+        )
+        self.retention_deleted = Counter(
+            "sdsync_store_retention_deleted_messages",
+            "Messages deleted by retention, by policy kind.",
+            ["policy"],
+            registry=r,
+        )
+        self.sync_rounds = Counter(
+            "sdsync_store_sync_rounds",
+            "Store Sync reconciliation rounds, by peer role.",
+            ["role"],
+            registry=r,
+        )
+        self.sync_bytes = Counter(
+            "sdsync_store_sync_bytes",
+            "Bytes exchanged by Store Sync, by direction (sent, received).",
+            ["direction"],
+            registry=r,
+        )
+        self.sync_differences = Counter(
+            "sdsync_store_sync_differences",
+            "Differences found by Store Sync, by side (we_lacked, peer_lacked).",
+            ["side"],
+            registry=r,
+        )

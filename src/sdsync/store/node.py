@@ -1,0 +1,207 @@
+"""The store node: archive, HTTP API and the periodic work around them.
+
+Theory of operation
+-------------------
+A :class:`StoreNode` owns an archive, a thread pool that runs the (blocking) archive
+calls, the aiohttp server and three background tasks:
+
+* the *heartbeat* writes the last-online time every minute (Store Resume needs it);
+* *retention* applies every configured policy every ``retention_interval_s``;
+* *resume* runs once at start, when store peers are configured, while the API is
+  already serving.
+
+Every path that adds messages — HTTP ingestion, Store Resume, a relay subscription and,
+later, Store Sync — goes through :meth:`StoreNode.ingest`, which counts what was new
+per source.  :func:`serve` runs a node until SIGINT or SIGTERM and then stops it
+cleanly: the server stops accepting, tasks are cancelled, the last-online time is
+written a final time, the archive is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import signal
+import socket
+import time
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+from aiohttp import web
+
+from sdsync.store.archive import Archive
+from sdsync.store.metrics import StoreMetrics
+from sdsync.store.model import StoredMessage
+from sdsync.store.resume import LastOnline, ResumeReport, resume, resume_window
+from sdsync.store.retention import DEFAULT_POLICY, RetentionPolicy
+from sdsync.store.server import create_app
+
+logger = logging.getLogger("sdsync.store")
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    data_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 8645
+    token: str | None = None
+    retention: tuple[RetentionPolicy, ...] = (RetentionPolicy.parse(DEFAULT_POLICY),)
+    retention_interval_s: float = 30 * 60.0
+    heartbeat_interval_s: float = 60.0
+    peers: tuple[str, ...] = ()
+    """Base URLs of other store nodes, for Store Resume."""
+    query_timeout_s: float = 5.0
+    max_concurrent_queries: int = 64
+    threads: int = 8
+    mounts: Mapping[str, web.Application] = field(default_factory=dict)
+    """Sub-applications to serve under a path prefix (Store Sync: ``/sync/``)."""
+
+
+class StoreNode:
+    def __init__(
+        self,
+        archive: Archive,
+        config: NodeConfig,
+        *,
+        clock_ns: Callable[[], int] = time.time_ns,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.archive = archive
+        self.config = config
+        self.metrics = StoreMetrics()
+        self.last_online = LastOnline(config.data_dir / "last_online")
+        self.resume_report: ResumeReport | None = None
+        self.queries_in_flight = 0
+        self._clock_ns = clock_ns
+        self._rng = rng or random.Random()
+        self._executor = ThreadPoolExecutor(config.threads, thread_name_prefix="archive")
+        self._runner: web.AppRunner | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.port = config.port
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.config.host}:{self.port}"
+
+    # -- lifecycle
+
+    async def start(self) -> None:
+        """Serve the API and start the background tasks (resume first reads last-online)."""
+        window = resume_window(self.last_online.read(), self._clock_ns())
+        self._runner = web.AppRunner(create_app(self, mounts=self.config.mounts))
+        await self._runner.setup()
+        # Bound here, not by aiohttp, so that port 0 tells us which port we got.
+        sock = socket.create_server((self.config.host, self.config.port))
+        self.port = int(sock.getsockname()[1])
+        await web.SockSite(self._runner, sock).start()
+        self._tasks = [
+            self._spawn(self._every(self.config.heartbeat_interval_s, self.heartbeat), "heartbeat"),
+            self._spawn(
+                self._every(self.config.retention_interval_s, self.apply_retention), "retention"
+            ),
+        ]
+        if self.config.peers:
+            self._tasks.append(self._spawn(self.resume(window), "resume"))
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        await self.heartbeat()
+        self._executor.shutdown(wait=True)
+        self.archive.close()
+
+    def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        return asyncio.create_task(work, name=f"store-{name}")
+
+    async def _every(self, interval_s: float, work: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+        while True:
+            try:
+                await work()
+            except Exception:  # a failing round must not end the loop; the next may work
+                logger.exception("periodic %s failed", getattr(work, "__name__", work))
+            await asyncio.sleep(interval_s)
+
+    # -- the archive, off the event loop
+
+    async def in_archive(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+
+    async def ingest(self, messages: Sequence[StoredMessage], *, source: str) -> int:
+        """Archive ``messages`` heard from ``source``; returns how many were new."""
+        new = await self.in_archive(self.archive.insert, messages)
+        self.metrics.ingested.labels(source=source).inc(new)
+        self.metrics.duplicates.labels(source=source).inc(len(messages) - new)
+        return new
+
+    async def apply_retention(self) -> dict[str, int]:
+        deleted: dict[str, int] = {}
+        for policy in self.config.retention:
+            count = await self.in_archive(policy.apply, self.archive, self._clock_ns())
+            self.metrics.retention_deleted.labels(policy=policy.kind).inc(count)
+            deleted[str(policy)] = count
+        return deleted
+
+    async def heartbeat(self) -> None:
+        now = self._clock_ns()
+        await asyncio.get_running_loop().run_in_executor(None, self.last_online.write, now)
+
+    async def resume(self, window: tuple[int, int]) -> None:
+        async def archive(messages: list[StoredMessage]) -> int:
+            return await self.ingest(messages, source="resume")
+
+        report = await resume(self.config.peers, window, archive, rng=self._rng)
+        self.resume_report = report
+        logger.info(
+            "store resume from %s: %d messages, %d new, %s",
+            report.peer,
+            report.received,
+            report.stored,
+            report.error or "complete",
+        )
+
+    async def refresh_gauges(self) -> None:
+        self.metrics.messages.set(await self.in_archive(self.archive.count))
+        self.metrics.archive_bytes.set(await self.in_archive(self.archive.size_bytes))
+
+    async def info(self) -> dict[str, Any]:
+        return {
+            "backend": self.archive.backend,
+            "messages": await self.in_archive(self.archive.count),
+            "archive_bytes": await self.in_archive(self.archive.size_bytes),
+            "retention": [str(p) for p in self.config.retention],
+            "last_online_ns": self.last_online.read(),
+            "peers": list(self.config.peers),
+            "resume": vars(self.resume_report) if self.resume_report else None,
+        }
+
+
+async def serve(node: StoreNode, *, on_ready: Callable[[StoreNode], None] | None = None) -> None:
+    """Run ``node`` until SIGINT or SIGTERM, then stop it cleanly."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await node.start()
+    try:
+        if on_ready is not None:
+            on_ready(node)
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        await node.stop()

@@ -1,0 +1,150 @@
+"""The archive on PostgreSQL, partitioned by hour of timestamp.
+
+Theory of operation
+-------------------
+``messages`` is a range-partitioned table with one partition per hour of
+``timestamp`` (named ``messages_h<hours since the epoch>``), created on demand by the
+insert that first needs it.  Hourly partitions keep every index small, let queries over
+a time range touch only the hours in it (partition pruning, and ordered appends for
+``ORDER BY timestamp``), and make retention cheap: whole hours older than a bound are
+dropped, which returns their space at once; rows are deleted only inside the hour the
+bound falls in.  The primary key ``(timestamp, message_hash)`` includes the partition
+key as PostgreSQL requires; since the hash covers the timestamp, it is as unique as the
+hash alone.
+
+Connections come from a small pool; ``psycopg`` returns ``bytea`` as ``bytes`` so the
+shared SQL in :class:`~sdsync.store.archive.SqlArchive` works unchanged.  Partition
+creation takes a transaction-scoped advisory lock so that concurrent writers (threads
+or other processes) never race on the same ``CREATE TABLE``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg_pool import ConnectionPool
+
+from sdsync.store.archive import Key, SqlArchive
+
+HOUR_NS = 3_600 * 10**9
+_PREFIX = "messages_h"
+_LOCK_ID = 0x5D5_57012  # advisory lock guarding partition DDL
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS messages (
+    message_hash bytea NOT NULL,
+    timestamp bigint NOT NULL,
+    pubsub_topic text NOT NULL,
+    content_topic text NOT NULL,
+    payload bytea NOT NULL,
+    meta bytea,
+    version bigint NOT NULL,
+    PRIMARY KEY (timestamp, message_hash)
+) PARTITION BY RANGE (timestamp);
+CREATE INDEX IF NOT EXISTS messages_hash ON messages (message_hash);
+CREATE INDEX IF NOT EXISTS messages_topics
+    ON messages (pubsub_topic, content_topic, timestamp, message_hash);
+"""
+
+
+class PostgresArchive(SqlArchive):
+    backend = "postgresql"
+
+    def __init__(self, url: str, *, pool_size: int = 8) -> None:
+        self.url = url
+        self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+            url, min_size=1, max_size=pool_size, open=False
+        )
+        self._pool.open(wait=True, timeout=30)
+        self._partitions: set[int] = set()
+        self._partitions_lock = threading.Lock()
+        with self._write() as conn:
+            conn.execute(_SCHEMA)
+        self._partitions.update(self._existing_partitions())
+
+    def _sql(self, text: str) -> str:
+        return text.replace("?", "%s")
+
+    @contextmanager
+    def _read(self) -> Iterator[psycopg.Connection[Any]]:
+        with self._pool.connection() as conn:
+            yield conn
+
+    @contextmanager
+    def _write(self) -> Iterator[psycopg.Connection[Any]]:
+        with self._pool.connection() as conn, conn.transaction():
+            yield conn
+
+    def _prepare(self, rows: list[tuple[Any, ...]]) -> None:
+        needed = {row[1] // HOUR_NS for row in rows} - self._partitions
+        if not needed:
+            return
+        # Committed on their own: an insert that rolls back leaves empty hours, harmless.
+        with self._write() as conn:
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_ID])
+            for hour in sorted(needed):
+                conn.execute(
+                    sql.SQL(
+                        "CREATE TABLE IF NOT EXISTS {} PARTITION OF messages "
+                        "FOR VALUES FROM ({}) TO ({})"
+                    ).format(
+                        _partition(hour),
+                        sql.Literal(hour * HOUR_NS),
+                        sql.Literal((hour + 1) * HOUR_NS),
+                    )
+                )
+        with self._partitions_lock:
+            self._partitions.update(needed)
+
+    def _existing_partitions(self, conn: psycopg.Connection[Any] | None = None) -> list[int]:
+        query = (
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+            "WHERE i.inhparent = 'messages'::regclass"
+        )
+        rows = conn.execute(query).fetchall() if conn is not None else self._fetch(query, [])
+        return sorted(int(name.removeprefix(_PREFIX)) for (name,) in rows)
+
+    def _delete_below(self, key: Key) -> int:
+        timestamp, message_hash = key
+        deleted = 0
+        with self._write() as conn:
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_ID])
+            for hour in self._existing_partitions(conn):
+                if (hour + 1) * HOUR_NS > timestamp:
+                    break
+                count = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(_partition(hour)))
+                deleted += _scalar(count)
+                conn.execute(sql.SQL("DROP TABLE {}").format(_partition(hour)))
+                with self._partitions_lock:
+                    self._partitions.discard(hour)
+            # Only the hour the bound falls in still holds rows below it.
+            deleted += conn.execute(
+                "DELETE FROM messages "
+                "WHERE timestamp <= %s AND (timestamp, message_hash) < (%s, %s)",
+                [timestamp, timestamp, message_hash],
+            ).rowcount
+        return deleted
+
+    def size_bytes(self) -> int:
+        rows = self._fetch(
+            "SELECT coalesce(sum(pg_total_relation_size(inhrelid)), 0) FROM pg_inherits "
+            "WHERE inhparent = 'messages'::regclass",
+            [],
+        )
+        return int(rows[0][0])
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+def _partition(hour: int) -> sql.Identifier:
+    return sql.Identifier(f"{_PREFIX}{hour}")
+
+
+def _scalar(cursor: psycopg.Cursor[Any]) -> int:
+    row = cursor.fetchone()
+    return int(row[0]) if row is not None else 0

@@ -1,0 +1,104 @@
+"""The embedded archive: one SQLite file in WAL mode.
+
+Theory of operation
+-------------------
+WAL lets readers run beside the single writer, so every thread reads through its own
+connection while writes go through one connection behind a lock (SQLite allows one
+writer at a time anyway; queueing in Python is cheaper than spinning on
+``SQLITE_BUSY``).  ``synchronous=NORMAL`` is WAL's recommended durability: a power
+loss may drop the last transactions, never corrupt the file.  The file is created with
+``auto_vacuum=INCREMENTAL`` so that pages freed by retention are handed back to the
+file system, which is what the size retention policy measures.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sdsync.store.archive import Key, SqlArchive
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS messages (
+    message_hash BLOB NOT NULL,
+    timestamp INTEGER NOT NULL,
+    pubsub_topic TEXT NOT NULL,
+    content_topic TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    meta BLOB,
+    version INTEGER NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS messages_hash ON messages (message_hash);
+CREATE INDEX IF NOT EXISTS messages_time ON messages (timestamp, message_hash);
+CREATE INDEX IF NOT EXISTS messages_topics
+    ON messages (pubsub_topic, content_topic, timestamp, message_hash);
+"""
+
+
+class SqliteArchive(SqlArchive):
+    backend = "sqlite"
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._connections: list[sqlite3.Connection] = []
+        self._connections_lock = threading.Lock()
+        self._local = threading.local()
+        self._write_lock = threading.Lock()
+        self._writer = self._connect()
+        with self._write_lock:
+            self._writer.executescript(_SCHEMA)
+
+    def _connect(self) -> sqlite3.Connection:
+        # isolation_level=None: we say where transactions begin (BEGIN IMMEDIATE).
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA busy_timeout = 10000")
+        # Before anything writes the file header; on an existing file it changes nothing.
+        conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        with self._connections_lock:
+            self._connections.append(conn)
+        return conn
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = self._connect()
+        yield conn
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        with self._write_lock:
+            self._writer.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._writer
+            except BaseException:
+                self._writer.execute("ROLLBACK")
+                raise
+            self._writer.execute("COMMIT")
+
+    def _delete_below(self, key: Key) -> int:
+        with self._write() as conn:
+            deleted = conn.execute(
+                "DELETE FROM messages WHERE (timestamp, message_hash) < (?, ?)", key
+            ).rowcount
+        with self._write_lock:
+            self._writer.execute("PRAGMA incremental_vacuum")
+        return int(deleted)
+
+    def size_bytes(self) -> int:
+        rows = self._fetch(
+            "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()", []
+        )
+        return int(rows[0][0])
+
+    def close(self) -> None:
+        with self._connections_lock:
+            for conn in self._connections:
+                conn.close()
+            self._connections.clear()
