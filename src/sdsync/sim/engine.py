@@ -15,11 +15,16 @@ shared by all receivers, which is what lets one core process a million receives 
 
 Store nodes archive every copy they hear (by retrieval hint and by message id) and answer
 queries for missing dependencies after a round trip, unless they are in an outage.
+
+Every broadcast travels as a WakuMessage: the SDS bytes are its payload, the channel has
+its own content topic, and its timestamp is the virtual send time on a fixed epoch.  The
+retrieval hint is that envelope's deterministic Waku message hash, as on a real network,
+so a store's archive is exactly what a Waku store node would hold (and what the Spark
+pipeline reconciles).
 """
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import random
 import zlib
@@ -30,11 +35,15 @@ from sdsync.core import BloomParams, ChannelConfig, MessageChannel, RepairConfig
 from sdsync.runtime import ChannelDriver, QueryStore, RuntimeConfig, Step, Transmit
 from sdsync.sim.config import SimConfig
 from sdsync.sim.record import Recorder
-from sdsync.wire import Message, decode
+from sdsync.wire import Message, decode, message_hash
 
 # Event kinds in the heap, in the order they run when due at the same time.
 _CHURN, _OUTAGE, _ARRIVE, _STORE_REPLY, _PUBLISH, _WAKE = range(6)
 CHECK_EVERY_MS = 5_000
+
+PUBSUB_TOPIC = "/waku/2/default-waku/proto"
+EPOCH_NS = 1_735_689_600 * 10**9
+"""Virtual time 0 as Unix time in nanoseconds (2025-01-01T00:00:00Z), for Waku timestamps."""
 
 
 @dataclass(slots=True)
@@ -52,6 +61,7 @@ class StoreNode:
     index: int
     online: bool = True
     by_hint: dict[bytes, bytes] = field(default_factory=dict)
+    # (channel, message id) -> the retrieval hint of the latest copy archived
     by_id: dict[tuple[int, str], bytes] = field(default_factory=dict)
 
 
@@ -64,9 +74,17 @@ def default_channel_factory(
     return MessageChannel(channel_id, participant_id, now_ms=now_ms, config=config)
 
 
-def retrieval_hint(data: bytes) -> bytes:
-    """Stand-in for the transport's message hash (Waku's is sha256 over topic + payload)."""
-    return hashlib.sha256(data).digest()
+def content_topic(channel_id: str) -> str:
+    return f"/sdsync/1/{channel_id}/proto"
+
+
+def waku_timestamp(now_ms: int) -> int:
+    return EPOCH_NS + now_ms * 1_000_000
+
+
+def retrieval_hint(data: bytes, topic: str, now_ms: int) -> bytes:
+    """The Waku message hash of ``data`` broadcast on content topic ``topic`` at ``now_ms``."""
+    return message_hash(PUBSUB_TOPIC, data, topic, b"", waku_timestamp(now_ms))
 
 
 class Simulation:
@@ -105,9 +123,13 @@ class Simulation:
             max_attempts=proto.max_attempts,
         )
         self.channel_ids = [f"channel-{c}" for c in range(config.channels)]
+        self.content_topics = [content_topic(c) for c in self.channel_ids]
         self._factory = channel_factory
         self.participants = [self._new_participant(i) for i in range(config.participants)]
         self.stores = [StoreNode(i) for i in range(config.stores)]
+        # retrieval hint -> (send time, channel) of every broadcast a store heard: what an
+        # archive needs besides the bytes to rebuild each WakuMessage.
+        self.envelopes: dict[bytes, tuple[int, int]] = {}
         self._partition_of: list[int] = [0] * config.participants
         # The run may stop early once consistent, but never before the last scheduled fault:
         # a scenario whose participant goes offline after the workload must see it happen.
@@ -257,12 +279,12 @@ class Simulation:
 
     def _broadcast(self, sender: Participant, channel: int, action: Transmit) -> None:
         data = action.data
-        hint = retrieval_hint(data)
+        hint = retrieval_hint(data, self.content_topics[channel], self.now)
         if action.kind == "content":
             sender.drivers[channel].channel.set_retrieval_hint(action.message_id, hint)
         message = decode(data, self.channel_config.limits)
         packet = (channel, message, data, hint)
-        self.recorder.transmitted(sender.index, channel, action, self.now)
+        self.recorder.transmitted(sender.index, channel, action, hint, self.now)
         net = self.config.network
         rng = self.rng
         partition_of = self._partition_of
@@ -289,7 +311,8 @@ class Simulation:
         for store in self.stores:
             if store.online and not (net.store_loss and rng.random() < net.store_loss):
                 store.by_hint[hint] = data
-                store.by_id[(channel, message.message_id)] = data
+                store.by_id[(channel, message.message_id)] = hint
+                self.envelopes[hint] = (self.now, channel)
 
     def _lost(self, p: Participant, loss: float) -> str | None:
         """Why this copy to ``p`` is lost ("burst" or "loss"), or None if it gets through."""
@@ -338,28 +361,26 @@ class Simulation:
         store = online[self.rng.randrange(len(online))]
         found = []
         for entry in query.entries:
-            data = None
-            if entry.retrieval_hint is not None:
-                data = store.by_hint.get(entry.retrieval_hint)
-            if data is None:
-                data = store.by_id.get((channel, entry.message_id))
-            if data is not None:
-                found.append(data)
+            hint = entry.retrieval_hint
+            if hint is None or hint not in store.by_hint:
+                hint = store.by_id.get((channel, entry.message_id))
+            if hint is not None:
+                found.append((hint, store.by_hint[hint]))
         rtt = self._latency() + self._latency()
         self._push(self.now + rtt, _STORE_REPLY, p.index, (channel, found))
 
-    def _store_reply(self, index: int, reply: tuple[int, list[bytes]]) -> None:
+    def _store_reply(self, index: int, reply: tuple[int, list[tuple[bytes, bytes]]]) -> None:
         p = self.participants[index]
         channel, found = reply
         if not p.online:
-            for data in found:
+            for _, data in found:
                 mid = decode(data, self.channel_config.limits).message_id
                 self.recorder.dropped_copy(index, channel, mid, "offline", self.now)
             return
-        for data in found:
+        for hint, data in found:
             message = decode(data, self.channel_config.limits)
             step = p.drivers[channel].receive_message(
-                message, self.now, retrieval_hint=retrieval_hint(data), data=data
+                message, self.now, retrieval_hint=hint, data=data
             )
             self.recorder.received(p.index, channel, message, len(data), self.now, store=True)
             self._carry_out(p, channel, step)

@@ -16,6 +16,20 @@ Layout of ``DIR`` (the input of the Spark pipeline, so the schemas are stable):
     One file per participant, all with the same schema, so ``logs/`` reads as one
     dataset: ``participant`` string, ``channel`` string, ``position`` int64 (0-based
     within that participant's channel log), ``lamport`` int64, ``message_id`` string.
+``messages.parquet``
+    One row per content message (the message metadata ``sdsync pipeline consolidate
+    --events`` takes): ``channel``, ``message_id``, ``sender`` strings; ``sent_ms``
+    int64 (virtual); ``causal_history`` list<string> (its SDS causal history);
+    ``retrieval_hint`` binary (the Waku message hash of its first broadcast);
+    ``bytes`` int64 (wire size); ``archived`` bool (some store archive holds it);
+    ``delivered_to`` int64 (participants other than the sender that delivered it).
+``archives/sNN/archive.parquet``
+    One directory per store node (only with stores): every WakuMessage the store heard,
+    in the columns of a Waku store archive (``sdsync pipeline reconcile --archive``):
+    ``message_hash`` binary (32 bytes, the deterministic message hash), ``timestamp``
+    int64 (ns), ``pubsub_topic``, ``content_topic`` strings, ``payload`` binary (the SDS
+    bytes), ``meta`` binary (empty), ``version`` int32 (0); sorted by (timestamp,
+    message_hash), the order of a store's index.
 
 Participants are strings rather than indices because the same names appear in the wire
 messages (``sender_id``) and in acknowledgement events, so a pipeline can join on them.
@@ -39,6 +53,8 @@ if TYPE_CHECKING:
 SUMMARY = "summary.json"
 EVENTS = "events.parquet"
 LOGS = "logs"
+MESSAGES = "messages.parquet"
+ARCHIVES = "archives"
 
 EVENTS_SCHEMA = pa.schema(
     [
@@ -60,6 +76,30 @@ LOG_SCHEMA = pa.schema(
         ("message_id", pa.string()),
     ]
 )
+MESSAGES_SCHEMA = pa.schema(
+    [
+        ("channel", pa.string()),
+        ("message_id", pa.string()),
+        ("sender", pa.string()),
+        ("sent_ms", pa.int64()),
+        ("causal_history", pa.list_(pa.string())),
+        ("retrieval_hint", pa.binary()),
+        ("bytes", pa.int64()),
+        ("archived", pa.bool_()),
+        ("delivered_to", pa.int64()),
+    ]
+)
+ARCHIVE_SCHEMA = pa.schema(
+    [
+        ("message_hash", pa.binary()),
+        ("timestamp", pa.int64()),
+        ("pubsub_topic", pa.string()),
+        ("content_topic", pa.string()),
+        ("payload", pa.binary()),
+        ("meta", pa.binary()),
+        ("version", pa.int32()),
+    ]
+)
 # zstd: the event table is large and very repetitive (ids recur in many rows).
 COMPRESSION = "zstd"
 
@@ -67,6 +107,10 @@ COMPRESSION = "zstd"
 def participant_name(index: int) -> str:
     """The engine's participant id for index ``index`` (see ``Simulation``)."""
     return f"p{index:05d}"
+
+
+def store_name(index: int) -> str:
+    return f"s{index:02d}"
 
 
 def write_outputs(sim: Simulation, out: Path, *, events: bool = True) -> dict[str, Any]:
@@ -82,6 +126,10 @@ def write_outputs(sim: Simulation, out: Path, *, events: bool = True) -> dict[st
         (out / EVENTS).unlink(missing_ok=True)
     write_logs(sim, out / LOGS)
     written["logs"] = str(out / LOGS)
+    pq.write_table(messages_table(sim), out / MESSAGES, compression=COMPRESSION)
+    written["messages"] = str(out / MESSAGES)
+    if write_archives(sim, out / ARCHIVES):
+        written["archives"] = str(out / ARCHIVES)
     written["summary"] = str(out / SUMMARY)
     summary = sim.recorder.summary()
     summary["write_seconds"] = round(time.perf_counter() - started, 3)
@@ -157,3 +205,58 @@ def write_logs(sim: Simulation, directory: Path) -> None:
         pq.write_table(
             table, directory / f"{participant_name(index)}.parquet", compression=COMPRESSION
         )
+
+
+def messages_table(sim: Simulation) -> pa.Table:
+    """Every content message with its causal history: :data:`MESSAGES_SCHEMA`."""
+    truth = sim.recorder.truth
+    archived = set().union(*(store.by_id.keys() for store in sim.stores))
+    keys = list(truth)
+    return pa.table(
+        [
+            pa.array([sim.channel_ids[c] for c, _ in keys], pa.string()),
+            pa.array([mid for _, mid in keys], pa.string()),
+            pa.array([participant_name(t.sender) for t in truth.values()], pa.string()),
+            pa.array([t.sent_ms for t in truth.values()], pa.int64()),
+            pa.array([list(t.history) for t in truth.values()], pa.list_(pa.string())),
+            pa.array([t.hint for t in truth.values()], pa.binary()),
+            pa.array([t.size for t in truth.values()], pa.int64()),
+            pa.array([key in archived for key in keys], pa.bool_()),
+            pa.array([t.delivered for t in truth.values()], pa.int64()),
+        ],
+        schema=MESSAGES_SCHEMA,
+    )
+
+
+def archive_table(sim: Simulation, index: int) -> pa.Table:
+    """Store ``index``'s archive as a Waku store would hold it: :data:`ARCHIVE_SCHEMA`."""
+    from sdsync.sim.engine import PUBSUB_TOPIC, waku_timestamp
+
+    heard = sim.stores[index].by_hint
+    rows = sorted((waku_timestamp(sim.envelopes[h][0]), h) for h in heard)
+    channels = [sim.envelopes[h][1] for _, h in rows]
+    return pa.table(
+        [
+            pa.array([h for _, h in rows], pa.binary()),
+            pa.array([t for t, _ in rows], pa.int64()),
+            pa.array([PUBSUB_TOPIC] * len(rows), pa.string()),
+            pa.array([sim.content_topics[c] for c in channels], pa.string()),
+            pa.array([heard[h] for _, h in rows], pa.binary()),
+            pa.array([b""] * len(rows), pa.binary()),
+            pa.array([0] * len(rows), pa.int32()),
+        ],
+        schema=ARCHIVE_SCHEMA,
+    )
+
+
+def write_archives(sim: Simulation, directory: Path) -> bool:
+    """One archive directory per store; False (and nothing written) without stores."""
+    for stale in directory.glob("s*/archive.parquet"):
+        stale.unlink()
+    for index in range(len(sim.stores)):
+        target = directory / store_name(index)
+        target.mkdir(parents=True, exist_ok=True)
+        pq.write_table(
+            archive_table(sim, index), target / "archive.parquet", compression=COMPRESSION
+        )
+    return bool(sim.stores)

@@ -46,6 +46,8 @@ class _Truth:
     sender: int
     sent_ms: int
     history: tuple[str, ...]
+    hint: bytes
+    size: int
     delivered: int = 0
     last_delivery_ms: int = 0
 
@@ -134,10 +136,14 @@ class Recorder:
             self.have[participant][channel].add(message_id)
             self.got[participant][channel].add(message_id)
 
-    def transmitted(self, participant: int, channel: int, action: Transmit, now: int) -> None:
+    def transmitted(
+        self, participant: int, channel: int, action: Transmit, hint: bytes, now: int
+    ) -> None:
         if action.kind == "content":
-            message = _decoded_history(action.data)
-            self.truth[(channel, action.message_id)] = _Truth(participant, now, message)
+            history = _decoded_history(action.data)
+            self.truth[(channel, action.message_id)] = _Truth(
+                participant, now, history, hint, len(action.data)
+            )
         kind = "send" if action.kind == "content" else action.kind
         self._row(now, participant, channel, action.message_id, kind, len(action.data))
 
