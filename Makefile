@@ -13,7 +13,8 @@ PYTEST_ARGS ?=
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,p2p]'
+	$(PY) -m pip install --quiet --no-deps 'libp2p==0.8.1'  # see the p2p extra in pyproject.toml
 	touch $@
 
 $(JSSTAMP): $(JS)/package.json $(JS)/package-lock.json

@@ -1,0 +1,228 @@
+"""Libp2pTransport: real gossipsub hosts on 127.0.0.1, each in its own trio thread."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+import pytest
+
+from sdsync.errors import LocalProtocolError
+from sdsync.transport import Envelope, Libp2pTransport, Received
+from sdsync.wire import WakuMessage, message_hash
+
+TOPIC = "/sds/1/test"
+CONTENT_TOPIC = "/sds/1/test/proto"
+# Liveness bounds only: everything here normally happens within a second or two.
+PATIENCE_S = 30.0
+
+T = TypeVar("T")
+
+
+def run(scenario: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(scenario(), 4 * PATIENCE_S))
+
+
+async def take(items: AsyncIterator[T], n: int) -> list[T]:
+    out: list[T] = []
+    async with asyncio.timeout(PATIENCE_S):
+        async for item in items:
+            out.append(item)
+            if len(out) == n:
+                break
+    return out
+
+
+async def started(*peers: str, **options: object) -> Libp2pTransport:
+    transport = Libp2pTransport(peers=peers, **options)  # type: ignore[arg-type]
+    await transport.start()
+    return transport
+
+
+async def meshed(transports: list[Libp2pTransport], count: int) -> None:
+    for transport in transports:
+        assert await transport.wait_for_mesh(TOPIC, count, PATIENCE_S)
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    async with asyncio.timeout(PATIENCE_S):
+        while not condition():
+            await asyncio.sleep(0.02)
+
+
+async def publish_raw(transport: Libp2pTransport, topic: str, frame: bytes) -> None:
+    """Publish bytes as they are, bypassing the envelope (a misbehaving peer)."""
+    trio_side = transport._running()
+    await until(lambda: bool(trio_side.pubsub.peer_topics.get(topic)))
+    await transport._call(lambda: trio_side.pubsub.publish(topic, frame))
+
+
+def test_published_frames_arrive_with_the_waku_hash_as_retrieval_hint() -> None:
+    async def scenario() -> None:
+        a = await started()
+        b = await started(*a.listen_addrs)
+        try:
+            frames = b.subscribe(TOPIC)
+            envelopes = b.subscribe_envelopes(TOPIC)
+            own = a.subscribe(TOPIC)
+            await meshed([a, b], 1)
+            hints = [await a.publish(TOPIC, f"sds {i}".encode()) for i in range(5)]
+
+            got = await take(frames, 5)
+            assert [r.data for r in got] == [f"sds {i}".encode() for i in range(5)]
+            assert [r.retrieval_hint for r in got] == hints
+            whole: list[Envelope] = await take(envelopes, 5)
+            for envelope, frame in zip(whole, got, strict=True):
+                m = envelope.message
+                assert envelope.pubsub_topic == TOPIC
+                assert m.content_topic == CONTENT_TOPIC and m.payload == frame.data
+                assert m.timestamp is not None and m.timestamp > 1_600_000_000 * 10**9
+                expected = message_hash(TOPIC, m.payload, m.content_topic, m.meta, m.timestamp)
+                assert envelope.message_hash == expected == frame.retrieval_hint
+            # Same bytes again: a new timestamp, so a new hash, and gossipsub delivers it.
+            again = await a.publish(TOPIC, b"sds 0")
+            assert again not in hints
+            assert (await take(frames, 1))[0] == Received(b"sds 0", again)
+            # Our own publications are not echoed back.
+            assert a.received == 0 and own is not None
+        finally:
+            await a.close()
+            await b.close()
+
+    run(scenario)
+
+
+def test_three_hosts_relay_through_the_middle_one() -> None:
+    async def scenario() -> None:
+        middle = await started()
+        left = await started(*middle.listen_addrs)
+        right = await started(*middle.listen_addrs)
+        transports = [left, middle, right]
+        try:
+            inboxes = [t.subscribe(TOPIC) for t in transports]
+            await meshed([left, right], 1)
+            await meshed([middle], 2)
+            await left.publish(TOPIC, b"from left")
+            await right.publish(TOPIC, b"from right")
+            assert {r.data for r in await take(inboxes[1], 2)} == {b"from left", b"from right"}
+            assert [r.data for r in await take(inboxes[0], 1)] == [b"from right"]
+            assert [r.data for r in await take(inboxes[2], 1)] == [b"from left"]
+            # left and right never dialled each other: the frames were relayed.
+            assert right.peer_id not in await left.connected_peers()
+        finally:
+            for t in transports:
+                await t.close()
+
+    run(scenario)
+
+
+def test_drop_rate_discards_a_seeded_share_of_received_frames() -> None:
+    n, rate, seed = 60, 0.3, 11
+
+    async def scenario() -> None:
+        sender = await started()
+        receiver = await started(*sender.listen_addrs, drop_rate=rate, seed=seed)
+        try:
+            inbox = receiver.subscribe(TOPIC)
+            await meshed([sender], 1)  # not subscribed itself: publishes by fanout
+            for i in range(n):
+                await sender.publish(TOPIC, f"m{i}".encode())
+            await until(lambda: receiver.received == n)
+            # One draw per received frame, in arrival order, from Random(seed).
+            rng = random.Random(seed)
+            expected_drops = sum(rng.random() < rate for _ in range(n))
+            assert receiver.randomly_dropped == expected_drops
+            assert 0 < expected_drops < n
+            kept = await take(inbox, n - expected_drops)
+            assert len({r.data for r in kept}) == n - expected_drops
+        finally:
+            await sender.close()
+            await receiver.close()
+
+    run(scenario)
+
+
+def test_bad_frames_from_a_raw_peer_are_dropped_counted_and_not_relayed() -> None:
+    async def scenario() -> None:
+        receiver = await started()
+        honest = await started(*receiver.listen_addrs)
+        raw = await started(*receiver.listen_addrs)  # subscribes to nothing: no validator
+        try:
+            inbox = receiver.subscribe(TOPIC)
+            relayed = honest.subscribe(TOPIC)
+            await meshed([receiver], 1)
+            await meshed([honest], 1)
+            huge = WakuMessage(b"x" * 200_000, CONTENT_TOPIC, timestamp=1).to_bytes()
+            alien = WakuMessage(b"sds", "/other/1/topic/proto", timestamp=2).to_bytes()
+            for frame in (b"\xff\xffnot protobuf", huge, alien, b""):
+                await publish_raw(raw, TOPIC, frame)
+            good = WakuMessage(b"fine", CONTENT_TOPIC, timestamp=3)
+            await publish_raw(raw, TOPIC, good.to_bytes())
+
+            assert await take(inbox, 1) == [Received(b"fine", good.hash(TOPIC))]
+            await until(lambda: sum(receiver.rejected.values()) == 4)
+            assert receiver.rejected == {
+                "not a WakuMessage": 2,  # undecodable; empty (no content topic)
+                "oversized": 1,
+                "wrong content topic": 1,
+            }
+            # The receiver relayed only the good frame to the honest peer...
+            assert (await take(relayed, 1))[0].data == b"fine"
+            assert sum(honest.rejected.values()) == 0
+            # ...and both keep working.
+            await honest.publish(TOPIC, b"still here")
+            assert (await take(inbox, 1))[0].data == b"still here"
+        finally:
+            for t in (receiver, honest, raw):
+                await t.close()
+
+    run(scenario)
+
+
+def test_close_ends_subscriptions_stops_the_thread_and_refuses_publishing() -> None:
+    async def scenario() -> None:
+        before = {t.name for t in threading.enumerate()}
+        transport = await started()
+        inbox = transport.subscribe(TOPIC)
+        await transport.close()
+        assert [r async for r in inbox] == []
+        # (asyncio's executor worker, which ran the join, belongs to the event loop.)
+        after = {t.name for t in threading.enumerate() if not t.name.startswith("asyncio_")}
+        assert after <= before
+        with pytest.raises(LocalProtocolError):
+            await transport.publish(TOPIC, b"late")
+        with pytest.raises(LocalProtocolError):
+            transport.subscribe(TOPIC)
+        await transport.close()  # idempotent
+
+    run(scenario)
+
+
+def test_bad_options_are_the_callers_fault() -> None:
+    with pytest.raises(LocalProtocolError):
+        Libp2pTransport(drop_rate=1.5)
+    with pytest.raises(LocalProtocolError):
+        Libp2pTransport(key=b"short")
+    with pytest.raises(LocalProtocolError, match="p2p"):
+        Libp2pTransport(peers=["/ip4/127.0.0.1/tcp/1"])
+    with pytest.raises(LocalProtocolError, match="multiaddr"):
+        Libp2pTransport(listen=["not an address"])
+
+
+def test_a_port_in_use_fails_start_instead_of_hanging() -> None:
+    async def scenario() -> None:
+        first = await started()
+        port = first.listen_addrs[0].split("/")[4]
+        second = Libp2pTransport(listen=[f"/ip4/127.0.0.1/tcp/{port}"])
+        try:
+            # py-libp2p would share the port (SO_REUSEPORT) and split connections.
+            with pytest.raises(LocalProtocolError, match="cannot listen"):
+                await second.start()
+        finally:
+            await second.close()
+            await first.close()
+
+    run(scenario)
