@@ -1,4 +1,9 @@
-"""Range-based set reconciliation between message stores (fingerprints; sync comes later)."""
+"""Set reconciliation between message stores: range-based (RBSR) and Prolly-tree sync.
+
+Both methods are sans-I/O sessions over a sorted :class:`ItemStore`; see
+:mod:`sdsync.reconcile.session` for the calling convention and ``docs/reconcile.md`` for the
+wire formats and the measurements behind the parameters.
+"""
 
 from sdsync.reconcile.fingerprint import (
     EMPTY_FINGERPRINT,
@@ -9,13 +14,44 @@ from sdsync.reconcile.fingerprint import (
     summarize,
     varint,
 )
+from sdsync.reconcile.items import INFINITY, Bound, Item, ItemStore, MemoryItemStore
+from sdsync.reconcile.memory import Method, ReconcileResult, reconcile_in_memory, sessions
+from sdsync.reconcile.prolly import PROLLY_VERSION, ProllyParams, ProllySession
+from sdsync.reconcile.rbsr import RBSR_VERSION, RbsrParams, RbsrSession
+from sdsync.reconcile.session import (
+    DEFAULT_MAX_FRAME_SIZE,
+    FULL_WINDOW,
+    ReconcileSession,
+    SessionStats,
+    Window,
+)
 
 __all__ = [
+    "DEFAULT_MAX_FRAME_SIZE",
     "EMPTY_FINGERPRINT",
     "FINGERPRINT_SIZE",
+    "FULL_WINDOW",
     "HASH_SIZE",
+    "INFINITY",
+    "PROLLY_VERSION",
+    "RBSR_VERSION",
+    "Bound",
+    "Item",
+    "ItemStore",
+    "MemoryItemStore",
+    "Method",
+    "ProllyParams",
+    "ProllySession",
+    "RbsrParams",
+    "RbsrSession",
+    "ReconcileResult",
+    "ReconcileSession",
+    "SessionStats",
+    "Window",
     "fingerprint",
     "fingerprint_of_sum",
+    "reconcile_in_memory",
+    "sessions",
     "summarize",
     "varint",
 ]
