@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import tempfile
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,8 +47,9 @@ class LastOnline:
 
     def write(self, now_ns: int) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.path.with_suffix(".tmp")
-        with open(temporary, "w") as f:
+        # A name of its own per write: two writers never rename each other's file.
+        fd, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=".last_online.")
+        with os.fdopen(fd, "w") as f:
             f.write(f"{now_ns}\n")
             f.flush()
             os.fsync(f.fileno())

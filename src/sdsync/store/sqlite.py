@@ -88,7 +88,8 @@ class SqliteArchive(SqlArchive):
                 "DELETE FROM messages WHERE (timestamp, message_hash) < (?, ?)", key
             ).rowcount
         with self._write_lock:
-            self._writer.execute("PRAGMA incremental_vacuum")
+            # execute() would step it once, freeing a single page; a script runs it to the end.
+            self._writer.executescript("PRAGMA incremental_vacuum;")
         return int(deleted)
 
     def size_bytes(self) -> int:
