@@ -8,7 +8,7 @@ JS     := tests/interop/js
 JSSTAMP := $(JS)/node_modules/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint typecheck proto bench fuzz clean
+.PHONY: demo test lint typecheck proto bench fuzz clean postgres
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,20 @@ $(JSSTAMP): $(JS)/package.json $(JS)/package-lock.json
 	cd $(JS) && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
+# The store tests start a throwaway PostgreSQL cluster (tests/store/conftest.py): they need
+# the server binaries, installed from Debian's package only when the machine lacks them
+# (without the package's own main cluster; the tests start theirs on a free port).
+PG_CTL := $(firstword $(wildcard /usr/lib/postgresql/*/bin/pg_ctl) $(shell command -v pg_ctl))
+
+postgres:
+ifeq ($(PG_CTL),)
+	@echo "PostgreSQL server binaries missing: installing Debian's postgresql package"
+	mkdir -p /etc/postgresql-common/createcluster.d
+	echo 'create_main_cluster = false' > /etc/postgresql-common/createcluster.d/sdsync.conf
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql
+endif
+
 demo: $(STAMP)
 	$(VENV)/bin/sdsync demo
 
@@ -31,7 +45,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-test: $(STAMP) $(JSSTAMP) lint typecheck
+test: $(STAMP) $(JSSTAMP) postgres lint typecheck
 	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
 
 proto: $(STAMP)
