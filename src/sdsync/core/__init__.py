@@ -17,6 +17,7 @@ from sdsync.core.events import (
     Event,
     MessageAcknowledged,
     MessageDelivered,
+    MessageDeliveredEarly,
     MessageDropped,
     MessageLost,
     MessageMissing,
@@ -29,7 +30,9 @@ from sdsync.core.events import (
     SendFailed,
     SyncReceived,
     SyncSent,
+    SyncStatus,
 )
+from sdsync.core.journal import ChannelSnapshot, Journal, StoredIncoming, StoredOutgoing
 from sdsync.core.log import HistoryStore, LocalLog, LogEntry, MemoryHistoryStore
 from sdsync.core.manager import ReliabilityManager, UnwrapResult, system_clock_ms
 
@@ -37,17 +40,20 @@ __all__ = [
     "BloomFilter",
     "BloomParams",
     "ChannelConfig",
+    "ChannelSnapshot",
     "ChannelStats",
     "EphemeralReceived",
     "Event",
     "HistoryStore",
     "IncomingSweep",
+    "Journal",
     "LocalLog",
     "LogEntry",
     "MemoryHistoryStore",
     "MessageAcknowledged",
     "MessageChannel",
     "MessageDelivered",
+    "MessageDeliveredEarly",
     "MessageDropped",
     "MessageLost",
     "MessageMissing",
@@ -67,8 +73,11 @@ __all__ = [
     "RepairSweep",
     "RollingBloomFilter",
     "SendFailed",
+    "StoredIncoming",
+    "StoredOutgoing",
     "SyncReceived",
     "SyncSent",
+    "SyncStatus",
     "UnwrapResult",
     "system_clock_ms",
 ]

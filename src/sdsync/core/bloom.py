@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 
 import mmh3
 
+from sdsync.errors import LocalProtocolError
+
 Position = tuple[int, int]  # (byte index in the serialised filter, bit mask)
 
 _POSITIONS: dict[tuple[int, int, str], tuple[Position, ...]] = {}
@@ -120,7 +122,7 @@ class BloomFilter:
 class RollingBloomFilter:
     """A channel's own filter: rebuilt from its most recent ids once it is full."""
 
-    __slots__ = ("_filter", "_recent", "params", "rollover")
+    __slots__ = ("_filter", "_recent", "inserted", "params", "rollover")
 
     def __init__(self, params: BloomParams, *, rollover: bool = True) -> None:
         self.params = params
@@ -128,6 +130,7 @@ class RollingBloomFilter:
         self._filter = BloomFilter(params)
         # Positions rather than ids: a rollover then re-sets bits without re-hashing.
         self._recent: deque[tuple[Position, ...]] = deque(maxlen=params.capacity)
+        self.inserted = 0  # ids ever inserted: with the newest ids, this fixes the state
 
     def insert(self, item: str, positions: tuple[Position, ...] | None = None) -> None:
         """Add an id (``positions`` may be passed if the caller already computed them)."""
@@ -137,9 +140,32 @@ class RollingBloomFilter:
             positions = self.params.positions(item)
         self._filter.insert_positions(positions)
         self._recent.append(positions)
+        self.inserted += 1
+
+    def restore(self, recent: list[str], inserted: int) -> None:
+        """Rebuild the exact state after ``inserted`` inserts, the newest being ``recent``.
+
+        Rollovers happen at fixed counts (the first at ``capacity``, then every
+        ``capacity - capacity // 2``), so the filter holds the newest ``live`` ids; at most
+        ``capacity`` of them are needed.
+        """
+        capacity = self.params.capacity
+        keep = capacity // 2
+        live = inserted
+        if self.rollover and inserted > capacity:
+            live = keep + 1 + (inserted - capacity - 1) % (capacity - keep)
+        if len(recent) < live:
+            raise LocalProtocolError(f"restoring needs the newest {live} ids, got {len(recent)}")
+        self._filter = BloomFilter(self.params)
+        self._recent.clear()
+        for item in recent[len(recent) - live :]:
+            self._filter.insert_positions(self.params.positions(item))
+        self._recent.extend(self.params.positions(item) for item in recent[-capacity:])
+        self.inserted = inserted
 
     def _roll_over(self) -> None:
-        keep = list(self._recent)[-(self.params.capacity // 2) :]
+        recent = list(self._recent)
+        keep = recent[len(recent) - self.params.capacity // 2 :]
         self._filter = BloomFilter(self.params)
         for positions in keep:
             self._filter.insert_positions(positions)

@@ -52,6 +52,7 @@ from sdsync.core.events import (
     Event,
     MessageAcknowledged,
     MessageDelivered,
+    MessageDeliveredEarly,
     MessageDropped,
     MessageLost,
     MessagePossiblyAcknowledged,
@@ -65,6 +66,7 @@ from sdsync.core.events import (
     SyncSent,
     missing_event,
 )
+from sdsync.core.journal import ChannelSnapshot, Journal, StoredIncoming, StoredOutgoing
 from sdsync.core.log import HistoryStore, LocalLog, LogEntry
 from sdsync.core.repair import RepairState
 from sdsync.errors import LocalProtocolError
@@ -184,6 +186,7 @@ class MessageChannel:
         self._repair = (
             RepairState(self.config.repair, participant_id) if self.config.repair.enabled else None
         )
+        self.journal: Journal | None = None
 
     # ------------------------------------------------------------------ sending
 
@@ -214,6 +217,7 @@ class MessageChannel:
         data = encode(message)
         positions = self.config.bloom.positions(message_id)
         self._outgoing[message_id] = OutgoingEntry(message, data, positions, now_ms, now_ms)
+        self._touch_outgoing(message_id)
         if self.config.own_log_policy == "on_send":
             self._enter_own_log(message, data, positions)
         events.insert(0, MessageSent(message_id, message.lamport_timestamp or 0))
@@ -267,18 +271,22 @@ class MessageChannel:
         """Attach the transport's retrieval hint (e.g. a Waku message hash) to our message."""
         if not self._log.set_retrieval_hint(message_id, retrieval_hint):
             raise LocalProtocolError(f"message {message_id} is not in the local log window")
+        if self.journal is not None:
+            self.journal.hints[message_id] = retrieval_hint
 
     def resend(self, message_id: str, now_ms: int) -> bytes:
         """The unchanged bytes of an unacknowledged message, counted as another attempt."""
         entry = self._outgoing_entry(message_id)
         entry.attempts += 1
         entry.last_sent_ms = now_ms
+        self._touch_outgoing(message_id)
         return entry.data
 
     def abandon(self, message_id: str) -> list[Event]:
         """Give up on an unacknowledged message (e.g. after the last retry)."""
         self._outgoing_entry(message_id)
         del self._outgoing[message_id]
+        self._touch_outgoing(message_id)
         return [SendFailed(message_id)]
 
     def _outgoing_entry(self, message_id: str) -> OutgoingEntry:
@@ -286,6 +294,14 @@ class MessageChannel:
         if entry is None:
             raise LocalProtocolError(f"message {message_id} is not in the outgoing buffer")
         return entry
+
+    def _touch_outgoing(self, message_id: str) -> None:
+        if self.journal is not None:
+            self.journal.outgoing.add(message_id)
+
+    def _touch_incoming(self, message_id: str) -> None:
+        if self.journal is not None:
+            self.journal.incoming.add(message_id)
 
     def _tick(self, now_ms: int) -> None:
         self.lamport_timestamp = max(self.lamport_timestamp + 1, now_ms)
@@ -306,11 +322,17 @@ class MessageChannel:
     def _enter_own_log(
         self, message: Message, data: bytes, positions: tuple[Position, ...]
     ) -> None:
-        self._bloom.insert(message.message_id, positions)
+        self._add_to_bloom(message.message_id, positions)
         self._insert_log(
             LogEntry(message.message_id, message.lamport_timestamp or 0, self.participant_id),
             data,
+            message.content,
         )
+
+    def _add_to_bloom(self, message_id: str, positions: tuple[Position, ...] | None = None) -> None:
+        self._bloom.insert(message_id, positions)
+        if self.journal is not None:
+            self.journal.bloom.append(message_id)
 
     # ---------------------------------------------------------------- receiving
 
@@ -358,7 +380,7 @@ class MessageChannel:
         if kind is MessageKind.SYNC:
             self._report_missing(unmet, now_ms, events)
             return events
-        self._bloom.insert(message.message_id)
+        self._add_to_bloom(message.message_id)
         events.append(
             MessageReceived(
                 message.message_id, message.sender_id, message.lamport_timestamp or 0, len(unmet)
@@ -423,11 +445,26 @@ class MessageChannel:
     ) -> None:
         waiting_id = message.message_id
         self._report_missing(unmet, now_ms, events)
-        self._incoming[waiting_id] = _Waiting(
-            message, data, retrieval_hint, now_ms, {e.message_id for e in unmet}
-        )
-        for entry in unmet:
-            self._waiters.setdefault(entry.message_id, (entry, set()))[1].add(waiting_id)
+        if self.config.deliver_early:
+            events.append(
+                MessageDeliveredEarly(
+                    waiting_id,
+                    message.sender_id,
+                    message.lamport_timestamp or 0,
+                    message.content or b"",
+                    retrieval_hint,
+                    len(unmet),
+                )
+            )
+        self._wait(_Waiting(message, data, retrieval_hint, now_ms, {e.message_id for e in unmet}))
+
+    def _wait(self, waiting: _Waiting) -> None:
+        waiting_id = waiting.message.message_id
+        self._incoming[waiting_id] = waiting
+        self._touch_incoming(waiting_id)
+        for entry in waiting.message.causal_history:
+            if entry.message_id in waiting.unmet:
+                self._waiters.setdefault(entry.message_id, (entry, set()))[1].add(waiting_id)
 
     def _report_missing(
         self, entries: Iterable[HistoryEntry], now_ms: int, events: list[Event]
@@ -455,8 +492,8 @@ class MessageChannel:
         while ready:
             lamport, mid, msg, hint, raw = heapq.heappop(ready)
             self.lamport_timestamp = max(self.lamport_timestamp, lamport)
-            self._lost.discard(mid)
-            self._insert_log(LogEntry(mid, lamport, msg.sender_id, hint), raw)
+            self._set_lost(mid, False)
+            self._insert_log(LogEntry(mid, lamport, msg.sender_id, hint), raw, msg.content)
             events.append(MessageDelivered(mid, msg.sender_id, lamport, msg.content or b"", hint))
             for waiting in self._release(mid):
                 heapq.heappush(
@@ -478,15 +515,38 @@ class MessageChannel:
             waiting.unmet.discard(dependency_id)
             if not waiting.unmet:
                 del self._incoming[waiting_id]
+                self._touch_incoming(waiting_id)
                 yield waiting
 
-    def _insert_log(self, entry: LogEntry, data: bytes | None) -> None:
+    def _insert_log(self, entry: LogEntry, data: bytes | None, content: bytes | None) -> None:
+        journal = self.journal
+        if journal is not None:
+            journal.log.append((entry, content))
         for evicted in self._log.insert(entry):
-            self._wire_cache.pop(evicted.message_id, None)
+            self._uncache(evicted.message_id)
         if data is not None and self.config.repair.cache_size:
-            self._wire_cache[entry.message_id] = data
-            if len(self._wire_cache) > self.config.repair.cache_size:
-                self._wire_cache.popitem(last=False)
+            self._cache(entry.message_id, data)
+
+    def _cache(self, message_id: str, data: bytes) -> None:
+        self._wire_cache[message_id] = data
+        if self.journal is not None:
+            self.journal.wire[message_id] = data
+        if len(self._wire_cache) > self.config.repair.cache_size:
+            self._uncache(next(iter(self._wire_cache)))
+
+    def _uncache(self, message_id: str) -> None:
+        if self._wire_cache.pop(message_id, None) is not None and self.journal is not None:
+            self.journal.wire[message_id] = None
+
+    def _set_lost(self, message_id: str, lost: bool) -> None:
+        if lost == (message_id in self._lost):
+            return
+        if lost:
+            self._lost.add(message_id)
+        else:
+            self._lost.discard(message_id)
+        if self.journal is not None:
+            self.journal.lost[message_id] = lost
 
     # ------------------------------------------------------------ acknowledgement
 
@@ -497,6 +557,7 @@ class MessageChannel:
         named = outgoing.keys() & message.history_ids
         for message_id in sorted(named):
             acked = outgoing.pop(message_id)
+            self._touch_outgoing(message_id)
             self._acknowledged(acked, message.sender_id, events, by_causal_history=True)
         if outgoing and message.bloom_filter is not None:
             self._review_bloom(message.bloom_filter, message.sender_id, events)
@@ -515,6 +576,7 @@ class MessageChannel:
             if sender_id in entry.possible_ackers or not contains(bloom, entry.positions):
                 continue
             entry.possible_ackers.add(sender_id)
+            self._touch_outgoing(mid)
             count = len(entry.possible_ackers)
             if count >= threshold:
                 del outgoing[mid]
@@ -612,7 +674,7 @@ class MessageChannel:
                 if not self._waiters[dep_id][1]:
                     del self._waiters[dep_id]
                 continue
-            self._lost.add(dep_id)
+            self._set_lost(dep_id, True)
             if self._repair is not None:
                 self._repair.requests.remove(dep_id)
             events.append(MessageLost(dep_id))
@@ -620,6 +682,7 @@ class MessageChannel:
         if mid in self._incoming:  # only waiting on other buffered messages now
             waiting.unmet.clear()
             del self._incoming[mid]
+            self._touch_incoming(mid)
             self._deliver(waiting.message, waiting.retrieval_hint, waiting.data, events)
 
     def _resolve_elsewhere(self, dependency_id: str, events: list[Event]) -> None:
@@ -642,6 +705,8 @@ class MessageChannel:
             if mid in self._log or mid in self._met_elsewhere:
                 continue
             self._met_elsewhere.add(mid)
+            if self.journal is not None:
+                self.journal.met_elsewhere.append(mid)
             if self._repair is not None:
                 self._repair.mark_received(mid)
             self._resolve_elsewhere(mid, events)
@@ -651,10 +716,92 @@ class MessageChannel:
         """Forget what a crash loses when only the log and outgoing buffer are durable:
         the incoming buffer and the SDS-R schedules. What was lost is learnt again from
         later causal histories, repairs and stores."""
+        for mid in self._incoming:
+            self._touch_incoming(mid)
         self._incoming.clear()
         self._waiters.clear()
         if self._repair is not None:
-            self._repair = RepairState(self._repair.config, self.participant_id)
+            old = self._repair
+            self._repair = RepairState(old.config, self.participant_id)
+            if self.journal is not None:
+                self.journal.repair_requests.update(old.requests.ids())
+                self.journal.repair_responses.update(old.responses.ids())
+                self._repair.attach_journal(self.journal)
+
+    # ------------------------------------------------------------- durable state
+
+    def start_journal(self) -> Journal:
+        """Record from now on what every step changes (see :mod:`.journal`)."""
+        if self.journal is None:
+            self.journal = Journal()
+            if self._repair is not None:
+                self._repair.attach_journal(self.journal)
+        return self.journal
+
+    def restore(self, snapshot: ChannelSnapshot) -> None:
+        """Carry on from stored state; only a channel that has done nothing yet may."""
+        if self._log.total or self._outgoing or self._incoming or self._bloom.inserted:
+            raise LocalProtocolError("restore needs a fresh channel")
+        limits = self.config.limits
+        self.lamport_timestamp = snapshot.lamport_timestamp
+        self._log.restore(snapshot.log, snapshot.log_total)
+        self._bloom.restore(list(snapshot.bloom_recent), snapshot.bloom_total)
+        self._lost = set(snapshot.lost)
+        self._met_elsewhere = set(snapshot.met_elsewhere)
+        self._wire_cache = OrderedDict(snapshot.wire_cache)
+        for out in snapshot.outgoing:
+            self._restore_outgoing(out)
+        for stored in snapshot.incoming:
+            message = decode(stored.data, limits)
+            unmet = {e.message_id for e in self._unmet(message)}
+            self._wait(
+                _Waiting(message, stored.data, stored.retrieval_hint, stored.received_ms, unmet)
+            )
+        if self._repair is not None:
+            self._repair.restore(snapshot.repair_requests, snapshot.repair_responses)
+        if self.journal is not None:
+            self.journal.clear()  # restoring changes nothing that is not stored already
+
+    def _restore_outgoing(self, stored: StoredOutgoing) -> None:
+        message = decode(stored.data, self.config.limits)
+        self._outgoing[message.message_id] = OutgoingEntry(
+            message,
+            stored.data,
+            self.config.bloom.positions(message.message_id),
+            stored.first_sent_ms,
+            stored.last_sent_ms,
+            stored.attempts,
+            set(stored.possible_ackers),
+        )
+
+    def stored_incoming(self, message_id: str) -> StoredIncoming | None:
+        """A waiting message as it must be stored (None once it left the buffer)."""
+        waiting = self._incoming.get(message_id)
+        if waiting is None:
+            return None
+        data = waiting.data if waiting.data is not None else encode(waiting.message)
+        return StoredIncoming(data, waiting.retrieval_hint, waiting.received_ms)
+
+    def stored_outgoing(self, message_id: str) -> StoredOutgoing | None:
+        """An unacknowledged message as it must be stored (None once it left the buffer)."""
+        entry = self._outgoing.get(message_id)
+        if entry is None:
+            return None
+        return StoredOutgoing(
+            entry.data,
+            entry.first_sent_ms,
+            entry.last_sent_ms,
+            entry.attempts,
+            frozenset(entry.possible_ackers),
+        )
+
+    def repair_schedule(
+        self, message_id: str
+    ) -> tuple[tuple[HistoryEntry, int] | None, tuple[HistoryEntry, int] | None]:
+        """The SDS-R request and response scheduled for ``message_id``, with due times."""
+        if self._repair is None:
+            return None, None
+        return self._repair.requests.get(message_id), self._repair.responses.get(message_id)
 
     # -------------------------------------------------------------- inspection
 
@@ -674,6 +821,10 @@ class MessageChannel:
     def outgoing_ids(self) -> list[str]:
         return list(self._outgoing)
 
+    def buffer_sizes(self) -> tuple[int, int]:
+        """How many messages wait in the incoming buffer and in the outgoing buffer."""
+        return len(self._incoming), len(self._outgoing)
+
     def outgoing_entry(self, message_id: str) -> OutgoingEntry | None:
         return self._outgoing.get(message_id)
 
@@ -681,6 +832,10 @@ class MessageChannel:
         """What a message in the incoming buffer still waits for (empty if not waiting)."""
         waiting = self._incoming.get(message_id)
         return sorted(waiting.unmet) if waiting is not None else []
+
+    def bloom_inserted(self) -> int:
+        """How many ids ever entered our bloom filter (rollover state depends on it)."""
+        return self._bloom.inserted
 
     def missing_ids(self) -> list[str]:
         return [dep for dep in self._waiters if dep not in self._incoming]

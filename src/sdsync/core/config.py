@@ -53,6 +53,9 @@ class ChannelConfig:
     # "have we seen it?"); causal histories only ever reference the newest entries.
     max_log_entries: int = 100_000
     own_log_policy: OwnLogPolicy = "on_send"
+    # Also report a message that must wait for its dependencies as soon as it arrives
+    # (MessageDeliveredEarly), as the reliability API proposal suggests for chat UIs.
+    deliver_early: bool = False
     repair: RepairConfig = field(default_factory=RepairConfig)
     limits: WireLimits = DEFAULT_LIMITS
 

@@ -50,6 +50,23 @@ class MessageDelivered(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class MessageDeliveredEarly(Event):
+    """A content message shown before its dependencies are met (``deliver_early``).
+
+    ``missing_dependencies`` of its causal history have not arrived: the application may
+    show it with "N earlier messages missing". A :class:`MessageDelivered` for the same id
+    follows once it takes its place in the log; neither kind is ever repeated.
+    """
+
+    sender_id: str
+    lamport_timestamp: int
+    content: bytes
+    retrieval_hint: bytes | None
+    missing_dependencies: int
+    type = "message_delivered_early"
+
+
+@dataclass(frozen=True, slots=True)
 class EphemeralReceived(Event):
     """An ephemeral message: delivered at once, never logged, buffered or acknowledged."""
 
@@ -121,6 +138,25 @@ class SyncSent(Event):
 class SyncReceived(Event):
     sender_id: str
     type = "sync_received"
+
+
+@dataclass(frozen=True, slots=True)
+class SyncStatus(Event):
+    """The channel's sync state changed (``message_id`` is empty: it is about the channel).
+
+    Synced means nothing is missing, waiting or outstanding; otherwise the channel is
+    syncing: ``missing`` dependencies were never received, ``waiting`` received messages
+    are held back for them, ``outstanding`` of our messages are not acknowledged yet.
+    """
+
+    missing: int
+    waiting: int
+    outstanding: int
+    type = "sync_status"
+
+    @property
+    def synced(self) -> bool:
+        return not (self.missing or self.waiting or self.outstanding)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ arrives again is still recognised as a duplicate.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -102,6 +102,15 @@ class LocalLog:
             self.history_store.append(old)
             evicted.append(old)
         return evicted
+
+    def restore(self, entries: Iterable[LogEntry], total: int) -> None:
+        """Load the newest entries of a stored log (older ones are in the history store)."""
+        keys = sorted((e.lamport_timestamp, e.message_id, e) for e in entries)
+        if len(keys) > self.max_entries:
+            keys = keys[len(keys) - self.max_entries :]
+        self._keys = SortedList(keys)
+        self._entries = {key[1]: key[2] for key in keys}
+        self.total = total
 
     def set_retrieval_hint(self, message_id: str, hint: bytes) -> bool:
         entry = self._entries.get(message_id)

@@ -21,11 +21,13 @@ who answers when.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from sortedcontainers import SortedList
 
 from sdsync.core.config import RepairConfig
+from sdsync.core.journal import Journal
 from sdsync.wire import HistoryEntry
 
 
@@ -64,12 +66,14 @@ class _Scheduled:
 class _TimedBuffer:
     """Entries keyed by message id, ordered by due time; full ⇒ evict the latest-due."""
 
-    __slots__ = ("_by_id", "_order", "capacity")
+    __slots__ = ("_by_id", "_order", "capacity", "touched")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._by_id: dict[str, _Scheduled] = {}
         self._order: SortedList = SortedList()
+        # Ids added or removed, for durable storage (None: nobody is recording).
+        self.touched: set[str] | None = None
 
     def __contains__(self, message_id: object) -> bool:
         return message_id in self._by_id
@@ -83,9 +87,22 @@ class _TimedBuffer:
         if len(self._by_id) >= self.capacity:
             _, evicted = self._order.pop()
             del self._by_id[evicted]
+            self._touch(evicted)
         self._by_id[entry.message_id] = _Scheduled(entry, due_ms)
         self._order.add((due_ms, entry.message_id))
+        self._touch(entry.message_id)
         return True
+
+    def _touch(self, message_id: str) -> None:
+        if self.touched is not None:
+            self.touched.add(message_id)
+
+    def get(self, message_id: str) -> tuple[HistoryEntry, int] | None:
+        item = self._by_id.get(message_id)
+        return (item.entry, item.due_ms) if item is not None else None
+
+    def ids(self) -> list[str]:
+        return list(self._by_id)
 
     def entry(self, message_id: str) -> HistoryEntry | None:
         item = self._by_id.get(message_id)
@@ -95,6 +112,7 @@ class _TimedBuffer:
         item = self._by_id.pop(message_id, None)
         if item is not None:
             self._order.remove((item.due_ms, message_id))
+            self._touch(message_id)
 
     def pop_due(self, now_ms: int, limit: int | None = None) -> list[HistoryEntry]:
         out: list[HistoryEntry] = []
@@ -104,6 +122,7 @@ class _TimedBuffer:
                 break
             self._order.pop(0)
             out.append(self._by_id.pop(message_id).entry)
+            self._touch(message_id)
         return out
 
     def next_due(self) -> int | None:
@@ -118,6 +137,20 @@ class RepairState:
         self.participant_id = participant_id
         self.requests = _TimedBuffer(config.buffer_size)
         self.responses = _TimedBuffer(config.buffer_size)
+
+    def attach_journal(self, journal: Journal) -> None:
+        self.requests.touched = journal.repair_requests
+        self.responses.touched = journal.repair_responses
+
+    def restore(
+        self,
+        requests: Iterable[tuple[HistoryEntry, int]],
+        responses: Iterable[tuple[HistoryEntry, int]],
+    ) -> None:
+        for entry, due_ms in requests:
+            self.requests.add(entry, due_ms)
+        for entry, due_ms in responses:
+            self.responses.add(entry, due_ms)
 
     def mark_missing(self, entry: HistoryEntry, now_ms: int) -> None:
         due = request_time(self.config, self.participant_id, entry.message_id, now_ms)

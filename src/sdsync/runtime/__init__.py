@@ -1,17 +1,24 @@
-"""Runtime: the sans-I/O scheduling driver and the asyncio ReliableChannel around it."""
+"""Runtime: the sans-I/O scheduling driver, durable state, and the asyncio ReliableChannel."""
 
 from sdsync.runtime.driver import ChannelDriver, QueryStore, Step, Transmit
+from sdsync.runtime.history import SqliteHistoryStore
 from sdsync.runtime.memory_store import MemoryStore
 from sdsync.runtime.policy import RuntimeConfig
 from sdsync.runtime.reliable import ReliableChannel, StoreClient
+from sdsync.runtime.state import ChannelState, Delivery, LogRecord, state_path
 
 __all__ = [
     "ChannelDriver",
+    "ChannelState",
+    "Delivery",
+    "LogRecord",
     "MemoryStore",
     "QueryStore",
     "ReliableChannel",
     "RuntimeConfig",
+    "SqliteHistoryStore",
     "Step",
     "StoreClient",
     "Transmit",
+    "state_path",
 ]

@@ -13,6 +13,12 @@ call takes ``now_ms`` and returns a :class:`Step` of *actions* for the caller to
 ``next_due()`` says when :meth:`tick` next has work, so an asyncio runtime sleeps until
 then and the simulator schedules a wake-up on its virtual clock: both run the same code.
 Randomness comes from the ``rng`` the caller passes in.
+
+After every step the driver compares the channel's sync status (missing dependencies,
+waiting messages, unacknowledged messages of ours) with the last one reported and adds a
+:class:`~sdsync.core.SyncStatus` event when it changed. Of its own state only the resend
+schedule is worth keeping across a restart (see :mod:`sdsync.runtime.state`): sync, sweep
+and store query timers simply start afresh.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from sdsync.core import (
     MessageMissing,
     MessageReceived,
     SyncReceived,
+    SyncStatus,
 )
 from sdsync.runtime.policy import RuntimeConfig, SyncTimer
 from sdsync.wire import HistoryEntry, Message
@@ -84,10 +91,15 @@ class ChannelDriver:
             now_ms,
             suppress=config.suppress_sync_after_received_sync,
         )
-        self._resends: list[tuple[int, str]] = []  # (due, id); stale entries skipped lazily
+        # One resend per outgoing message: _resend_at is the truth, the heap finds the
+        # earliest; heap entries that disagree with it are stale and skipped lazily.
+        self._resend_at: dict[str, int] = {}
+        self._resends: list[tuple[int, str]] = []
+        self._rescheduled: set[str] | None = None  # recorded for durable storage
         self._next_sweep = now_ms + config.incoming_sweep_ms
         self._next_store_query = now_ms
         self._heard_missing: dict[str, HistoryEntry] = {}
+        self._status = (0, 0, 0)
 
     # ------------------------------------------------------------------ inputs
 
@@ -96,7 +108,9 @@ class ChannelDriver:
         out = self.channel.send(payload, now_ms, message_id=message_id)
         self._schedule_resend(out.message_id, 1, now_ms)
         self._sync.after_own_content(now_ms)
-        return Step([Transmit(out.data, out.message_id, "content")], list(out.events))
+        return self._with_status(
+            Step([Transmit(out.data, out.message_id, "content")], list(out.events))
+        )
 
     def publish_ephemeral(self, payload: bytes) -> Step:
         out = self.channel.send_ephemeral(payload)
@@ -132,13 +146,18 @@ class ChannelDriver:
                 self._sync.after_received_content(now_ms)
             elif isinstance(event, SyncReceived):
                 self._sync.after_received_sync(now_ms)
-        return Step([], events)
+        return self._with_status(Step([], events))
+
+    def mark_dependencies_met(self, message_ids: list[str]) -> Step:
+        """The application found these itself: release whatever waited for them."""
+        return self._with_status(Step([], self.channel.mark_dependencies_met(message_ids)))
 
     # ----------------------------------------------------------------- timers
 
     def next_due(self) -> int:
         """The earliest time at which :meth:`tick` has something to do."""
         candidates = [self._sync.due_ms, self._next_sweep]
+        self._drop_stale_resends()
         if self._resends:
             candidates.append(self._resends[0][0])
         for due in (
@@ -163,6 +182,24 @@ class ChannelDriver:
         if now_ms >= self._next_sweep:
             self._next_sweep = now_ms + self.config.incoming_sweep_ms
             self._sweep_incoming(now_ms, step)
+        return self._with_status(step)
+
+    # ----------------------------------------------------------------- status
+
+    def sync_status(self) -> SyncStatus:
+        channel = self.channel
+        log = channel.log
+        missing = {mid for mid in self._heard_missing if mid not in log}
+        missing.update(channel.missing_ids())
+        waiting, outstanding = channel.buffer_sizes()
+        return SyncStatus("", len(missing), waiting, outstanding)
+
+    def _with_status(self, step: Step) -> Step:
+        status = self.sync_status()
+        key = (status.missing, status.waiting, status.outstanding)
+        if key != self._status:
+            self._status = key
+            step.events.append(status)
         return step
 
     def _sync_if_due(self, now_ms: int, step: Step) -> None:
@@ -193,30 +230,73 @@ class ChannelDriver:
 
     # ---------------------------------------------------------------- resends
 
+    def resend_at(self, message_id: str) -> int | None:
+        """When ``message_id`` is due for its next resend (None when none is planned)."""
+        return self._resend_at.get(message_id)
+
+    def start_journal(self) -> None:
+        """Record what every step changes, here and in the channel, for durable storage."""
+        self.channel.start_journal()
+        if self._rescheduled is None:
+            self._rescheduled = set()
+
+    def take_rescheduled(self) -> set[str]:
+        """Ids whose planned resend changed since the last call (journal must be on)."""
+        taken, self._rescheduled = self._rescheduled or set(), set()
+        return taken
+
+    def restore_resends(self, due_by_id: dict[str, int]) -> None:
+        """Plan the resends of a restored outgoing buffer (stored due times)."""
+        for message_id, due in due_by_id.items():
+            self._plan(message_id, due)
+        self._status = (-1, -1, -1)  # report the restored status with the next step
+
+    def _plan(self, message_id: str, due: int) -> None:
+        self._resend_at[message_id] = due
+        heapq.heappush(self._resends, (due, message_id))
+        if self._rescheduled is not None:
+            self._rescheduled.add(message_id)
+
     def _schedule_resend(self, message_id: str, attempts: int, now_ms: int) -> None:
         entry = self.channel.outgoing_entry(message_id)
         possibly = bool(entry is not None and entry.possible_ackers)
-        due = now_ms + self.config.resend_delay(attempts, possibly, self.rng)
-        heapq.heappush(self._resends, (due, message_id))
+        self._plan(message_id, now_ms + self.config.resend_delay(attempts, possibly, self.rng))
+
+    def _drop_stale_resends(self) -> None:
+        """Forget planned resends of messages that left the outgoing buffer."""
+        resends = self._resends
+        while resends:
+            due, message_id = resends[0]
+            current = self._resend_at.get(message_id) == due
+            if current and self.channel.outgoing_entry(message_id) is not None:
+                return
+            heapq.heappop(resends)
+            if current:
+                del self._resend_at[message_id]
 
     def _resend_due(self, now_ms: int, step: Step) -> None:
         resends = self._resends
+        self._drop_stale_resends()
         while resends and resends[0][0] <= now_ms:
             _, message_id = heapq.heappop(resends)
+            del self._resend_at[message_id]
             entry = self.channel.outgoing_entry(message_id)
             if entry is None:
                 continue  # acknowledged meanwhile
             if entry.attempts >= self.config.max_attempts:
                 step.events.extend(self.channel.abandon(message_id))
-                continue
-            if entry.possible_ackers:
-                # Became possibly acknowledged after this resend was planned: wait longer.
-                later = entry.last_sent_ms + self.config.resend_delay(
-                    entry.attempts, True, self.rng
+            elif (
+                entry.possible_ackers
+                and (
+                    later := entry.last_sent_ms
+                    + self.config.resend_delay(entry.attempts, True, self.rng)
                 )
-                if later > now_ms:
-                    heapq.heappush(resends, (later, message_id))
-                    continue
-            data = self.channel.resend(message_id, now_ms)
-            step.actions.append(Transmit(data, message_id, "resend"))
-            self._schedule_resend(message_id, entry.attempts, now_ms)
+                > now_ms
+            ):
+                # Became possibly acknowledged after this resend was planned: wait longer.
+                self._plan(message_id, later)
+            else:
+                data = self.channel.resend(message_id, now_ms)
+                step.actions.append(Transmit(data, message_id, "resend"))
+                self._schedule_resend(message_id, entry.attempts, now_ms)
+            self._drop_stale_resends()

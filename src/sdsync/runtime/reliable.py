@@ -11,10 +11,17 @@ run while the channel is open:
 * the *timer loop* sleeps until ``driver.next_due()`` (or until something changed that may
   make it earlier) and then lets the driver tick.
 
-Whatever a driver step asks for is carried out in order: transmissions are published
-(and the transport's retrieval hint attached to our own messages), store queries are
-answered by the :class:`StoreClient` and fed back in. Application events arrive on
-:meth:`events`. Data flows one way: transport → wire decode → core → events → app.
+Whatever a driver step asks for is carried out in order: with a ``state_dir`` the step
+is first committed to the channel's SQLite database (:mod:`sdsync.runtime.state`), then
+its events are queued for the application and its transmissions published (and the
+transport's retrieval hint attached to our own messages); store queries are answered by
+the :class:`StoreClient` and fed back in. Application events arrive on :meth:`events`,
+each delivery exactly once even across a kill -9. Data flows one way: transport → wire
+decode → core → (state) → events → app.
+
+A step that cannot be committed, or any other unexpected error in a loop, stops the
+channel: memory would be ahead of the stored state, so the application gets the error
+from :meth:`events` and :meth:`send` and reopens the channel from what is stored.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import logging
 import random
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from types import TracebackType
 from typing import Protocol
 
@@ -32,6 +40,7 @@ from sdsync.core import ChannelConfig, Event, MessageChannel, system_clock_ms
 from sdsync.errors import LocalProtocolError, RemoteProtocolError
 from sdsync.runtime.driver import ChannelDriver, QueryStore, Step, Transmit
 from sdsync.runtime.policy import RuntimeConfig
+from sdsync.runtime.state import ChannelState, Delivery, LogRecord, Synchronous, state_path
 from sdsync.transport.base import Received, Transport
 from sdsync.wire import HistoryEntry
 
@@ -59,6 +68,8 @@ class ReliableChannel:
         rng: random.Random | None = None,
         clock: Callable[[], int] = system_clock_ms,
         topic: str | None = None,
+        state_dir: Path | None = None,
+        synchronous: Synchronous = "NORMAL",
     ) -> None:
         self.transport = transport
         self.topic = topic if topic is not None else f"/sds/1/{channel_id}"
@@ -72,9 +83,19 @@ class ReliableChannel:
             now,
             query_stores=store is not None,
         )
+        # Restores the channel and driver from <state_dir>/<channel_id>.sqlite, if any.
+        self.state = (
+            ChannelState(state_path(state_dir, channel_id), self.driver, synchronous=synchronous)
+            if state_dir is not None
+            else None
+        )
         self.store = store
         self.rejected: Counter[str] = Counter()
-        self._events: asyncio.Queue[Event] = asyncio.Queue()
+        # None wakes a reader to report self._failure.
+        self._events: asyncio.Queue[Delivery | None] = asyncio.Queue()
+        for delivery in self.state.pending if self.state is not None else ():
+            self._events.put_nowait(delivery)
+        self._failure: BaseException | None = None
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
@@ -92,7 +113,7 @@ class ReliableChannel:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.stop()
+        await self.close()
 
     async def start(self) -> None:
         if self._tasks:
@@ -111,10 +132,28 @@ class ReliableChannel:
                 await task
         self._tasks = []
 
+    async def close(self) -> None:
+        """Stop, store what is still only in memory, and release the state database."""
+        await self.stop()
+        if self.state is not None:
+            self.state.close()
+            self.state = None
+
+    def history(self, limit: int | None = None) -> list[LogRecord]:
+        """The stored log (ours and delivered messages, with content), oldest first."""
+        if self.state is None:
+            raise LocalProtocolError("history is kept only with a state_dir")
+        return self.state.history(limit)
+
     # ----------------------------------------------------------------- sending
 
     async def send(self, payload: bytes, *, message_id: str | None = None) -> str:
-        """Publish content; returns its message id. Delivery is then the channel's job."""
+        """Publish content; returns its message id. Delivery is then the channel's job.
+
+        With a ``state_dir`` the message is stored before this returns: from then on no
+        crash loses it, and resends continue after a restart.
+        """
+        self._check_alive()
         async with self._lock:
             step = self.driver.publish(payload, self._clock(), message_id=message_id)
             await self._carry_out(step)
@@ -122,30 +161,64 @@ class ReliableChannel:
         return step.actions[0].message_id  # type: ignore[union-attr]
 
     async def send_ephemeral(self, payload: bytes) -> None:
+        self._check_alive()
         async with self._lock:
             await self._carry_out(self.driver.publish_ephemeral(payload))
+
+    async def mark_dependencies_met(self, message_ids: list[str]) -> None:
+        """The application found these messages itself: stop waiting for them."""
+        self._check_alive()
+        async with self._lock:
+            await self._carry_out(self.driver.mark_dependencies_met(message_ids))
+        self._wake.set()
+
+    def _check_alive(self) -> None:
+        if self._failure is not None:
+            raise self._stopped() from self._failure
+
+    def _stopped(self) -> LocalProtocolError:
+        return LocalProtocolError(f"the channel stopped after {self._failure!r}; reopen it")
 
     # ---------------------------------------------------------------- events
 
     async def events(self) -> AsyncIterator[Event]:
-        """Application events, in the order they happened."""
+        """Application events, in the order they happened (after a restart: first the
+        deliveries that were committed but not taken before the process died)."""
         while True:
-            yield await self._events.get()
+            yield self._take(await self._events.get())
 
     def pending_events(self) -> list[Event]:
         """Events not consumed yet, without waiting."""
         out = []
         while not self._events.empty():
-            out.append(self._events.get_nowait())
+            out.append(self._take(self._events.get_nowait()))
         return out
+
+    def _take(self, delivery: Delivery | None) -> Event:
+        if delivery is None:
+            self._events.put_nowait(None)  # every later reader learns it too
+            raise self._stopped() from self._failure
+        if delivery.seq is not None and self.state is not None:
+            self.state.handed_off(delivery.seq)
+        return delivery.event
 
     # ----------------------------------------------------------------- loops
 
     async def _receive_loop(self, frames: AsyncIterator[Received]) -> None:
-        async for frame in frames:
-            async with self._lock:
-                await self._receive(frame)
-            self._wake.set()
+        try:
+            async for frame in frames:
+                async with self._lock:
+                    await self._receive(frame)
+                self._wake.set()
+        except Exception as exc:  # fail-stop: reported through events()
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._failure is not None:
+            return
+        logger.error("%s: channel stopped: %r", self.channel.participant_id, exc)
+        self._failure = exc
+        self._events.put_nowait(None)
 
     async def _receive(self, frame: Received) -> None:
         try:
@@ -160,19 +233,30 @@ class ReliableChannel:
         await self._carry_out(step)
 
     async def _timer_loop(self) -> None:
-        while True:
-            delay = max(0, self.driver.next_due() - self._clock()) / 1000
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=delay)
-            async with self._lock:
-                now = self._clock()
-                if self.driver.next_due() <= now:
-                    await self._carry_out(self.driver.tick(now))
+        try:
+            while True:
+                delay = max(0, self.driver.next_due() - self._clock()) / 1000
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=delay)
+                async with self._lock:
+                    now = self._clock()
+                    if self.driver.next_due() <= now:
+                        await self._carry_out(self.driver.tick(now))
+        except Exception as exc:  # fail-stop: reported through events()
+            self._fail(exc)
 
     async def _carry_out(self, step: Step) -> None:
-        for event in step.events:
-            self._events.put_nowait(event)
+        if self.state is not None:
+            try:
+                deliveries = self.state.commit(step)  # stored before anyone hears of it
+            except Exception as exc:
+                self._fail(exc)
+                raise
+        else:
+            deliveries = [Delivery(None, event) for event in step.events]
+        for delivery in deliveries:
+            self._events.put_nowait(delivery)
         for action in step.actions:
             if isinstance(action, Transmit):
                 await self._transmit(action)

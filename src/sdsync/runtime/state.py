@@ -1,0 +1,522 @@
+"""Durable channel state: one SQLite database (WAL) per channel, one transaction per step.
+
+Theory of operation
+-------------------
+The driver and the channel under it stay in memory; the database is their write-ahead
+record. After every driver step (a send, a received frame, a tick) :meth:`commit` reads
+the channel's :class:`~sdsync.core.Journal` and the driver's rescheduled resends and
+writes what changed in ONE transaction — log rows, bloom filter ids, outgoing and incoming
+buffer rows, lost and met ids, SDS-R schedules and wire cache, the Lamport timestamp — and
+only then are the step's events handed to the application and its bytes transmitted. So a
+kill -9 at any instant leaves either the state before the step (the frame was not
+processed; its sender resends it, or a store has it) or after it, never half of it, and
+no byte goes out that the stored state does not explain. Rows are written per change, so
+the cost of a step does not grow with the log.
+
+Nothing derived is stored: on open, the channel is rebuilt from facts (see
+:mod:`sdsync.core.journal`) — the log window is the newest rows by (Lamport timestamp,
+id), the rolling bloom filter is replayed from the ids that entered it and how many did,
+the outgoing buffer comes back with its attempts and planned resend times. Log entries
+beyond the in-memory window stay in SQLite, which answers "have we seen it?" for them.
+
+Deliveries reach the application exactly once. Each :class:`MessageDelivered` and
+:class:`MessageDeliveredEarly` gets a number in the step that creates it; the *delivered
+cursor* is the highest number handed to the application, stored before the event is
+handed over (:meth:`handed_off`). On open, deliveries above the cursor — committed but not
+yet taken when the process died — are handed over again, in order. Other events (sent,
+acknowledged, missing, ...) report state that can be read back after a restart and are
+not replayed.
+
+WAL with ``synchronous=NORMAL`` survives the process dying at any instant; ``FULL`` also
+survives the machine losing power, at the price of an fsync per step. The database is
+opened in exclusive locking mode: one process per channel state.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+from urllib.parse import quote
+
+from sdsync.core import (
+    ChannelSnapshot,
+    Event,
+    LogEntry,
+    MessageDelivered,
+    MessageDeliveredEarly,
+    StoredIncoming,
+    StoredOutgoing,
+)
+from sdsync.errors import LocalProtocolError
+from sdsync.runtime.driver import ChannelDriver, Step
+from sdsync.wire import HistoryEntry, decode
+
+Synchronous = Literal["NORMAL", "FULL"]
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS channel (
+    id INTEGER PRIMARY KEY CHECK (id = 0),
+    schema_version INTEGER NOT NULL,
+    channel_id TEXT NOT NULL,
+    participant_id TEXT NOT NULL,
+    lamport INTEGER NOT NULL,
+    bloom_total INTEGER NOT NULL,
+    event_seq INTEGER NOT NULL,
+    delivered_cursor INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS log (
+    message_id TEXT PRIMARY KEY,
+    lamport INTEGER NOT NULL,
+    sender_id TEXT NOT NULL,
+    retrieval_hint BLOB,
+    content BLOB,
+    delivered_seq INTEGER  -- NULL for our own messages
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS log_order ON log (lamport, message_id);
+CREATE INDEX IF NOT EXISTS log_delivered ON log (delivered_seq)
+    WHERE delivered_seq IS NOT NULL;
+CREATE TABLE IF NOT EXISTS bloom (seq INTEGER PRIMARY KEY, message_id TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS wire (
+    seq INTEGER PRIMARY KEY,
+    message_id TEXT NOT NULL UNIQUE,
+    data BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS outgoing (
+    seq INTEGER PRIMARY KEY,
+    message_id TEXT NOT NULL UNIQUE,
+    data BLOB NOT NULL,
+    first_sent_ms INTEGER NOT NULL,
+    last_sent_ms INTEGER NOT NULL,
+    attempts INTEGER NOT NULL,
+    possible_ackers TEXT NOT NULL,
+    next_due_ms INTEGER
+);
+CREATE TABLE IF NOT EXISTS incoming (
+    seq INTEGER PRIMARY KEY,
+    message_id TEXT NOT NULL UNIQUE,
+    data BLOB NOT NULL,
+    retrieval_hint BLOB,
+    received_ms INTEGER NOT NULL,
+    early_seq INTEGER
+);
+CREATE TABLE IF NOT EXISTS lost (message_id TEXT PRIMARY KEY) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS met_elsewhere (message_id TEXT PRIMARY KEY) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS repair (
+    kind TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    retrieval_hint BLOB,
+    sender_id TEXT,
+    due_ms INTEGER NOT NULL,
+    PRIMARY KEY (kind, message_id)
+) WITHOUT ROWID;
+"""
+
+_UPSERT_OUTGOING = """
+INSERT INTO outgoing (message_id, data, first_sent_ms, last_sent_ms, attempts,
+                      possible_ackers, next_due_ms)
+VALUES (?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (message_id) DO UPDATE SET
+    last_sent_ms = excluded.last_sent_ms,
+    attempts = excluded.attempts,
+    possible_ackers = excluded.possible_ackers,
+    next_due_ms = excluded.next_due_ms
+"""
+
+
+def state_path(state_dir: Path, channel_id: str) -> Path:
+    """``<state_dir>/<channel_id>.sqlite``, the id percent-encoded to a safe file name."""
+    return state_dir / f"{quote(channel_id, safe='')}.sqlite"
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """An event for the application; deliveries carry their place in the cursor order."""
+
+    seq: int | None
+    event: Event
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    """A message of the stored log, ours or delivered, with its content."""
+
+    message_id: str
+    sender_id: str
+    lamport_timestamp: int
+    content: bytes | None
+    retrieval_hint: bytes | None
+
+
+class _StoredHistory:
+    """The HistoryStore of a stored channel: evicted entries are log rows already.
+
+    Entries evicted during a step are remembered until the step is committed, because
+    their rows may be written by that very commit.
+    """
+
+    def __init__(self, db: sqlite3.Connection, evicted: int) -> None:
+        self._db = db
+        self._evicted = evicted
+        self._uncommitted: set[str] = set()
+
+    def append(self, entry: LogEntry) -> None:
+        self._evicted += 1
+        self._uncommitted.add(entry.message_id)
+
+    def __contains__(self, message_id: object) -> bool:
+        if not self._evicted:  # the common case: the whole log fits in memory
+            return False
+        if message_id in self._uncommitted:
+            return True
+        row = self._db.execute("SELECT 1 FROM log WHERE message_id = ?", (message_id,))
+        return row.fetchone() is not None
+
+    def committed(self) -> None:
+        self._uncommitted.clear()
+
+
+class ChannelState:
+    """The stored state of ``driver``'s channel; restores it on open."""
+
+    def __init__(
+        self, path: Path, driver: ChannelDriver, *, synchronous: Synchronous = "NORMAL"
+    ) -> None:
+        if synchronous not in ("NORMAL", "FULL"):
+            raise LocalProtocolError(f"synchronous must be NORMAL or FULL, not {synchronous!r}")
+        self.path = path
+        self.driver = driver
+        self.channel = driver.channel
+        self._db = _connect(path, synchronous)
+        self._broken = False
+        try:
+            self._open()
+        except BaseException:
+            self._db.close()
+            raise
+
+    # ------------------------------------------------------------------ open
+
+    def _open(self) -> None:
+        db = self._db
+        db.executescript(_SCHEMA)
+        row = db.execute(
+            "SELECT schema_version, channel_id, participant_id, lamport, bloom_total,"
+            " event_seq, delivered_cursor FROM channel"
+        ).fetchone()
+        channel = self.channel
+        if row is None:
+            row = (SCHEMA_VERSION, channel.channel_id, channel.participant_id)
+            row += (channel.lamport_timestamp, 0, 0, 0)
+            db.execute("INSERT INTO channel VALUES (0, ?, ?, ?, ?, ?, ?, ?)", row)
+        version, channel_id, participant_id, lamport, bloom_total, event_seq, cursor = row
+        if version != SCHEMA_VERSION:
+            raise LocalProtocolError(f"{self.path}: schema version {version} is not supported")
+        if (channel_id, participant_id) != (channel.channel_id, channel.participant_id):
+            raise LocalProtocolError(
+                f"{self.path} holds channel {channel_id!r} of participant {participant_id!r},"
+                f" not {channel.channel_id!r} of {channel.participant_id!r}"
+            )
+        self._event_seq: int = event_seq
+        self._cursor: int = cursor
+        self._lamport: int = lamport
+        log_total = db.execute("SELECT count(*) FROM log").fetchone()[0]
+        window = channel.config.max_log_entries
+        self._history = _StoredHistory(db, max(0, log_total - window))
+        channel.log.history_store = self._history
+        self.driver.start_journal()
+        self._journal = channel.start_journal()
+        channel.restore(self._snapshot(lamport, log_total, bloom_total))
+        self.driver.restore_resends(
+            dict(db.execute("SELECT message_id, COALESCE(next_due_ms, 0) FROM outgoing"))
+        )
+        self.driver.take_rescheduled()  # what was restored is stored already
+        self.pending = self._undelivered()
+
+    def _snapshot(self, lamport: int, log_total: int, bloom_total: int) -> ChannelSnapshot:
+        db = self._db
+        config = self.channel.config
+        window = db.execute(
+            "SELECT message_id, lamport, sender_id, retrieval_hint FROM log"
+            " ORDER BY lamport DESC, message_id DESC LIMIT ?",
+            (config.max_log_entries,),
+        )
+        bloom_limit = config.bloom.capacity if config.bloom_rollover else -1
+        bloom = [
+            mid
+            for (mid,) in db.execute(
+                "SELECT message_id FROM bloom ORDER BY seq DESC LIMIT ?", (bloom_limit,)
+            )
+        ]
+        bloom.reverse()
+        return ChannelSnapshot(
+            lamport_timestamp=lamport,
+            log=[LogEntry(mid, ts, sender, hint) for mid, ts, sender, hint in window],
+            log_total=log_total,
+            bloom_recent=bloom,
+            bloom_total=bloom_total,
+            outgoing=[
+                StoredOutgoing(data, first, last, attempts, frozenset(json.loads(ackers)))
+                for data, first, last, attempts, ackers in db.execute(
+                    "SELECT data, first_sent_ms, last_sent_ms, attempts, possible_ackers"
+                    " FROM outgoing ORDER BY seq"
+                )
+            ],
+            incoming=[
+                StoredIncoming(data, hint, received)
+                for data, hint, received in db.execute(
+                    "SELECT data, retrieval_hint, received_ms FROM incoming ORDER BY seq"
+                )
+            ],
+            lost=[mid for (mid,) in db.execute("SELECT message_id FROM lost")],
+            met_elsewhere=[mid for (mid,) in db.execute("SELECT message_id FROM met_elsewhere")],
+            wire_cache=list(db.execute("SELECT message_id, data FROM wire ORDER BY seq")),
+            repair_requests=self._repairs("request"),
+            repair_responses=self._repairs("response"),
+        )
+
+    def _repairs(self, kind: str) -> list[tuple[HistoryEntry, int]]:
+        rows = self._db.execute(
+            "SELECT message_id, retrieval_hint, sender_id, due_ms FROM repair WHERE kind = ?"
+            " ORDER BY due_ms",
+            (kind,),
+        )
+        return [(HistoryEntry(mid, hint, sender), due) for mid, hint, sender, due in rows]
+
+    def _undelivered(self) -> list[Delivery]:
+        """Deliveries committed but never handed to the application, in order."""
+        cursor = self._cursor
+        out: list[Delivery] = [
+            Delivery(seq, MessageDelivered(mid, sender, ts, content or b"", hint))
+            for seq, mid, sender, ts, content, hint in self._db.execute(
+                "SELECT delivered_seq, message_id, sender_id, lamport, content, retrieval_hint"
+                " FROM log WHERE delivered_seq > ?",
+                (cursor,),
+            )
+        ]
+        limits = self.channel.config.limits
+        for seq, data, hint in self._db.execute(
+            "SELECT early_seq, data, retrieval_hint FROM incoming WHERE early_seq > ?", (cursor,)
+        ):
+            message = decode(data, limits)
+            event = MessageDeliveredEarly(
+                message.message_id,
+                message.sender_id,
+                message.lamport_timestamp or 0,
+                message.content or b"",
+                hint,
+                len(self.channel.unmet_dependencies(message.message_id)),
+            )
+            out.append(Delivery(seq, event))
+        out.sort(key=lambda d: d.seq or 0)
+        return out
+
+    # ---------------------------------------------------------------- commit
+
+    def commit(self, step: Step) -> list[Delivery]:
+        """Store what ``step`` changed, in one transaction; its events, numbered."""
+        if self._broken:
+            raise LocalProtocolError(f"{self.path}: an earlier commit failed; reopen the channel")
+        deliveries, delivered, early = self._number(step.events)
+        rescheduled = self.driver.take_rescheduled()
+        lamport = self.channel.lamport_timestamp
+        if not (delivered or early or self._changed(rescheduled, lamport)):
+            return deliveries
+        db = self._db
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            self._write(delivered, early, rescheduled)
+            db.execute(
+                "UPDATE channel SET lamport = ?, bloom_total = ?, event_seq = ?",
+                (lamport, self.channel.bloom_inserted(), self._event_seq),
+            )
+            db.execute("COMMIT")
+        except BaseException:
+            # Memory is ahead of the database now: only reopening is safe.
+            self._broken = True
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        self._journal.clear()
+        self._history.committed()
+        self._lamport = lamport
+        return deliveries
+
+    def _changed(self, rescheduled: set[str], lamport: int) -> bool:
+        return bool(rescheduled) or lamport != self._lamport or not self._journal.is_empty()
+
+    def _number(
+        self, events: Iterable[Event]
+    ) -> tuple[list[Delivery], dict[str, int], dict[str, int]]:
+        deliveries: list[Delivery] = []
+        delivered: dict[str, int] = {}
+        early: dict[str, int] = {}
+        for event in events:
+            seq = None
+            if isinstance(event, MessageDelivered | MessageDeliveredEarly):
+                self._event_seq += 1
+                seq = self._event_seq
+                target = delivered if isinstance(event, MessageDelivered) else early
+                target[event.message_id] = seq
+            deliveries.append(Delivery(seq, event))
+        return deliveries, delivered, early
+
+    def _write(
+        self, delivered: dict[str, int], early: dict[str, int], rescheduled: set[str]
+    ) -> None:
+        db = self._db
+        journal = self._journal
+        channel = self.channel
+        if journal.bloom:
+            total = channel.bloom_inserted()
+            first = total - len(journal.bloom) + 1
+            db.executemany(
+                "INSERT INTO bloom (seq, message_id) VALUES (?, ?)",
+                enumerate(journal.bloom, start=first),
+            )
+            if channel.config.bloom_rollover:
+                keep = channel.config.bloom.capacity
+                db.execute("DELETE FROM bloom WHERE seq <= ?", (total - keep,))
+        if journal.log:
+            db.executemany(
+                "INSERT INTO log VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    (
+                        e.message_id,
+                        e.lamport_timestamp,
+                        e.sender_id,
+                        e.retrieval_hint,
+                        content,
+                        delivered.get(e.message_id),
+                    )
+                    for e, content in journal.log
+                ),
+            )
+        if journal.hints:
+            db.executemany(
+                "UPDATE log SET retrieval_hint = ? WHERE message_id = ?",
+                ((hint, mid) for mid, hint in journal.hints.items()),
+            )
+        for mid, data in journal.wire.items():
+            if data is None:
+                db.execute("DELETE FROM wire WHERE message_id = ?", (mid,))
+            else:
+                db.execute("INSERT INTO wire (message_id, data) VALUES (?, ?)", (mid, data))
+        self._write_outgoing(journal.outgoing | rescheduled)
+        self._write_incoming(journal.incoming, early)
+        for mid, lost in journal.lost.items():
+            if lost:
+                db.execute("INSERT OR IGNORE INTO lost VALUES (?)", (mid,))
+            else:
+                db.execute("DELETE FROM lost WHERE message_id = ?", (mid,))
+        db.executemany(
+            "INSERT OR IGNORE INTO met_elsewhere VALUES (?)", ((m,) for m in journal.met_elsewhere)
+        )
+        self._write_repairs("request", journal.repair_requests, 0)
+        self._write_repairs("response", journal.repair_responses, 1)
+
+    def _write_outgoing(self, ids: set[str]) -> None:
+        db = self._db
+        rows = []
+        for mid in ids:
+            out = self.channel.stored_outgoing(mid)
+            if out is None:
+                db.execute("DELETE FROM outgoing WHERE message_id = ?", (mid,))
+                continue
+            ackers = json.dumps(sorted(out.possible_ackers))
+            due = self.driver.resend_at(mid)
+            rows.append(
+                (mid, out.data, out.first_sent_ms, out.last_sent_ms, out.attempts, ackers, due)
+            )
+        rows.sort(key=lambda row: (row[2], row[0]))  # rows keep the order of sending
+        db.executemany(_UPSERT_OUTGOING, rows)
+
+    def _write_incoming(self, ids: set[str], early: dict[str, int]) -> None:
+        db = self._db
+        for mid in ids:
+            waiting = self.channel.stored_incoming(mid)
+            if waiting is None:
+                db.execute("DELETE FROM incoming WHERE message_id = ?", (mid,))
+            else:
+                db.execute(
+                    "INSERT OR IGNORE INTO incoming (message_id, data, retrieval_hint,"
+                    " received_ms, early_seq) VALUES (?, ?, ?, ?, ?)",
+                    (
+                        mid,
+                        waiting.data,
+                        waiting.retrieval_hint,
+                        waiting.received_ms,
+                        early.get(mid),
+                    ),
+                )
+
+    def _write_repairs(self, kind: str, ids: set[str], which: int) -> None:
+        db = self._db
+        for mid in ids:
+            scheduled = self.channel.repair_schedule(mid)[which]
+            if scheduled is None:
+                db.execute("DELETE FROM repair WHERE kind = ? AND message_id = ?", (kind, mid))
+                continue
+            entry, due = scheduled
+            db.execute(
+                "INSERT OR REPLACE INTO repair VALUES (?, ?, ?, ?, ?)",
+                (kind, mid, entry.retrieval_hint, entry.sender_id, due),
+            )
+
+    # ---------------------------------------------------------------- cursor
+
+    def handed_off(self, seq: int) -> None:
+        """The application has taken delivery ``seq``: never hand it (or earlier) over again."""
+        if seq <= self._cursor:
+            return
+        self._db.execute("UPDATE channel SET delivered_cursor = ?", (seq,))
+        self._cursor = seq
+
+    @property
+    def delivered_cursor(self) -> int:
+        return self._cursor
+
+    # ---------------------------------------------------------------- reading
+
+    def history(self, limit: int | None = None) -> list[LogRecord]:
+        """The stored log in order, ours and delivered messages, the newest ``limit``."""
+        rows = self._db.execute(
+            "SELECT message_id, sender_id, lamport, content, retrieval_hint FROM log"
+            " ORDER BY lamport DESC, message_id DESC LIMIT ?",
+            (-1 if limit is None else limit,),
+        ).fetchall()
+        rows.reverse()
+        return [LogRecord(*row) for row in rows]
+
+    def close(self) -> None:
+        """Store what is still only in memory (e.g. retrieval hints), then close."""
+        if not self._broken:
+            self.commit(Step())
+        self._db.close()
+
+
+def _connect(path: Path, synchronous: Synchronous) -> sqlite3.Connection:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Autocommit mode: transactions are exactly the BEGIN ... COMMIT written here.
+    db = sqlite3.connect(path, isolation_level=None, timeout=0.1)
+    try:
+        db.execute("PRAGMA locking_mode = EXCLUSIVE")
+        mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if mode != "wal":
+            raise LocalProtocolError(f"{path}: SQLite refused WAL mode ({mode})")
+        db.execute(f"PRAGMA synchronous = {synchronous}")
+        db.execute("BEGIN IMMEDIATE")  # take the exclusive lock now, not at the first step
+        db.execute("COMMIT")
+    except sqlite3.OperationalError as exc:
+        db.close()
+        if "locked" in str(exc):
+            raise LocalProtocolError(f"{path} is in use by another process") from exc
+        raise
+    except BaseException:
+        db.close()
+        raise
+    return db

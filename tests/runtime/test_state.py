@@ -1,0 +1,272 @@
+"""Durable channel state: what survives a restart, and what a stored channel refuses."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from sdsync.core import (
+    BloomParams,
+    ChannelConfig,
+    MessageChannel,
+    MessageDelivered,
+    MessageDeliveredEarly,
+    RepairConfig,
+    SyncStatus,
+)
+from sdsync.errors import LocalProtocolError
+from sdsync.runtime import ChannelDriver, ChannelState, ReliableChannel, RuntimeConfig, Step
+from sdsync.runtime.state import state_path
+from sdsync.transport import MemoryNetwork
+from sdsync.transport.memory import Faults
+
+START = 1_700_000_000_000
+CONFIG = ChannelConfig(
+    bloom=BloomParams(64, 0.01),  # small: rollovers happen within a test
+    causal_history_size=3,
+    max_log_entries=20,  # small: most of the log lives only in SQLite
+    repair=RepairConfig(t_min_ms=100, t_max_ms=500),
+)
+RUNTIME = RuntimeConfig(resend_interval_ms=1_000, resend_jitter=0.0, resend_backoff=1.0)
+
+
+class Node:
+    """A stored driver on a virtual clock, as the runtime uses it (commit, then act)."""
+
+    def __init__(self, path: Path, name: str, now: int, config: ChannelConfig = CONFIG) -> None:
+        channel = MessageChannel("chan", name, now_ms=now, config=config)
+        self.driver = ChannelDriver(channel, RUNTIME, random.Random(name), now)
+        self.state = ChannelState(path, self.driver, synchronous="NORMAL")
+        self.channel = channel
+
+    def crash(self) -> None:
+        """Drop the database without storing anything more, as a killed process would."""
+        self.state._db.close()
+
+    def run(self, step: Step) -> list[bytes]:
+        deliveries = self.state.commit(step)
+        for d in deliveries:
+            if d.seq is not None:
+                self.state.handed_off(d.seq)
+        return [a.data for a in step.actions if hasattr(a, "data")]
+
+
+def test_restart_restores_log_bloom_buffers_and_clock(tmp_path: Path) -> None:
+    a = Node(tmp_path / "a.sqlite", "a", START)
+    b = Node(tmp_path / "b.sqlite", "b", START)
+    now = START
+    wires = []
+    for i in range(150):  # > 2 bloom capacities and > the log window
+        now += 10
+        wires += a.run(a.driver.publish(f"m{i}".encode(), now))
+    held_back = wires.pop(100)  # b misses one: everything after it waits for it
+    for data in wires:
+        b.run(b.driver.receive(data, now))
+    assert len(b.channel.incoming_ids()) > 0
+    full_log = [r.message_id for r in b.state.history()]
+    assert len(full_log) == 100
+    expected = {
+        "log": b.channel.log_ids(),  # the in-memory window: the newest 20
+        "bloom": b.channel.bloom_bytes(),
+        "incoming": b.channel.incoming_ids(),
+        "missing": b.channel.missing_ids(),
+        "lamport": b.channel.lamport_timestamp,
+    }
+    a_outgoing = [
+        (mid, a.channel.outgoing_entry(mid).attempts)  # type: ignore[union-attr]
+        for mid in a.channel.outgoing_ids()
+    ]
+    a_bloom = a.channel.bloom_bytes()
+    b.state.close()
+    a.state.close()
+
+    b2 = Node(tmp_path / "b.sqlite", "b", START)
+    assert b2.channel.log_ids() == expected["log"]
+    assert b2.channel.bloom_bytes() == expected["bloom"]
+    assert b2.channel.incoming_ids() == expected["incoming"]
+    assert b2.channel.missing_ids() == expected["missing"]
+    assert b2.channel.lamport_timestamp == expected["lamport"]
+    assert [r.message_id for r in b2.state.history()] == full_log
+    assert len(b2.channel.log) == CONFIG.max_log_entries
+    assert b2.channel.log.get(full_log[0]) is None  # old entries: only in SQLite,
+    assert full_log[0] in b2.channel.log  # yet known, and recognised as duplicates
+
+    assert b2.driver.receive(wires[0], now).events[0].type == "message_dropped"
+    # The missing message arrives after the restart: the buffered ones follow it.
+    b2.run(b2.driver.receive(held_back, now))
+    assert b2.channel.incoming_ids() == []
+    assert len(b2.state.history()) == 150
+
+    a2 = Node(tmp_path / "a.sqlite", "a", START)
+    assert a2.channel.bloom_bytes() == a_bloom
+    assert [
+        (mid, a2.channel.outgoing_entry(mid).attempts)  # type: ignore[union-attr]
+        for mid in a2.channel.outgoing_ids()
+    ] == a_outgoing
+
+
+def test_resends_continue_after_restart_with_their_attempts(tmp_path: Path) -> None:
+    path = tmp_path / "a.sqlite"
+    a = Node(path, "a", START)
+    a.run(a.driver.publish(b"hello", START))
+    mid = a.channel.outgoing_ids()[0]
+    now = START
+    for _ in range(3):  # three resends, nobody acknowledges
+        now = a.driver.next_due()
+        a.run(a.driver.tick(now))
+    attempts = a.channel.outgoing_entry(mid).attempts  # type: ignore[union-attr]
+    assert attempts == 4
+    due = a.driver.resend_at(mid)
+    assert due is not None
+    a.state.close()
+
+    a2 = Node(path, "a", now)
+    assert a2.channel.outgoing_entry(mid).attempts == attempts  # type: ignore[union-attr]
+    assert a2.driver.resend_at(mid) == due
+    step = a2.driver.tick(due)
+    assert [(t.message_id, t.kind) for t in step.actions] == [(mid, "resend")]  # type: ignore[union-attr]
+    a2.run(step)
+    a2.state.close()
+    a3 = Node(path, "a", due)
+    assert a3.channel.outgoing_entry(mid).attempts == attempts + 1  # type: ignore[union-attr]
+
+
+def test_deliveries_not_taken_before_a_crash_are_handed_over_once(tmp_path: Path) -> None:
+    a = MessageChannel("chan", "a", now_ms=START, config=CONFIG)
+    first = a.send(b"first", START)
+    second = a.send(b"second", START + 1)
+    config = ChannelConfig(
+        bloom=CONFIG.bloom, causal_history_size=3, deliver_early=True, repair=CONFIG.repair
+    )
+    b = Node(tmp_path / "b.sqlite", "b", START, config)
+    # "second" arrives first: shown early; the app takes that event, then we crash
+    # after committing the delivery of "first" (and of "second") but before handing it over.
+    for d in b.state.commit(b.driver.receive(second.data, START)):
+        if d.seq is not None:
+            b.state.handed_off(d.seq)
+    taken = b.state.commit(b.driver.receive(first.data, START))
+    assert [type(d.event) for d in taken if d.seq is not None] == [MessageDelivered] * 2
+    b.crash()  # nothing handed off
+
+    b2 = Node(tmp_path / "b.sqlite", "b", START, config)
+    pending = b2.state.pending
+    assert [(type(d.event), d.event.message_id) for d in pending] == [
+        (MessageDelivered, first.message_id),
+        (MessageDelivered, second.message_id),
+    ]
+    for d in pending:
+        b2.state.handed_off(d.seq)  # type: ignore[arg-type]
+    b2.state.close()
+    b3 = Node(tmp_path / "b.sqlite", "b", START, config)
+    assert b3.state.pending == []
+
+
+def test_early_delivery_is_re_offered_until_taken(tmp_path: Path) -> None:
+    a = MessageChannel("chan", "a", now_ms=START, config=CONFIG)
+    a.send(b"first", START)
+    second = a.send(b"second", START + 1)
+    config = ChannelConfig(
+        bloom=CONFIG.bloom, causal_history_size=3, deliver_early=True, repair=CONFIG.repair
+    )
+    b = Node(tmp_path / "b.sqlite", "b", START, config)
+    b.state.commit(b.driver.receive(second.data, START))
+    b.crash()
+    b2 = Node(tmp_path / "b.sqlite", "b", START, config)
+    [early] = [d.event for d in b2.state.pending]
+    assert isinstance(early, MessageDeliveredEarly)
+    assert (early.message_id, early.content, early.missing_dependencies) == (
+        second.message_id,
+        b"second",
+        1,
+    )
+
+
+def test_participant_must_match_the_stored_one(tmp_path: Path) -> None:
+    path = tmp_path / "x.sqlite"
+    Node(path, "alice", START).state.close()
+    with pytest.raises(LocalProtocolError, match="alice"):
+        Node(path, "bob", START)
+
+
+def test_a_state_is_used_by_one_process_at_a_time(tmp_path: Path) -> None:
+    path = tmp_path / "x.sqlite"
+    first = Node(path, "alice", START)
+    with pytest.raises(LocalProtocolError, match="in use"):
+        Node(path, "alice", START)
+    first.state.close()
+    Node(path, "alice", START).state.close()
+
+
+def test_state_path_is_one_safe_file_per_channel(tmp_path: Path) -> None:
+    assert state_path(tmp_path, "chat") == tmp_path / "chat.sqlite"
+    assert state_path(tmp_path, "../a/b").parent == tmp_path
+
+
+def test_failed_commit_stops_the_state(tmp_path: Path) -> None:
+    a = Node(tmp_path / "a.sqlite", "a", START)
+    a.state._db.execute("DROP TABLE log")  # the next step cannot be stored
+    with pytest.raises(sqlite3.OperationalError):
+        a.run(a.driver.publish(b"x", START))
+    with pytest.raises(LocalProtocolError, match="reopen"):
+        a.run(Step())
+
+
+FAST = RuntimeConfig(
+    sync_interval_ms=200,
+    resend_interval_ms=150,
+    resend_possibly_acknowledged_ms=400,
+    max_resend_interval_ms=1_000,
+    incoming_sweep_ms=50,
+)
+PATIENCE_S = 60
+
+
+def test_reliable_channel_with_state_dir_restarts_where_it_stopped(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        net = MemoryNetwork(Faults(latency_ms=2, loss=0.2), seed=5)
+
+        def member(name: str) -> ReliableChannel:
+            return ReliableChannel(
+                net.transport(name),
+                "chat",
+                name,
+                config=ChannelConfig(
+                    bloom=CONFIG.bloom, causal_history_size=30, repair=CONFIG.repair
+                ),
+                runtime=FAST,
+                rng=random.Random(name),
+                state_dir=tmp_path / name,
+            )
+
+        a, b = member("a"), member("b")
+        await a.start()
+        await b.start()
+        sent = [await a.send(f"line {i}".encode()) for i in range(10)]
+        await b.close()  # b leaves; a keeps sending and resending
+        sent += [await a.send(f"later {i}".encode()) for i in range(10)]
+        b = member("b")
+        await b.start()
+        statuses: list[SyncStatus] = []
+        delivered: list[str] = []
+
+        async def consume() -> None:
+            async for event in b.events():
+                if isinstance(event, MessageDelivered):
+                    delivered.append(event.message_id)
+                elif isinstance(event, SyncStatus):
+                    statuses.append(event)
+                if sorted(delivered) == sorted(sent):
+                    return
+
+        await asyncio.wait_for(consume(), PATIENCE_S)
+        assert len(delivered) == len(set(delivered))
+        assert [r.message_id for r in b.history()] == b.channel.log_ids()
+        assert [r.content for r in b.history(2)] == [b"later 8", b"later 9"]
+        await a.close()
+        await b.close()
+
+    asyncio.run(scenario())
