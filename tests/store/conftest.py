@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -50,3 +51,11 @@ def archive(archive_url: str) -> Iterator[SqlArchive]:
     opened = open_archive(archive_url)
     yield opened
     opened.close()
+
+
+@pytest.fixture
+def sqlite_archive(tmp_path: Path) -> Iterator[SqlArchive]:
+    """For tests about the node rather than the archive: SQLite only."""
+    archive = open_archive(str(tmp_path / "store.sqlite3"))
+    yield archive
+    archive.close()  # idempotent: the node closes it too

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from sdsync.store import Archive, NodeConfig, StoredMessage, StoreNode
+from sdsync.store.node import Relay
 from sdsync.wire.waku import WakuMessage
 
 PUBSUB = "/waku/2/rs/1/0"
@@ -57,11 +58,17 @@ def in_order(messages: list[StoredMessage]) -> list[StoredMessage]:
 
 @contextlib.asynccontextmanager
 async def running(
-    archive: Archive, tmp: Path, *, clock_ns: Callable[[], int] = time.time_ns, **config: Any
+    archive: Archive,
+    tmp: Path,
+    *,
+    clock_ns: Callable[[], int] = time.time_ns,
+    relay: Relay | None = None,
+    **config: Any,
 ) -> AsyncIterator[StoreNode]:
     """A store node on a free loopback port, stopped (and its archive closed) on exit."""
     settings: dict[str, Any] = {"token": TOKEN, "retention": ()} | config
-    node = StoreNode(archive, NodeConfig(data_dir=tmp, port=0, **settings), clock_ns=clock_ns)
+    node_config = NodeConfig(data_dir=tmp, port=0, **settings)
+    node = StoreNode(archive, node_config, clock_ns=clock_ns, relay=relay)
     await node.start()
     try:
         yield node

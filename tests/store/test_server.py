@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +29,6 @@ VECTOR = StoredMessage.of(
     ),
 )
 VECTOR_HASH = "0x64cce733fed134e83da02b02c6f689814872b1a0ac97ea56b76095c3c72bfe05"
-
-
-@pytest.fixture
-def sqlite_archive(tmp_path: Path) -> Iterator[SqlArchive]:
-    archive = open_archive(str(tmp_path / "store.sqlite3"))
-    yield archive
-    archive.close()  # idempotent: the node closes it too
 
 
 async def get(url: str, **params: str) -> tuple[int, Any]:
@@ -177,7 +169,7 @@ def test_a_tampered_message_rejects_the_whole_request(
         async with running(sqlite_archive, tmp_path) as node:
             status, text = await post(node.url, {"messages": entries}, AUTH)
             assert status == 400 and "does not match" in text
-            assert "sdsync_store_rejected_requests_total 1.0" in await metrics(node.url)
+            assert 'sdsync_store_rejected_total{source="http"} 1.0' in await metrics(node.url)
         assert sqlite_archive.count() == 0
 
     asyncio.run(scenario())

@@ -83,6 +83,17 @@ def serve(
         list[str] | None,
         typer.Option(help="Base URL of another store node, for Store Resume; repeatable."),
     ] = None,
+    pubsub_topic: Annotated[
+        list[str] | None,
+        typer.Option(help="Archive this pubsub topic from the libp2p relay; repeatable."),
+    ] = None,
+    relay_listen: Annotated[
+        str, typer.Option(help="libp2p listen multiaddr (with --pubsub-topic).")
+    ] = "/ip4/127.0.0.1/tcp/0",
+    relay_peer: Annotated[
+        list[str] | None,
+        typer.Option(help="libp2p multiaddr (…/p2p/<id>) of a relay peer; repeatable."),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO.")] = False,
 ) -> None:
     """Serve the archive over HTTP until SIGINT or SIGTERM."""
@@ -111,8 +122,10 @@ def serve(
         retention=policies,
         retention_interval_s=retention_interval,
         peers=tuple(peer or ()),
+        relay_topics=tuple(pubsub_topic or ()),
     )
-    node = StoreNode(archive, config)
+
+    relay_addrs: list[str] = []
 
     def ready(node: StoreNode) -> None:
         print(
@@ -120,11 +133,28 @@ def serve(
             f"writes {'need the token' if token else 'disabled'})",
             flush=True,
         )
+        if relay_addrs:
+            print(
+                f"sdsync store: relay on {', '.join(relay_addrs)}, "
+                f"archiving {', '.join(config.relay_topics)}",
+                flush=True,
+            )
+
+    async def run() -> None:
+        if not config.relay_topics:
+            return await serve_node(StoreNode(archive, config), on_ready=ready)
+        from sdsync.transport.libp2p import Libp2pTransport
+
+        async with Libp2pTransport(listen=[relay_listen], peers=relay_peer or ()) as relay:
+            relay_addrs.extend(relay.listen_addrs)
+            await serve_node(StoreNode(archive, config, relay=relay), on_ready=ready)
 
     try:
-        asyncio.run(serve_node(node, on_ready=ready))
+        asyncio.run(run())
     except OSError as exc:
         raise _fail(f"cannot listen on {listen}: {exc}") from None
+    except ImportError as exc:  # pragma: no cover - depends on the installation
+        raise _fail(f"--pubsub-topic needs the 'p2p' extra ({exc})") from None
     print("sdsync store: stopped", flush=True)
 
 

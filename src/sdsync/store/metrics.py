@@ -32,8 +32,9 @@ class StoreMetrics:
             registry=r,
         )
         self.rejected = Counter(
-            "sdsync_store_rejected_requests",
-            "Ingestion requests rejected for bad data (e.g. a hash not matching its message).",
+            "sdsync_store_rejected",
+            "Ingestion requests (http) or messages (relay) rejected for bad data, by source.",
+            ["source"],
             registry=r,
         )
         self.queries = Counter(

@@ -8,7 +8,10 @@ calls, the aiohttp server and three background tasks:
 * the *heartbeat* writes the last-online time every minute (Store Resume needs it);
 * *retention* applies every configured policy every ``retention_interval_s``;
 * *resume* runs once at start, when store peers are configured, while the API is
-  already serving.
+  already serving;
+* when a relay (a p2p transport that hands out whole WakuMessages, such as
+  :class:`~sdsync.transport.libp2p.Libp2pTransport`) and pubsub topics are configured,
+  one *relay* task per topic archives every message heard on it.
 
 Every path that adds messages — HTTP ingestion, Store Resume, a relay subscription and,
 later, Store Sync — goes through :meth:`StoreNode.ingest`, which counts what was new
@@ -26,20 +29,22 @@ import random
 import signal
 import socket
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 from aiohttp import web
 
+from sdsync.errors import RemoteProtocolError
 from sdsync.store.archive import Archive
 from sdsync.store.metrics import StoreMetrics
 from sdsync.store.model import StoredMessage
 from sdsync.store.resume import LastOnline, ResumeReport, resume, resume_window
 from sdsync.store.retention import DEFAULT_POLICY, RetentionPolicy
-from sdsync.store.server import create_app
+from sdsync.store.server import DATABASE_ERRORS, create_app
+from sdsync.wire.waku import WakuMessage
 
 logger = logging.getLogger("sdsync.store")
 P = ParamSpec("P")
@@ -62,6 +67,24 @@ class NodeConfig:
     threads: int = 8
     mounts: Mapping[str, web.Application] = field(default_factory=dict)
     """Sub-applications to serve under a path prefix (Store Sync: ``/sync/``)."""
+    relay_topics: tuple[str, ...] = ()
+    """Pubsub topics to archive from the relay, when the node has one."""
+
+
+class Envelope(Protocol):
+    """A whole publication: the WakuMessage and the pubsub topic it was heard on."""
+
+    @property
+    def pubsub_topic(self) -> str: ...
+
+    @property
+    def message(self) -> WakuMessage: ...
+
+
+class Relay(Protocol):
+    """The p2p side of a store: every message published on a pubsub topic."""
+
+    def subscribe_envelopes(self, topic: str) -> AsyncIterator[Envelope]: ...
 
 
 class StoreNode:
@@ -72,8 +95,10 @@ class StoreNode:
         *,
         clock_ns: Callable[[], int] = time.time_ns,
         rng: random.Random | None = None,
+        relay: Relay | None = None,
     ) -> None:
         self.archive = archive
+        self.relay = relay
         self.config = config
         self.metrics = StoreMetrics()
         self.last_online = LastOnline(config.data_dir / "last_online")
@@ -94,21 +119,26 @@ class StoreNode:
 
     async def start(self) -> None:
         """Serve the API and start the background tasks (resume first reads last-online)."""
+        config = self.config
         window = resume_window(self.last_online.read(), self._clock_ns())
-        self._runner = web.AppRunner(create_app(self, mounts=self.config.mounts))
+        self._runner = web.AppRunner(create_app(self, mounts=config.mounts))
         await self._runner.setup()
         # Bound here, not by aiohttp, so that port 0 tells us which port we got.
-        sock = socket.create_server((self.config.host, self.config.port))
+        sock = socket.create_server((config.host, config.port))
         self.port = int(sock.getsockname()[1])
         await web.SockSite(self._runner, sock).start()
         self._tasks = [
-            self._spawn(self._every(self.config.heartbeat_interval_s, self.heartbeat), "heartbeat"),
+            self._spawn(self._every(config.heartbeat_interval_s, self.heartbeat), "heartbeat"),
             self._spawn(
-                self._every(self.config.retention_interval_s, self.apply_retention), "retention"
+                self._every(config.retention_interval_s, self.apply_retention), "retention"
             ),
         ]
-        if self.config.peers:
+        if config.peers:
             self._tasks.append(self._spawn(self.resume(window), "resume"))
+        if self.relay is not None:
+            for topic in config.relay_topics:
+                envelopes = self.relay.subscribe_envelopes(topic)
+                self._tasks.append(self._spawn(self._archive_relay(envelopes), f"relay {topic}"))
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -159,6 +189,19 @@ class StoreNode:
     async def heartbeat(self) -> None:
         now = self._clock_ns()
         await asyncio.get_running_loop().run_in_executor(None, self.last_online.write, now)
+
+    async def _archive_relay(self, envelopes: AsyncIterator[Envelope]) -> None:
+        async for envelope in envelopes:
+            try:
+                stored = StoredMessage.of(envelope.pubsub_topic, envelope.message)
+            except RemoteProtocolError as exc:  # no timestamp, or ephemeral: not archived
+                self.metrics.rejected.labels(source="relay").inc()
+                logger.debug("relay message not archived: %s", exc)
+                continue
+            try:
+                await self.ingest([stored], source="relay")
+            except DATABASE_ERRORS:  # the message is lost here; Store Sync can repair it
+                logger.exception("archiving a relay message failed")
 
     async def resume(self, window: tuple[int, int]) -> None:
         async def archive(messages: list[StoredMessage]) -> int:

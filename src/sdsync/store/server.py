@@ -132,7 +132,7 @@ async def ingest_messages(request: web.Request) -> web.Response:
     try:
         messages = await _read_messages(request)
     except RemoteProtocolError as exc:
-        node.metrics.rejected.inc()
+        node.metrics.rejected.labels(source="http").inc()
         raise web.HTTPBadRequest(text=f"rejected, nothing stored: {exc}\n") from None
     try:
         new = await node.ingest(messages, source="http")
