@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -63,7 +64,7 @@ def generate(n: int, seed: int) -> list[StoredMessage]:
 
 
 def fill(url: str, messages: list[StoredMessage]) -> float:
-    """Insert in batches; returns messages per second."""
+    """Insert in batches, in arrival (timestamp) order as a node hears them; msg/s."""
     archive = open_archive(url)
     started = time.perf_counter()
     for start in range(0, len(messages), BATCH):
@@ -183,9 +184,11 @@ def main() -> None:
     parser.add_argument("--pg-url", help="an existing PostgreSQL database (default: throwaway)")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
+    # Killed with SIGTERM, still stop the server process and the cluster (finally blocks).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
 
     print(f"generating {args.messages:,} messages…", flush=True)
-    messages = generate(args.messages, args.seed)
+    messages = sorted(generate(args.messages, args.seed), key=lambda m: m.timestamp)
     results: dict[str, dict[str, Any]] = {}
     cluster: TempCluster | None = None
     with tempfile.TemporaryDirectory(prefix="sdsync-bench-") as tmp:

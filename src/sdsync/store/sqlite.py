@@ -21,6 +21,7 @@ from pathlib import Path
 
 from sdsync.store.archive import Key, SqlArchive
 
+CACHE_KIB = 64 * 1024  # per connection; pages are allocated as they are used
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS messages (
     message_hash BLOB NOT NULL,
@@ -60,6 +61,8 @@ class SqliteArchive(SqlArchive):
         conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
+        # 2 MiB by default: too little to keep the upper index levels of a large archive.
+        conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
         with self._connections_lock:
             self._connections.append(conn)
         return conn
