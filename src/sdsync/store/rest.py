@@ -6,7 +6,8 @@ Both ends of the HTTP API use this module, so what the server writes is by
 construction what the client reads.  Query parameters: ``includeData``,
 ``pubsubTopic``, ``contentTopics`` (comma separated), ``startTime``/``endTime``
 (Unix ns; values <= 0 mean "no bound", as in nwaku), ``hashes`` (comma separated hex,
-``0x`` optional), ``cursor`` (hex), ``ascending`` (default true) and ``pageSize``.
+``0x`` optional), ``cursor`` (hex), ``ascending`` (default true) and ``pageSize``
+(<= 0: the default).
 A response is ``{requestId, statusCode, statusDesc, messages: [{messageHash,
 message?, pubsubTopic?}], paginationCursor?}`` with hashes as ``0x`` hex and bytes
 as base64; a message carries ``payload``, ``contentTopic``, ``meta`` (when not empty),
@@ -26,7 +27,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from sdsync.errors import LocalProtocolError, RemoteProtocolError
-from sdsync.store.model import Page, QueryError, StatusCode, StoredMessage, StoreQuery
+from sdsync.store.model import (
+    DEFAULT_PAGE_SIZE,
+    Page,
+    QueryError,
+    StatusCode,
+    StoredMessage,
+    StoreQuery,
+)
 from sdsync.wire.waku import WakuMessage
 
 _TRUE = {"true", "1", "yes", "y", "on"}
@@ -44,9 +52,11 @@ def parse_query(params: Mapping[str, str]) -> StoreQuery:
         raise QueryError(bad, f"includeData must be true or false, not {include!r}")
     content_topics = params.get("contentTopics", "")
     try:
-        page_size = int(params.get("pageSize") or 20)
+        page_size = int(params.get("pageSize") or DEFAULT_PAGE_SIZE)
     except ValueError:
         raise QueryError(bad, "pageSize must be an integer") from None
+    if page_size <= 0:  # nwaku's reading of a zero or negative page size
+        page_size = DEFAULT_PAGE_SIZE
     return StoreQuery(
         include_data=include in _TRUE,
         pubsub_topic=params.get("pubsubTopic") or None,
