@@ -69,6 +69,9 @@ def build_session(options: SessionOptions) -> tuple[SparkSession, bool]:
     if options.remote:
         builder = SparkSession.builder.remote(options.remote)
     else:
+        # PySpark starts its Python workers with $PYSPARK_PYTHON, else "python3" from the
+        # PATH — outside this venv, without sdsync or pyarrow — whatever the conf says.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         builder = SparkSession.builder.master(options.master or "local[*]")
         for key, value in _local_conf(options).items():
             builder = builder.config(key, value)
