@@ -162,10 +162,7 @@ class SqlArchive(ABC):
     def query(self, query: StoreQuery) -> Page:
         after = self._cursor_key(query.cursor) if query.cursor is not None else None
         columns = COLUMNS if query.include_data else COLUMNS[:2]
-        where, args = _filters(query)
-        if after is not None:
-            where.append(f"(timestamp, message_hash) {'>' if query.forward else '<'} (?, ?)")
-            args.extend(after)
+        where, args = _filters(query, after)
         order = "ASC" if query.forward else "DESC"
         rows = self._fetch(
             f"SELECT {', '.join(columns)} FROM messages {_where(where)} "
@@ -235,7 +232,14 @@ class SqlArchive(ABC):
             return list(conn.execute(self._sql(sql), args).fetchall())
 
 
-def _filters(query: StoreQuery) -> tuple[list[str], list[Any]]:
+def _filters(query: StoreQuery, after: Key | None) -> tuple[list[str], list[Any]]:
+    """SQL conditions of ``query``, resuming after the cursor row ``after``.
+
+    The time bound in the direction of travel is tightened to the cursor's timestamp:
+    given a looser one, SQLite seeks the index with it and walks every row up to the
+    cursor (deep pages would cost all the pages before them), and PostgreSQL could not
+    prune the partitions before the cursor.
+    """
     where: list[str] = []
     args: list[Any] = []
     if query.message_hashes:
@@ -247,12 +251,21 @@ def _filters(query: StoreQuery) -> tuple[list[str], list[Any]]:
     if query.content_topics:
         where.append(f"content_topic IN ({', '.join('?' * len(query.content_topics))})")
         args.extend(query.content_topics)
-    if query.time_start is not None:
+    start, end = query.time_start, query.time_end
+    if after is not None and query.forward:
+        where.append("(timestamp, message_hash) > (?, ?)")
+        args.extend(after)
+        start = after[0] if start is None else max(start, after[0])
+    elif after is not None:
+        where.append("(timestamp, message_hash) < (?, ?)")
+        args.extend(after)
+        end = after[0] if end is None else min(end, after[0])
+    if start is not None:
         where.append("timestamp >= ?")
-        args.append(query.time_start)
-    if query.time_end is not None:
+        args.append(start)
+    if end is not None:
         where.append("timestamp <= ?")
-        args.append(query.time_end)
+        args.append(end)
     return where, args
 
 
