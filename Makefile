@@ -8,7 +8,7 @@ JS     := tests/interop/js
 JSSTAMP := $(JS)/node_modules/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint typecheck proto bench fuzz clean postgres
+.PHONY: demo test lint typecheck proto bench bench-reconcile fuzz clean postgres
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,10 +50,16 @@ test: $(STAMP) $(JSSTAMP) postgres lint typecheck
 
 proto: $(STAMP)
 	cd src && PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(CURDIR)/$(PY) -m grpc_tools.protoc -I. \
-		--python_out=. --mypy_out=. sdsync/wire/sds_message.proto sdsync/wire/waku_message.proto
+		--python_out=. --mypy_out=. sdsync/wire/sds_message.proto sdsync/wire/waku_message.proto \
+		sdsync/reconcile/prolly.proto
 
 bench: $(STAMP) $(JSSTAMP)
 	$(PY) bench/core_vs_js.py
+
+# RBSR and Prolly-tree sync vs negentropy (nostr-tools), N = 1M; a few minutes.
+bench-reconcile: $(STAMP)
+	cd bench/js/negentropy && npm ci --no-audit --no-fund --loglevel=error
+	$(PY) bench/reconcile_vs_negentropy.py
 
 fuzz: $(STAMP)
 	$(PY) bench/fuzz_decoders.py --examples 100000

@@ -81,62 +81,56 @@ def test_oversized_frame_is_refused(method: str) -> None:
     assert _snapshot(init) == before
 
 
+def _range(ts_code: int, mode: int, payload: bytes = b"", prefix: bytes = b"") -> bytes:
+    return varint(ts_code) + varint(len(prefix) * 8 + mode) + prefix + payload
+
+
 def test_rbsr_semantic_violations() -> None:
-    a, b = _stores()
+    _, b = _stores()
     resp = RbsrSession.responder(b)
+    first = bytes([1]) + varint(100)  # version, window start 100
     cases = {
-        "no ranges": bytes([1]) + varint(0),
-        "unknown mode": bytes([1]) + varint(0) + varint(0) + varint(0) + varint(9),
-        "bounds go down": bytes([1])
-        + varint(100)
-        + varint(1)  # ts 100 == window start: not above the lower bound
-        + varint(0)
-        + varint(Mode.FINGERPRINT)
-        + bytes(16),
-        "DIFF in a first frame": bytes([1]) + varint(0) + varint(0) + varint(0) + varint(3),
-        "prefix too long": bytes([1]) + varint(0) + varint(5) + varint(33) + bytes(33),
-        "item outside range": bytes([1])
-        + varint(0)
-        + varint(10)
-        + varint(0)
-        + varint(Mode.ITEMS)
-        + varint(1)
-        + varint(50)
-        + bytes(32),
+        "no ranges": first,
+        "unknown mode": first + _range(0, 7),
+        "bounds do not increase": first + _range(1, Mode.FINGERPRINT, bytes(16)),
+        "DIFF in a first frame": first + _range(0, Mode.DIFF, varint(0) + varint(0)),
+        "prefix too long": first + _range(5, Mode.FINGERPRINT, bytes(16), prefix=bytes(33)),
+        "window end with a prefix": first + _range(5, Mode.FINGERPRINT, bytes(16), b"\x01"),
+        "item outside range": first + _range(10, Mode.ITEMS, varint(1) + varint(50) + bytes(16)),
+        "items out of order": first
+        + _range(0, Mode.ITEMS, varint(2) + varint(1) + b"\x02" * 16 + varint(0) + b"\x01" * 16),
     }
+    pristine = _snapshot(resp)
     for name, frame in cases.items():
         with pytest.raises(RemoteProtocolError):
             resp.receive(frame)
-        assert _snapshot(resp) == (
-            [],
-            [],
-            repr(resp.stats),
-            False,
-            repr(vars(resp).get("_state")),
-        ), name
+        assert _snapshot(resp) == pristine, name
     assert resp.window is None
-    del a
 
 
-def test_rbsr_diff_that_contradicts_our_list() -> None:
+def test_rbsr_answers_that_contradict_our_list() -> None:
     a = MemoryItemStore([(5, b"\x01" * 32), (6, b"\x02" * 32)])
     init = RbsrSession(a, initiator=True)
-    init.initiate()  # ITEMS with our two items
-    # DIFF claiming our list had 3 items.
-    bad = bytes([1]) + varint(0) + varint(0) + varint(Mode.DIFF) + varint(3) + b"\x00"
-    bad += varint(0)
-    with pytest.raises(RemoteProtocolError, match="answers 3 items"):
-        init.receive(bad)
-    # DIFF offering an item we listed ourselves.
-    bad = bytes([1]) + varint(0) + varint(0) + varint(Mode.DIFF) + varint(2) + b"\x00"
-    bad += varint(1) + varint(5) + b"\x01" * 32
-    with pytest.raises(RemoteProtocolError, match="listed ourselves"):
-        init.receive(bad)
-    # Padding bits set in the bitmap.
-    bad = bytes([1]) + varint(0) + varint(0) + varint(Mode.DIFF) + varint(2) + b"\x04"
-    with pytest.raises(RemoteProtocolError, match="padding"):
-        init.receive(bad + varint(0))
-    assert not init.have and not init.need and not init.done
+    init.initiate()  # ITEMS with our two items over the whole key space
+    cases = {
+        "answers 3 items": _range(0, Mode.DIFF, varint(3) + b"\x00" + varint(0)),
+        "listed ourselves": _range(
+            0, Mode.DIFF, varint(2) + b"\x00" + varint(1) + varint(5) + b"\x01" * 32
+        ),
+        "padding": _range(0, Mode.DIFF, varint(2) + b"\x04" + varint(0)),
+        "items we hold": _range(0, Mode.FULL, varint(1) + varint(5) + b"\x01" * 32),
+    }
+    pristine = _snapshot(init)
+    for match, body in cases.items():
+        with pytest.raises(RemoteProtocolError, match=match):
+            init.receive(bytes([1]) + body)
+        assert _snapshot(init) == pristine
+    # A well-formed DIFF: the peer lacks our second item and holds one more.
+    extra = (7, b"\x03" * 32)
+    good = _range(0, Mode.DIFF, varint(2) + b"\x02" + varint(1) + varint(7) + extra[1])
+    reply = init.receive(bytes([1]) + good)
+    assert init.have == [(6, b"\x02" * 32)] and init.need == [extra]
+    assert reply is not None and init.done  # FULL with the item the peer lacks
 
 
 def test_prolly_protocol_violations() -> None:

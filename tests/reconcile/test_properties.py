@@ -32,7 +32,7 @@ _tuning = st.fixed_dictionaries(
     {
         "rbsr": st.builds(RbsrParams, st.integers(2, 5), st.integers(1, 4)),
         "prolly": st.builds(ProllyParams, st.integers(2, 5)),
-        "max_frame_size": st.sampled_from([512, 1 << 20]),
+        "max_frame_size": st.sampled_from([1024, 1 << 20]),
     }
 )
 

@@ -30,6 +30,10 @@ class Reader:
         self._data = data
         self._pos = pos
 
+    def __len__(self) -> int:
+        """Bytes left to read."""
+        return len(self._data) - self._pos
+
     @property
     def at_end(self) -> bool:
         return self._pos >= len(self._data)

@@ -123,7 +123,10 @@ class MemoryItemStore:
 
     def _load(self, ts: npt.NDArray[np.int64], hashes: npt.NDArray[np.uint8]) -> None:
         words = np.ascontiguousarray(hashes).view(">u8")  # (n, 4): byte order == u64 order
-        order = np.lexsort((words[:, 3], words[:, 2], words[:, 1], words[:, 0], ts))
+        order = np.lexsort((words[:, 0], ts))
+        ts_sorted, head = ts[order], words[order, 0]
+        if np.any((ts_sorted[1:] == ts_sorted[:-1]) & (head[1:] == head[:-1])):
+            order = np.lexsort((words[:, 3], words[:, 2], words[:, 1], words[:, 0], ts))
         ts, hashes = ts[order], np.ascontiguousarray(hashes[order])
         if len(ts) > 1:
             differs = (ts[1:] != ts[:-1]) | np.any(hashes[1:] != hashes[:-1], axis=1)

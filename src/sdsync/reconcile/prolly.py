@@ -99,7 +99,7 @@ _MESSAGES: dict[MessageType, type[Message]] = {
 class ProllyParams:
     """The tree's shape; both sides must use the same fanout to share node boundaries."""
 
-    fanout: int = 16
+    fanout: int = 8
 
     def __post_init__(self) -> None:
         if not 2 <= self.fanout <= 1 << 16:
