@@ -64,7 +64,7 @@ def test_errors_say_whose_fault_and_keep_the_session_alive() -> None:
 
 
 def test_demo_converges_and_prints_the_table() -> None:
-    result = CliRunner().invoke(app, ["demo", "--participants", "4", "--messages", "40"])
+    result = CliRunner().invoke(app, ["demo", "--quick", "--participants", "4", "--messages", "40"])
     assert result.exit_code == 0, result.output
     assert "converged" in result.output and "same log" in result.output
 

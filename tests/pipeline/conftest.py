@@ -1,15 +1,19 @@
-"""One local SparkSession for every pipeline test (starting Spark costs seconds)."""
+"""One local SparkSession for every pipeline test (starting Spark costs seconds), and one
+run of the full demo that several modules inspect."""
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 
 import pytest
+from rich.console import Console
 
 pytest.importorskip("pyspark", reason="the pipeline needs the 'spark' extra")
 
 from pyspark.sql import SparkSession
 
+from sdsync.cli.demo import FullDemo, demo_scenario, run_full_demo
 from sdsync.pipeline.session import SessionOptions, build_session
 
 
@@ -34,3 +38,12 @@ def spark() -> Iterator[SparkSession]:
     yield session
     if owned:
         session.stop()
+
+
+@pytest.fixture(scope="session")
+def demo_run(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> FullDemo:
+    """The full demo, once, on a small group: simulation outputs and every pipeline step
+    over them (several test modules assert on different parts)."""
+    out = tmp_path_factory.mktemp("demo")
+    config = demo_scenario(participants=4, messages=60, loss=0.2, seed=3)
+    return run_full_demo(config, out, Console(file=io.StringIO(), width=100))

@@ -59,6 +59,7 @@ TIME_BUCKETS = 100
 TTC_BINS = 40
 PERCENTILES = (0.5, 0.9, 0.99)
 MAX_BARS = 60
+TABLES = ("delivery_over_time", "ttc_histogram", "bytes_per_message", "participant_lag")
 
 
 def report(spark: SparkSession, events_path: str, out: Path, progress: Progress) -> dict[str, Any]:
@@ -88,16 +89,12 @@ def report(spark: SparkSession, events_path: str, out: Path, progress: Progress)
         for frame in cached:
             frame.unpersist()
     with progress.stage("figures and pages"):
-        tables = {
-            "delivery_over_time": over_time,
-            "ttc_histogram": histogram,
-            "bytes_per_message": per_kind,
-            "participant_lag": lag,
-        }
+        tables = dict(zip(TABLES, (over_time, histogram, per_kind, lag), strict=True))
         for name, table in tables.items():
             pq.write_table(table, out / f"{name}.parquet")
         summary = _summary(totals, per_kind, lag)
-        sections = report_sections(out, summary, tables)
+        draw_figures(out, summary, tables)
+        sections = report_sections(summary, tables)
         pages.write_page(out, "SDS simulation report", sections)
     summary["inputs"] = {"events": events_path}
     summary["outputs"] = {
@@ -337,11 +334,20 @@ def _cumulative(values: list[int], total: int) -> list[float]:
     return out
 
 
-def report_sections(
-    out: Path, summary: dict[str, Any], tables: dict[str, pa.Table], *, prefix: str = ""
-) -> list[pages.Section]:
-    """The report's sections, figures written under ``out``; paths relative to ``out``
-    with ``prefix`` (so a page one directory up can embed them)."""
+def load_tables(out: Path) -> dict[str, pa.Table]:
+    """The tables a finished report wrote under ``out``."""
+    return {name: pq.read_table(out / f"{name}.parquet") for name in TABLES}
+
+
+def _slowest(lag: pa.Table) -> list[dict[str, Any]]:
+    """The participants shown: all, or the MAX_BARS with the largest p99 lag."""
+    rows = lag.to_pylist()
+    shown = sorted(rows, key=lambda r: -(r["lag_p99_ms"] or 0))[:MAX_BARS]
+    return sorted(shown, key=lambda r: r["participant"])
+
+
+def draw_figures(out: Path, summary: dict[str, Any], tables: dict[str, pa.Table]) -> None:
+    """The report's four PNGs, under ``out``."""
     n = summary["participants"]
     messages = summary["messages"]
     ttc = summary["time_to_consistency_ms"]
@@ -380,13 +386,11 @@ def report_sections(
         kinds["kind"],
         {"bytes per message": kinds["bytes_per_message"]},
     )
-    lag = tables["participant_lag"].to_pylist()
-    shown = sorted(lag, key=lambda r: -(r["lag_p99_ms"] or 0))[:MAX_BARS]
-    shown.sort(key=lambda r: r["participant"])
+    shown = _slowest(tables["participant_lag"])
     plots.bars(
         out / "participant_lag.png",
         "Delivery lag per participant"
-        + (f" (the {MAX_BARS} slowest of {len(lag)})" if len(lag) > MAX_BARS else ""),
+        + (f" (the {MAX_BARS} slowest of {n})" if n > MAX_BARS else ""),
         "lag (s, log scale)",
         [r["participant"] for r in shown],
         {
@@ -395,6 +399,17 @@ def report_sections(
         },
         log=True,
     )
+
+
+def report_sections(
+    summary: dict[str, Any], tables: dict[str, pa.Table], *, prefix: str = ""
+) -> list[pages.Section]:
+    """The report's sections; figure and data paths get ``prefix`` (so a page in another
+    directory can embed them)."""
+    n = summary["participants"]
+    messages = summary["messages"]
+    ttc = summary["time_to_consistency_ms"]
+    shown = _slowest(tables["participant_lag"])
     return [
         pages.Section(
             "Delivery over time",

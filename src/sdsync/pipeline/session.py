@@ -9,7 +9,8 @@ leave it running: only a session we started is ours to stop.
 
 Local defaults are sized for small machines: few shuffle partitions (the default 200
 makes 200 tiny tasks per shuffle), no web UI (it costs start-up time and a port), no
-console progress bar (we draw our own), UTC session time.
+console progress bar (we draw our own), UTC session time, and JVM logging at error level
+only (``log4j2.properties`` beside this module: we print our own progress).
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
 APP_NAME = "sdsync-pipeline"
+LOG4J2 = Path(__file__).with_name("log4j2.properties")
 
 
 @dataclass(frozen=True)
@@ -51,11 +54,11 @@ def _local_conf(options: SessionOptions) -> dict[str, str]:
         "spark.pyspark.python": sys.executable,
         "spark.pyspark.driver.python": sys.executable,
     }
+    java = [f"-Dlog4j2.configurationFile={LOG4J2.as_uri()}"]
     if options.fast_start:
         # Compiler threads compete with the two task threads on a 2-core machine.
-        conf["spark.driver.extraJavaOptions"] = (
-            "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:CICompilerCount=2"
-        )
+        java += ["-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:CICompilerCount=2"]
+    conf["spark.driver.extraJavaOptions"] = " ".join(java)
     return conf
 
 

@@ -1,0 +1,168 @@
+"""`sdsync pipeline sweep`: grid files, one Spark task per run, results and evidence."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from pyspark.sql import SparkSession
+from typer.testing import CliRunner
+
+from sdsync.cli.main import app
+from sdsync.pipeline.grid import load_grid, parse_grid
+from sdsync.pipeline.io import InputError
+from sdsync.sim.engine import Simulation
+
+GRID = """
+description = "a tiny grid"
+[base]
+participants = 3
+drain_ms = 300_000
+[base.workload]
+messages = 12
+duration_ms = 5_000
+[base.network]
+loss = 0.3
+[base.protocol]
+bloom_capacity = 500
+sync_interval_ms = 5_000
+resend_interval_ms = 5_000
+
+[axes]
+seed = [1, 2]
+
+[[sweep]]
+name = "loss"
+[sweep.axes]
+"network.loss" = [0.0, 0.3]
+
+[[sweep]]
+name = "store and SDS-R"
+[sweep.axes]
+stores = [0, 1]
+"protocol.repair" = [false, true]
+
+[[sweep]]
+name = "group size"
+[sweep.axes]
+participants = [3, 6]
+"""
+
+
+def test_grid_points_are_shared_between_sweeps_and_costliest_first() -> None:
+    grid = parse_grid(GRID, "g.toml")
+    assert [s.name for s in grid.sweeps] == ["loss", "store and SDS-R", "group size"]
+    assert grid.sweeps[1].own == ("stores", "protocol.repair") and grid.common_axes == ("seed",)
+    # 4 + 8 + 4 points, the base (loss 0.3, one store, SDS-R on, 3 participants) in all
+    # three sweeps, per seed: 16 - 2 * 2 = 12 distinct runs.
+    assert len(grid.points) == 12
+    base = [p for p in grid.points if len(p.sweeps) == 3]
+    assert len(base) == 2 and {p.config.seed for p in base} == {1, 2}
+    assert grid.points[0].config.participants == 6  # the costliest run starts first
+    assert [p.run for p in grid.points] == [f"r{i:03d}" for i in range(12)]
+    assert grid.points[0].value("network.loss") == 0.3
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[base\n", "not valid TOML"),
+        ("[base]\nparticipants = 3\n", "at least one [[sweep]]"),
+        ('[[sweep]]\nname = "x"\n[sweep.axes]\n"network.lozz" = [1.0]\n', "lozz"),
+        ('[[sweep]]\nname = "x"\n[sweep.axes]\nparticipants = []\n', "non-empty array"),
+        ('[[sweep]]\nname = "x"\n[sweep.axes]\n"network.loss" = ["high"]\n', "network.loss"),
+        ('[[sweep]]\nname = "x"\n[sweep.axes]\n"protocol.bloom_error_rate" = [0.0]\n', "bloom"),
+        ('[[sweep]]\nname = "x"\nrepeat = 2\n', "only name and axes"),
+        ('seeds = [1]\n[[sweep]]\nname = "x"\n', "unknown key(s) seeds"),
+    ],
+)
+def test_bad_grids_name_the_file(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(InputError) as caught:
+        load_grid(path)
+    assert str(path) in str(caught.value) and message in str(caught.value)
+
+
+# For the Spark run: 3 points (the base, lossless, no store) × 2 seeds.
+SMALL_GRID = (
+    GRID.split("[[sweep]]", maxsplit=1)[0]
+    + """
+[[sweep]]
+name = "loss"
+[sweep.axes]
+"network.loss" = [0.0, 0.3]
+
+[[sweep]]
+name = "store and SDS-R"
+[sweep.axes]
+stores = [0, 1]
+"protocol.repair" = [true]
+"""
+)
+
+
+def invoke(*args: str) -> Any:
+    return CliRunner().invoke(app, ["pipeline", "sweep", *args])
+
+
+def test_sweep_runs_every_point_and_writes_the_evidence(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    grid_file = tmp_path / "grid.toml"
+    grid_file.write_text(SMALL_GRID)
+    out = tmp_path / "out"
+    result = invoke("--grid", str(grid_file), "--out", str(out))
+    summary = json.loads((out / "summary.json").read_text())
+    rows = pq.read_table(out / "results.parquet").to_pylist()
+    assert [r["run"] for r in rows] == [f"r{i:03d}" for i in range(6)]
+    broken = [r["run"] for r in rows if not r["invariants_hold"]]
+    assert summary["runs_breaking_invariants"] == broken and summary["runs_failed"] == []
+    assert result.exit_code == (1 if broken else 0), result.output
+    grid = load_grid(grid_file)
+    for point, row in zip(grid.points, rows, strict=True):
+        # Each task ran exactly its point: the executor's result is the driver's rerun.
+        assert row["seed"] == point.config.seed and row["stores"] == point.config.stores
+        assert row["network_loss"] == point.config.network.loss
+        on_disk = json.loads((out / "runs" / point.run / "summary.json").read_text())
+        assert json.loads(row["summary_json"])["delivery_rate"] == on_disk["delivery_rate"]
+        assert on_disk["config"]["seed"] == point.config.seed
+    sim = Simulation(grid.points[-1].config, record_events=False)
+    sim.run()
+    assert rows[-1]["delivery_rate"] == sim.recorder.summary()["delivery_rate"]
+    assert rows[-1]["messages_sent"] == sim.recorder.summary()["messages_sent"]
+    # One evidence row per value of the sweep's own axes, over both seeds.
+    loss = summary["sweeps"]["loss"]
+    assert [(r["network_loss"], r["runs"]) for r in loss] == [(0.0, 2), (0.3, 2)]
+    lossless = [r for r in rows if r["network_loss"] == 0.0 and "loss" in r["sweeps"]]
+    assert loss[0]["delivery_rate_mean"] == pytest.approx(
+        sum(r["delivery_rate"] for r in lossless) / 2
+    )
+    stores = summary["sweeps"]["store and SDS-R"]
+    assert [(r["stores"], r["protocol_repair"], r["runs"]) for r in stores] == [
+        (0, True, 2),
+        (1, True, 2),
+    ]
+    evidence = (out / "evidence.md").read_text()
+    assert "## Sweep: loss" in evidence and "| stores | protocol.repair |" in evidence
+    page = (out / "index.html").read_text()
+    for name in ("loss", "store-and-SDS-R"):
+        assert (out / f"sweep-{name}.png").is_file() and f"sweep-{name}.png" in page
+
+
+def test_bad_grid_exits_2(spark: SparkSession, tmp_path: Path) -> None:
+    grid_file = tmp_path / "grid.toml"
+    grid_file.write_text('[[sweep]]\nname = "x"\n[sweep.axes]\n"network.lozz" = [1.0]\n')
+    result = invoke("--grid", str(grid_file), "--out", str(tmp_path / "out"))
+    assert result.exit_code == 2 and str(grid_file) in result.output
+    result = invoke("--grid", str(tmp_path / "absent.toml"), "--out", str(tmp_path / "out"))
+    assert result.exit_code == 2 and "cannot read the grid" in result.output
+
+
+def test_the_default_grid_is_valid() -> None:
+    grid = load_grid(Path(__file__).parents[2] / "scenarios" / "grids" / "default.toml")
+    assert len(grid.points) == 54
+    assert {s.name for s in grid.sweeps} >= {"loss", "group size", "causal history"}
