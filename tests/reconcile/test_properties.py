@@ -51,7 +51,12 @@ def _check(a: frozenset[Item], b: frozenset[Item], method: Method, **kwargs: Any
 
 
 @pytest.mark.parametrize("method", METHODS)
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(common=_items, only_a=_items, only_b=_items, tuning=_tuning)
 def test_exact_difference_both_ways(
     method: Method,
@@ -64,7 +69,7 @@ def test_exact_difference_both_ways(
 
 
 @pytest.mark.parametrize("method", METHODS)
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=80, deadline=None, derandomize=True)
 @given(
     a=_items,
     b=_items,
