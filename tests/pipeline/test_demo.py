@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import re
+from pathlib import Path
 
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -79,6 +80,10 @@ def test_the_page_ties_everything_together(demo_run: FullDemo) -> None:
     for step in ("consolidate", "reconcile", "report"):
         summary = json.loads((demo_run.out / step / "summary.json").read_text())
         assert summary["seconds"] > 0
+    summary = json.loads((demo_run.out / "summary.json").read_text())
+    assert summary["converged"] is True
+    assert summary["reconcile"]["missing_per_archive"] == demo_run.reconcile["missing_per_archive"]
+    assert all(Path(path).exists() for path in summary["outputs"].values())
 
 
 def test_the_summary_printed_says_what_happened(demo_run: FullDemo) -> None:

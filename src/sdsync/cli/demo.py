@@ -181,6 +181,7 @@ def print_demo(result: DemoResult, console: Console) -> None:
 
 # -- the whole system ---------------------------------------------------------------------
 
+STEPS = ("simulation", "consolidate", "reconcile", "report")
 OUTAGE_MS = (120_000, 300_000)
 OFFLINE_MS = (180_000, 330_000)
 
@@ -222,6 +223,7 @@ def run_full_demo(config: SimConfig, out: Path, console: Console) -> FullDemo:
     """Simulate, then consolidate, reconcile and report on Spark; write OUT/index.html."""
     from sdsync.cli.simulate import run_simulation
     from sdsync.pipeline.consolidate import consolidate
+    from sdsync.pipeline.io import write_summary
     from sdsync.pipeline.progress import Progress
     from sdsync.pipeline.reconcile import Archive, reconcile
     from sdsync.pipeline.report import report
@@ -272,7 +274,36 @@ def run_full_demo(config: SimConfig, out: Path, console: Console) -> FullDemo:
         round(time.perf_counter() - started, 1),
     )
     _write_page(config, result)
+    write_summary(out, _summary(result))
     return result
+
+
+def _summary(result: FullDemo) -> dict[str, Any]:
+    """OUT/summary.json: the verdict, each step's headline numbers, where the rest is."""
+    sim, con, rec, rep = result.simulation, result.consolidate, result.reconcile, result.report
+    return {
+        "converged": result.ok,
+        "simulation": {
+            k: sim[k]
+            for k in ("seed", "participants", "messages_sent", "invariants_hold", "problems")
+        },
+        "consolidate": {
+            k: con[k] for k in ("canonical_entries", "divergent_participants", "causal_gaps")
+        },
+        "reconcile": {
+            "rows_per_archive": rec["rows_per_archive"],
+            "missing_per_archive": rec["missing_per_archive"],
+            "missing_sent_ms": result.missing_window_ms,
+        },
+        "report": {
+            k: rep[k] for k in ("delivery_rate", "unconverged_messages", "time_to_consistency_ms")
+        },
+        "outputs": {
+            "index": str(result.out / "index.html"),
+            **{step: str(result.out / step) for step in STEPS},
+        },
+        "seconds": result.seconds,
+    }
 
 
 def _missing_windows(missing: Path, names: list[str]) -> dict[str, tuple[int, int] | None]:
