@@ -32,6 +32,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sdsync.core import ChannelConfig, MessageChannel, MessageDelivered
+from sdsync.pipeline import pages  # plain formatting and HTML: no Spark
 from sdsync.sim.config import (
     ChurnConfig,
     NetworkConfig,
@@ -323,7 +324,6 @@ def _window(span: tuple[int, int] | None) -> str:
 
 
 def _write_page(config: SimConfig, result: FullDemo) -> None:
-    from sdsync.pipeline import pages
     from sdsync.pipeline.report import load_tables, report_sections
 
     sim, con, rec = result.simulation, result.consolidate, result.reconcile
@@ -435,18 +435,12 @@ def print_full_demo(config: SimConfig, result: FullDemo, console: Console) -> No
     table.add_row(
         "report",
         f"delivery rate {rep['delivery_rate']:.4f}; time to consistency p50 "
-        f"{_ms(ttc['p50'])}, p99 {_ms(ttc['p99'])}; "
+        f"{pages.ms(ttc['p50'])}, p99 {pages.ms(ttc['p99'])}; "
         f"{rep['transmitted_bytes_per_message'] / 1000:,.0f} kB transmitted per message",
     )
     table.add_row("wall time", f"{result.seconds:.0f} s")
     console.print(table)
     console.print(f"report: [bold]{(result.out / 'index.html').resolve()}[/]")
-
-
-def _ms(value: float | None) -> str:
-    from sdsync.pipeline.pages import ms
-
-    return ms(value)
 
 
 def main(

@@ -42,9 +42,11 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as sf
 
 from sdsync.pipeline import pages, plots
-from sdsync.pipeline.grid import Grid, Sweep, column_name, load_grid
+from sdsync.pipeline.grid import Grid, Sweep, axis_value, column_name, load_grid
 from sdsync.pipeline.io import write_summary
 from sdsync.pipeline.progress import Progress
+from sdsync.sim.config import config_from_dict
+from sdsync.sim.engine import Simulation
 
 RESULTS = "results.parquet"
 EVIDENCE = "evidence.md"
@@ -142,7 +144,7 @@ class RunPoints:
     """(run, sweeps, configuration JSON) by task index."""
     axes: tuple[str, ...]
     schema: pa.Schema
-    runs_dir: str | None
+    runs_dir: str
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         # The engine logs ignored bloom filters and the like; the summary counts them.
@@ -152,10 +154,6 @@ class RunPoints:
                 yield self._run(*self.runs[index])
 
     def _run(self, run: str, sweeps: tuple[str, ...], config_json: str) -> pa.RecordBatch:
-        from sdsync.pipeline.grid import axis_value
-        from sdsync.sim.config import config_from_dict
-        from sdsync.sim.engine import Simulation
-
         config = config_from_dict(json.loads(config_json))
         row: dict[str, Any] = {"run": run, "sweeps": list(sweeps), "error": None}
         row.update({column_name(a): axis_value(config, a) for a in self.axes})
@@ -171,8 +169,7 @@ class RunPoints:
         summary["run"] = run
         row.update({name: read(summary) for name, _, read in METRICS})
         row["summary_json"] = json.dumps(summary, sort_keys=False)
-        if self.runs_dir is not None:
-            write_summary(Path(self.runs_dir) / run, summary)
+        write_summary(Path(self.runs_dir) / run, summary)
         return pa.RecordBatch.from_pylist([row], schema=self.schema)
 
 
