@@ -1,14 +1,18 @@
-"""``sdsync store …``: run a store node, export its archive.
+"""``sdsync store …``: run a store node, sync it with another once, export its archive.
 
-Exit codes: 0 — done (``serve``: stopped by SIGINT/SIGTERM); 2 — bad options or an
-archive that cannot be opened.
+Exit codes: 0 — done (``serve``: stopped by SIGINT/SIGTERM); 1 — ``sync`` failed (the
+peer is unreachable, does not speak Store Sync, or answered badly); 2 — bad options or
+an archive that cannot be opened.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
+import time
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -17,7 +21,8 @@ from rich.console import Console
 from rich.markup import escape
 
 store_app = typer.Typer(
-    help="Store node: archive of Waku messages, 13/WAKU2-STORE v3 REST API, Parquet export.",
+    help="Store node: archive of Waku messages, 13/WAKU2-STORE v3 REST API, Store Sync, "
+    "Parquet export.",
     no_args_is_help=True,
     add_completion=False,
 )
@@ -38,9 +43,14 @@ Db = Annotated[
 ]
 
 
-def _fail(message: str) -> typer.Exit:
+class SyncMethod(StrEnum):
+    rbsr = "rbsr"
+    prolly = "prolly"
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
     Console(stderr=True).print(f"[red]error:[/] {escape(message)}", highlight=False)
-    return typer.Exit(2)
+    return typer.Exit(code)
 
 
 def _db_url(db: str | None, data_dir: Path) -> str:
@@ -81,8 +91,22 @@ def serve(
     ] = 1800.0,
     peer: Annotated[
         list[str] | None,
-        typer.Option(help="Base URL of another store node, for Store Resume; repeatable."),
+        typer.Option(
+            help="Base URL of another store node, for Store Resume and Store Sync; repeatable."
+        ),
     ] = None,
+    sync_interval: Annotated[
+        float,
+        typer.Option(
+            min=0.0, help="Seconds between Store Sync rounds with a random --peer; 0: none."
+        ),
+    ] = 300.0,
+    sync_method: Annotated[
+        SyncMethod, typer.Option(help="Reconciliation method of the rounds this node starts.")
+    ] = SyncMethod.rbsr,
+    sync_window: Annotated[
+        float, typer.Option(min=1.0, help="Seconds into the past a round covers (ending 20 s ago).")
+    ] = 3600.0,
     pubsub_topic: Annotated[
         list[str] | None,
         typer.Option(help="Archive this pubsub topic from the libp2p relay; repeatable."),
@@ -101,6 +125,7 @@ def serve(
     from sdsync.store import NodeConfig, RetentionPolicy, StoreNode, open_archive
     from sdsync.store import serve as serve_node
     from sdsync.store.retention import DEFAULT_POLICY
+    from sdsync.store.sync import SyncConfig
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
     host, port = parse_listen(listen)
@@ -123,6 +148,11 @@ def serve(
         retention_interval_s=retention_interval,
         peers=tuple(peer or ()),
         relay_topics=tuple(pubsub_topic or ()),
+        sync=SyncConfig(
+            interval_s=sync_interval or None,
+            method=sync_method.value,
+            window_s=sync_window,
+        ),
     )
 
     relay_addrs: list[str] = []
@@ -165,6 +195,52 @@ def _redacted(url: str) -> str:
     if not sep or not at or ":" not in credentials:
         return url
     return f"{scheme}://{credentials.split(':', 1)[0]}:***@{location}"
+
+
+@store_app.command()
+def sync(
+    peer: Annotated[str, typer.Option(help="Base URL of the store node to sync with.")],
+    method: Annotated[SyncMethod, typer.Option(help="Reconciliation method.")] = SyncMethod.rbsr,
+    window: Annotated[
+        float, typer.Option(min=1.0, help="Seconds into the past to sync (ending 20 s ago).")
+    ] = 3600.0,
+    db: Db = None,
+    data_dir: DataDir = DEFAULT_DATA_DIR,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Sync the local archive with PEER once (Store Sync: reconcile, then transfer)."""
+    from sdsync.errors import RemoteProtocolError
+    from sdsync.store import open_archive
+    from sdsync.store.client import StoreUnavailableError
+    from sdsync.store.server import DATABASE_ERRORS
+    from sdsync.store.sync import ArchiveHost, SyncConfig, sync_with_peer
+
+    url = _db_url(db, data_dir)
+    try:
+        archive = open_archive(url)
+    except Exception as exc:  # any driver's failure to open is the operator's to fix
+        raise _fail(f"cannot open the archive {url}: {exc}") from None
+    span = SyncConfig(window_s=window).window(time.time_ns())
+    try:
+        report = asyncio.run(sync_with_peer(ArchiveHost(archive), peer, span, method=method.value))
+    except (StoreUnavailableError, RemoteProtocolError, *DATABASE_ERRORS) as exc:
+        raise _fail(f"sync with {peer} failed: {exc}", code=1) from None
+    finally:
+        archive.close()
+    if as_json:
+        print(json.dumps(report.as_dict()))
+        return
+    print(
+        f"synced {_redacted(url)} with {report.peer} ({report.method}, "
+        f"{window:g} s window, {report.items} local items)\n"
+        f"  differences: we lacked {report.need}, the peer lacked {report.have}\n"
+        f"  sent {report.sent} messages ({report.peer_stored} new to the peer), "
+        f"received {report.received} ({report.stored} new)\n"
+        f"  bytes sent {report.bytes_sent:,} (frames {report.frame_bytes_sent:,}), "
+        f"received {report.bytes_received:,} (frames {report.frame_bytes_received:,})\n"
+        f"  {report.round_trips} round trips, {report.requests} requests, "
+        f"{report.seconds:.2f} s"
+    )
 
 
 @store_app.command()

@@ -31,7 +31,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
+import numpy as np
+import numpy.typing as npt
+
 from sdsync.store.model import Page, QueryError, StatusCode, StoredMessage, StoreQuery
+from sdsync.wire.waku import HASH_SIZE
 
 COLUMNS = (
     "message_hash",
@@ -43,14 +47,17 @@ COLUMNS = (
     "version",
 )
 SCAN_BATCH = 10_000
+ARRAY_BATCH = 65_536
 _INT64_MAX = (1 << 63) - 1
 _ABOVE_EVERY_HASH = b"\xff" * 33
 Key = tuple[int, bytes]
 """A position in archive order: (timestamp ns, message hash)."""
+ItemArrays = tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]
+"""Timestamps ``(n,)`` and message hashes ``(n, 32)`` of ``n`` items, row by row."""
 
 
 class Archive(Protocol):
-    """What a store node, Store Resume, the export and (later) Store Sync need."""
+    """What a store node, Store Resume, Store Sync and the export need."""
 
     backend: str
 
@@ -68,6 +75,10 @@ class Archive(Protocol):
 
     def items(self, start: int, end: int) -> Iterator[Key]:
         """Every (timestamp, hash) with ``start <= timestamp < end``, in order."""
+        ...
+
+    def item_arrays(self, start: int, end: int) -> ItemArrays:
+        """The items of ``items(start, end)`` as arrays, read in bulk (Store Sync's snapshot)."""
         ...
 
     def messages(self, start: int | None = None, end: int | None = None) -> Iterator[StoredMessage]:
@@ -195,6 +206,25 @@ class SqlArchive(ABC):
         for row in self._scan(COLUMNS[:2], start, end):
             yield int(row[1]), bytes(row[0])
 
+    def item_arrays(self, start: int, end: int) -> ItemArrays:
+        # One statement (one consistent snapshot), drained in batches of rows that become
+        # arrays at once: the per-row tuples the driver makes live one batch at a time.
+        stamps: list[npt.NDArray[np.int64]] = []
+        hashes: list[bytes] = []
+        with self._read() as conn:
+            cursor = conn.execute(
+                self._sql(
+                    "SELECT timestamp, message_hash FROM messages "
+                    "WHERE timestamp >= ? AND timestamp < ? ORDER BY timestamp, message_hash"
+                ),
+                [start, end],
+            )
+            while rows := cursor.fetchmany(ARRAY_BATCH):
+                column_ts, column_hash = zip(*rows, strict=True)
+                stamps.append(np.array(column_ts, dtype=np.int64))
+                hashes.append(b"".join(column_hash))
+        return item_arrays(stamps, hashes)
+
     def messages(self, start: int | None = None, end: int | None = None) -> Iterator[StoredMessage]:
         for row in self._scan(COLUMNS, start, end):
             yield _message(row)
@@ -267,6 +297,13 @@ def _filters(query: StoreQuery, after: Key | None) -> tuple[list[str], list[Any]
         where.append("timestamp <= ?")
         args.append(end)
     return where, args
+
+
+def item_arrays(stamps: Sequence[npt.NDArray[np.int64]], hashes: Sequence[bytes]) -> ItemArrays:
+    """Arrays from batches of timestamps and of concatenated 32-byte hashes."""
+    ts = np.concatenate(stamps) if stamps else np.zeros(0, dtype=np.int64)
+    blob = np.frombuffer(b"".join(hashes), dtype=np.uint8)
+    return ts, blob.reshape(len(ts), HASH_SIZE)
 
 
 def _where(conditions: Sequence[str]) -> str:

@@ -9,12 +9,15 @@ calls, the aiohttp server and three background tasks:
 * *retention* applies every configured policy every ``retention_interval_s``;
 * *resume* runs once at start, when store peers are configured, while the API is
   already serving;
+* *Store Sync* (:mod:`sdsync.store.sync`) answers peers' sync sessions under ``/sync/``
+  and, when store peers are configured, runs a round with a random one every
+  ``sync.interval_s`` (the first one interval after start: resume covers the start);
 * when a relay (a p2p transport that hands out whole WakuMessages, such as
   :class:`~sdsync.transport.libp2p.Libp2pTransport`) and pubsub topics are configured,
   one *relay* task per topic archives every message heard on it.
 
-Every path that adds messages — HTTP ingestion, Store Resume, a relay subscription and,
-later, Store Sync — goes through :meth:`StoreNode.ingest`, which counts what was new
+Every path that adds messages — HTTP ingestion, Store Resume, a relay subscription and
+Store Sync — goes through :meth:`StoreNode.ingest`, which counts what was new
 per source.  :func:`serve` runs a node until SIGINT or SIGTERM and then stops it
 cleanly: the server stops accepting, tasks are cancelled, the last-online time is
 written a final time, the archive is closed.
@@ -44,6 +47,8 @@ from sdsync.store.model import StoredMessage
 from sdsync.store.resume import LastOnline, ResumeReport, resume, resume_window
 from sdsync.store.retention import DEFAULT_POLICY, RetentionPolicy
 from sdsync.store.server import DATABASE_ERRORS, create_app
+from sdsync.store.sync import PREFIX as SYNC_PREFIX
+from sdsync.store.sync import PeriodicSync, SyncConfig, responder_app
 from sdsync.wire.waku import WakuMessage
 
 logger = logging.getLogger("sdsync.store")
@@ -61,12 +66,13 @@ class NodeConfig:
     retention_interval_s: float = 30 * 60.0
     heartbeat_interval_s: float = 60.0
     peers: tuple[str, ...] = ()
-    """Base URLs of other store nodes, for Store Resume."""
+    """Base URLs of other store nodes, for Store Resume and Store Sync."""
     query_timeout_s: float = 5.0
     max_concurrent_queries: int = 64
     threads: int = 8
     mounts: Mapping[str, web.Application] = field(default_factory=dict)
-    """Sub-applications to serve under a path prefix (Store Sync: ``/sync/``)."""
+    """Sub-applications to serve under a path prefix (one at ``/sync/`` replaces Store Sync's)."""
+    sync: SyncConfig = field(default_factory=SyncConfig)
     relay_topics: tuple[str, ...] = ()
     """Pubsub topics to archive from the relay, when the node has one."""
 
@@ -110,6 +116,12 @@ class StoreNode:
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.port = config.port
+        self._retention_lock = asyncio.Lock()
+        self.sync: PeriodicSync | None = None
+        if config.peers and config.sync.interval_s is not None:
+            self.sync = PeriodicSync(
+                self, config.peers, config.sync, clock_ns=clock_ns, rng=self._rng
+            )
 
     @property
     def url(self) -> str:
@@ -121,7 +133,10 @@ class StoreNode:
         """Serve the API and start the background tasks (resume first reads last-online)."""
         config = self.config
         window = resume_window(self.last_online.read(), self._clock_ns())
-        self._runner = web.AppRunner(create_app(self, mounts=config.mounts))
+        mounts = dict(config.mounts)
+        if config.sync.serve:
+            mounts.setdefault(SYNC_PREFIX, responder_app(config.sync))
+        self._runner = web.AppRunner(create_app(self, mounts=mounts))
         await self._runner.setup()
         # Bound here, not by aiohttp, so that port 0 tells us which port we got.
         sock = socket.create_server((config.host, config.port))
@@ -135,6 +150,9 @@ class StoreNode:
         ]
         if config.peers:
             self._tasks.append(self._spawn(self.resume(window), "resume"))
+        if self.sync is not None and config.sync.interval_s is not None:
+            rounds = self._every(config.sync.interval_s, self.sync.round, wait_first=True)
+            self._tasks.append(self._spawn(rounds, "sync"))
         if self.relay is not None:
             for topic in config.relay_topics:
                 envelopes = self.relay.subscribe_envelopes(topic)
@@ -157,7 +175,15 @@ class StoreNode:
     def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         return asyncio.create_task(work, name=f"store-{name}")
 
-    async def _every(self, interval_s: float, work: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+    async def _every(
+        self,
+        interval_s: float,
+        work: Callable[[], Coroutine[Any, Any, Any]],
+        *,
+        wait_first: bool = False,
+    ) -> None:
+        if wait_first:
+            await asyncio.sleep(interval_s)
         while True:
             try:
                 await work()
@@ -180,10 +206,13 @@ class StoreNode:
 
     async def apply_retention(self) -> dict[str, int]:
         deleted: dict[str, int] = {}
-        for policy in self.config.retention:
-            count = await self.in_archive(policy.apply, self.archive, self._clock_ns())
-            self.metrics.retention_deleted.labels(policy=policy.kind).inc(count)
-            deleted[str(policy)] = count
+        # One run at a time: two capacity runs that counted the same archive would each
+        # delete the whole excess (the periodic run and POST /admin/v1/retention can meet).
+        async with self._retention_lock:
+            for policy in self.config.retention:
+                count = await self.in_archive(policy.apply, self.archive, self._clock_ns())
+                self.metrics.retention_deleted.labels(policy=policy.kind).inc(count)
+                deleted[str(policy)] = count
         return deleted
 
     async def heartbeat(self) -> None:
@@ -230,6 +259,7 @@ class StoreNode:
             "last_online_ns": self.last_online.read(),
             "peers": list(self.config.peers),
             "resume": vars(self.resume_report) if self.resume_report else None,
+            "sync": self.sync.info() if self.sync else None,
         }
 
 

@@ -25,11 +25,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import psycopg
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
-from sdsync.store.archive import Key, SqlArchive
+from sdsync.store.archive import ItemArrays, Key, SqlArchive, item_arrays
 
 HOUR_NS = 3_600 * 10**9
 _PREFIX = "messages_h"
@@ -108,6 +110,26 @@ class PostgresArchive(SqlArchive):
         rows = conn.execute(query).fetchall() if conn is not None else self._fetch(query, [])
         return sorted(int(name.removeprefix(_PREFIX)) for (name,) in rows)
 
+    def item_arrays(self, start: int, end: int) -> ItemArrays:
+        # The server concatenates each hour's hashes and big-endian timestamps into two
+        # bytea values (one aggregate pass feeds both, so rows pair up), which numpy reads
+        # as they are: no per-row objects on our side.  Order is irrelevant, the item store
+        # sorts.  One repeatable-read transaction: a consistent snapshot across the hours.
+        stamps: list[npt.NDArray[np.int64]] = []
+        hashes: list[bytes] = []
+        with self._read() as conn, conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            for lo, hi in _hours(start, end):
+                row = conn.execute(
+                    "SELECT string_agg(message_hash, ''), string_agg(int8send(timestamp), '') "
+                    "FROM messages WHERE timestamp >= %s AND timestamp < %s",
+                    [lo, hi],
+                ).fetchone()
+                if row is not None and row[0] is not None:
+                    hashes.append(row[0])
+                    stamps.append(np.frombuffer(row[1], dtype=">i8").astype(np.int64))
+        return item_arrays(stamps, hashes)
+
     def _delete_below(self, key: Key) -> int:
         timestamp, message_hash = key
         deleted = 0
@@ -139,6 +161,14 @@ class PostgresArchive(SqlArchive):
 
     def close(self) -> None:
         self._pool.close()
+
+
+def _hours(start: int, end: int) -> Iterator[tuple[int, int]]:
+    """``[start, end)`` cut at hour boundaries: one partition per piece."""
+    while start < end:
+        cut = min(end, (start // HOUR_NS + 1) * HOUR_NS)
+        yield start, cut
+        start = cut
 
 
 def _partition(hour: int) -> sql.Identifier:

@@ -1,0 +1,45 @@
+"""Settings of Store Sync on a store node, with WAKU-STORE-SYNC's recommended defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sdsync.errors import LocalProtocolError
+from sdsync.reconcile import Method
+from sdsync.store.sync.wire import METHODS
+
+NS = 10**9
+
+
+@dataclass(frozen=True)
+class SyncConfig:
+    interval_s: float | None = 300.0
+    """Seconds between rounds with one random peer; None: never initiate."""
+    method: Method = "rbsr"
+    window_s: float = 3_600.0
+    """How far into the past a round reaches (before the lag)."""
+    lag_s: float = 20.0
+    """The newest seconds are left out: messages still in flight would show as differences."""
+    serve: bool = True
+    """Answer other nodes' syncs under ``/sync/``."""
+    max_sessions: int = 4
+    """Sessions a responder keeps open at once; more are refused (503)."""
+    max_items: int = 2_000_000
+    """Items held in all open sessions' snapshots together (about 110 bytes each)."""
+    idle_timeout_s: float = 30.0
+    """A session nobody touched for this long is dropped."""
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise LocalProtocolError(f"unknown sync method {self.method!r}; use {METHODS}")
+        if self.interval_s is not None and self.interval_s <= 0:
+            raise LocalProtocolError("the sync interval must be positive")
+        if self.window_s <= 0 or self.lag_s < 0:
+            raise LocalProtocolError("the sync window must be positive and the lag not negative")
+        if self.max_sessions < 1 or self.max_items < 1 or self.idle_timeout_s <= 0:
+            raise LocalProtocolError("responder limits must be positive")
+
+    def window(self, now_ns: int) -> tuple[int, int]:
+        """``[now - lag - window, now - lag)``: WAKU-STORE-SYNC's 1 h ending 20 s ago."""
+        end = now_ns - round(self.lag_s * NS)
+        return max(0, end - round(self.window_s * NS)), end

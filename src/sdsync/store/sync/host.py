@@ -1,0 +1,97 @@
+"""The archive as Store Sync uses it: snapshots of a window, and batches of messages.
+
+Theory of operation
+-------------------
+Both sides of a sync reach their archive through a :class:`SyncHost` — a running
+:class:`~sdsync.store.node.StoreNode`, or an :class:`ArchiveHost` around a bare archive for
+the one-shot ``sdsync store sync`` — which runs the blocking archive calls off the event
+loop and archives what arrives with source ``sync``, counted in the host's metrics.
+
+A session reads a *snapshot*: the window's items loaded once, in bulk
+(:meth:`~sdsync.store.archive.Archive.item_arrays`), into a
+:class:`~sdsync.reconcile.MemoryItemStore`, which must not change while the session runs.
+Messages archived meanwhile are simply not part of this round; the next round sees them.
+
+Messages go out in batches of at most :data:`~sdsync.store.sync.wire.MAX_BATCH_BYTES`,
+read from the archive by hash, a few hundred at a time. A hash the archive no longer
+holds (retention ran meanwhile) is skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import ParamSpec, Protocol, TypeVar
+
+from sdsync.reconcile import MemoryItemStore
+from sdsync.store.archive import Archive
+from sdsync.store.metrics import StoreMetrics
+from sdsync.store.model import StoredMessage
+from sdsync.store.sync.wire import MAX_BATCH_BYTES, encode_entry
+
+P = ParamSpec("P")
+T = TypeVar("T")
+SOURCE = "sync"
+READ_CHUNK = 500
+
+
+class SyncHost(Protocol):
+    """What a sync session needs from the node it runs in."""
+
+    @property
+    def archive(self) -> Archive: ...
+
+    @property
+    def metrics(self) -> StoreMetrics: ...
+
+    async def in_archive(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T: ...
+
+    async def ingest(self, messages: Sequence[StoredMessage], *, source: str) -> int: ...
+
+
+class ArchiveHost:
+    """A bare archive as a :class:`SyncHost` (the one-shot sync, which serves nothing)."""
+
+    def __init__(self, archive: Archive) -> None:
+        self.archive = archive
+        self.metrics = StoreMetrics()
+
+    async def in_archive(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    async def ingest(self, messages: Sequence[StoredMessage], *, source: str) -> int:
+        new = await self.in_archive(self.archive.insert, messages)
+        self.metrics.ingested.labels(source=source).inc(new)
+        self.metrics.duplicates.labels(source=source).inc(len(messages) - new)
+        return new
+
+
+async def snapshot(host: SyncHost, window: tuple[int, int]) -> MemoryItemStore:
+    """The items of ``window`` (start inclusive, end exclusive), frozen for one session."""
+    return await host.in_archive(_load, host.archive, window)
+
+
+def _load(archive: Archive, window: tuple[int, int]) -> MemoryItemStore:
+    return MemoryItemStore.from_arrays(*archive.item_arrays(*window))
+
+
+async def read_batch(
+    host: SyncHost, hashes: Sequence[bytes], start: int, limit: int = MAX_BATCH_BYTES
+) -> tuple[bytes, int, int]:
+    """``(batch, messages in it, position after them)`` of the messages ``hashes[start:]``."""
+    parts: list[bytes] = []
+    size = 0
+    position = start
+    while position < len(hashes):
+        chunk = hashes[position : position + READ_CHUNK]
+        found = {m.message_hash: m for m in await host.in_archive(host.archive.get, chunk)}
+        for message_hash in chunk:
+            message = found.get(message_hash)
+            if message is not None:
+                entry = encode_entry(message)
+                if parts and size + len(entry) > limit:
+                    return b"".join(parts), len(parts), position
+                parts.append(entry)
+                size += len(entry)
+            position += 1
+    return b"".join(parts), len(parts), position

@@ -1,0 +1,288 @@
+"""The initiator: one Store Sync round with a peer, over its HTTP API.
+
+Theory of operation
+-------------------
+:func:`sync_with_peer` loads a snapshot of the window, opens a session on the peer with
+its first frame (``POST /sync/v1/{method}?start=&end=``), and posts every further frame to
+the session until a ``receive`` has nothing left to send (an empty response body stands
+for the peer's ``None``). Both sides then know both directions of the difference.
+
+Transfer follows, in the same session: the side that holds a message sends it. We push
+what we hold and the peer lacks, in batches read from our archive; then we pull what the
+peer holds and we lack, batch by batch, accepting only messages whose recomputed hash is
+one the session found we need. Last, the session is closed (also after a failure, as a
+courtesy; an abandoned session expires on the peer anyway).
+
+Failures say what to do next: a peer that does not speak Store Sync v1 or this method
+(404, 405, or no session in its answer) raises :class:`SyncUnsupportedError`, and
+periodic sync stops asking it; a peer that cannot be reached, is busy or fails (429,
+5xx) raises :class:`~sdsync.store.client.StoreUnavailableError`; one that answers
+nonsense raises :class:`~sdsync.errors.RemoteProtocolError`. What was archived before a
+failure stays archived, so the next round only has less to do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from sdsync.errors import RemoteProtocolError
+from sdsync.reconcile import Method, ProllySession, RbsrSession, ReconcileSession
+from sdsync.store.client import StoreUnavailableError
+from sdsync.store.sync.host import SOURCE, SyncHost, read_batch, snapshot
+from sdsync.store.sync.wire import (
+    BATCH_TYPE,
+    FRAME_TYPE,
+    NEXT_HEADER,
+    SESSION_HEADER,
+    VERSION,
+    decode_batch,
+    messages_path,
+    open_path,
+    session_path,
+)
+
+DEFAULT_TIMEOUT_S = 60.0
+"""Per request; a responder loads its snapshot before answering the first frame."""
+
+
+class SyncUnsupportedError(RemoteProtocolError):
+    """The peer does not speak Store Sync v1, or not the method asked for."""
+
+
+@dataclass
+class SyncReport:
+    """What one round exchanged. Bytes are HTTP bodies (frames, message batches)."""
+
+    peer: str
+    method: Method
+    window: tuple[int, int]
+    items: int = 0
+    """Our items in the window."""
+    have: int = 0
+    """Differences: items we held and the peer lacked."""
+    need: int = 0
+    """Differences: items the peer held and we lacked."""
+    sent: int = 0
+    """Messages pushed to the peer."""
+    peer_stored: int = 0
+    """Of those, how many were new to the peer."""
+    received: int = 0
+    """Messages pulled from the peer."""
+    stored: int = 0
+    """Of those, how many were new to us."""
+    round_trips: int = 0
+    """HTTP exchanges of the reconciliation (one per frame we sent)."""
+    requests: int = 0
+    """All HTTP requests of the round, transfer and closing included."""
+    frame_bytes_sent: int = 0
+    frame_bytes_received: int = 0
+    transfer_bytes_sent: int = 0
+    transfer_bytes_received: int = 0
+    seconds: float = 0.0
+
+    @property
+    def bytes_sent(self) -> int:
+        return self.frame_bytes_sent + self.transfer_bytes_sent
+
+    @property
+    def bytes_received(self) -> int:
+        return self.frame_bytes_received + self.transfer_bytes_received
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            **vars(self),
+            "window": list(self.window),
+            "bytes_sent": self.bytes_sent,
+            "bytes_received": self.bytes_received,
+        }
+
+
+async def sync_with_peer(
+    host: SyncHost,
+    peer: str,
+    window: tuple[int, int],
+    *,
+    method: Method = "rbsr",
+    session: aiohttp.ClientSession | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> SyncReport:
+    """Reconcile ``window`` of our archive with ``peer`` (a base URL), then transfer."""
+    started = time.perf_counter()
+    report = SyncReport(peer.rstrip("/"), method, window)
+    store = await snapshot(host, window)
+    report.items = len(store)
+    reconcile: ReconcileSession = (
+        RbsrSession(store, initiator=True, window=window)
+        if method == "rbsr"
+        else ProllySession(store, initiator=True, window=window)
+    )
+    async with _http(session, timeout_s) as client:
+        peer_api = _Peer(client, report)
+        session_id = None
+        try:
+            session_id = await _reconcile(peer_api, reconcile, report)
+            report.have, report.need = len(reconcile.have), len(reconcile.need)
+            await _push(host, peer_api, session_id, reconcile, report)
+            await _pull(host, peer_api, session_id, reconcile, report)
+        finally:
+            if session_id is not None:
+                with contextlib.suppress(StoreUnavailableError, RemoteProtocolError):
+                    await peer_api.call("DELETE", session_path(session_id))
+            _count(host, report)
+    report.seconds = time.perf_counter() - started
+    host.metrics.sync_rounds.labels(role="initiator").inc()
+    host.metrics.sync_differences.labels(side="we_lacked").inc(report.need)
+    host.metrics.sync_differences.labels(side="peer_lacked").inc(report.have)
+    return report
+
+
+async def _reconcile(peer: _Peer, reconcile: ReconcileSession, report: SyncReport) -> str:
+    """Run the reconciliation to its end; returns the peer's session id."""
+    start, end = report.window
+    frame: bytes | None = reconcile.initiate()
+    assert frame is not None
+    try:
+        reply, headers = await peer.call(
+            "POST", open_path(report.method), body=frame, params={"start": start, "end": end}
+        )
+    except _NotFoundError:
+        raise SyncUnsupportedError(
+            f"{report.peer} does not speak Store Sync {VERSION} ({report.method})"
+        ) from None
+    session_id = headers.get(SESSION_HEADER)
+    if not session_id:
+        raise SyncUnsupportedError(f"{report.peer} opened no Store Sync session")
+    while True:
+        report.round_trips += 1
+        report.frame_bytes_sent += len(frame)
+        report.frame_bytes_received += len(reply)
+        frame = await asyncio.to_thread(reconcile.receive, reply) if reply else None
+        if frame is None:
+            break
+        reply, _ = await peer.call("POST", session_path(session_id), body=frame)
+    if not reconcile.done:
+        raise RemoteProtocolError(f"{report.peer} stopped answering before the sync was done")
+    return session_id
+
+
+async def _push(
+    host: SyncHost, peer: _Peer, session_id: str, reconcile: ReconcileSession, report: SyncReport
+) -> None:
+    """Send the peer, in batches, what we hold and it lacks."""
+    hashes = [h for _, h in sorted(reconcile.have)]
+    position = 0
+    while position < len(hashes):
+        batch, count, position = await read_batch(host, hashes, position)
+        if not count:
+            continue
+        answer, _ = await peer.call(
+            "POST", messages_path(session_id), body=batch, content_type=BATCH_TYPE
+        )
+        report.transfer_bytes_sent += len(batch)
+        report.sent += count
+        report.peer_stored += _stored(answer, report.peer)
+
+
+async def _pull(
+    host: SyncHost, peer: _Peer, session_id: str, reconcile: ReconcileSession, report: SyncReport
+) -> None:
+    """Fetch, in batches, what the peer holds and we lack."""
+    need = frozenset(h for _, h in reconcile.need)
+    position: int | None = 0 if need else None
+    while position is not None:
+        batch, headers = await peer.call(
+            "GET", messages_path(session_id), params={"from": position}
+        )
+        messages = await asyncio.to_thread(decode_batch, batch, need)
+        report.transfer_bytes_received += len(batch)
+        report.received += len(messages)
+        report.stored += await host.ingest(messages, source=SOURCE)
+        position = _next(headers.get(NEXT_HEADER), position, report.peer)
+
+
+def _next(value: str | None, position: int, peer: str) -> int | None:
+    if value is None:
+        return None
+    if not value.isdigit() or int(value) <= position:
+        raise RemoteProtocolError(f"{peer} named a bad next position {value!r}")
+    return int(value)
+
+
+def _stored(answer: bytes, peer: str) -> int:
+    try:
+        stored = json.loads(answer)["stored"]
+    except (ValueError, KeyError, TypeError):
+        raise RemoteProtocolError(f"{peer} answered a push with {answer[:200]!r}") from None
+    if not isinstance(stored, int):
+        raise RemoteProtocolError(f"{peer} answered a push with {answer[:200]!r}")
+    return stored
+
+
+def _count(host: SyncHost, report: SyncReport) -> None:
+    host.metrics.sync_bytes.labels(direction="sent").inc(report.bytes_sent)
+    host.metrics.sync_bytes.labels(direction="received").inc(report.bytes_received)
+
+
+# -- HTTP
+
+
+class _NotFoundError(RemoteProtocolError):
+    """404 or 405: the route is not there."""
+
+
+@contextlib.asynccontextmanager
+async def _http(
+    session: aiohttp.ClientSession | None, timeout_s: float
+) -> AsyncIterator[aiohttp.ClientSession]:
+    if session is not None:
+        yield session
+        return
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as owned:
+        yield owned
+
+
+class _Peer:
+    """A peer's HTTP API, counting requests into the round's report."""
+
+    def __init__(self, client: aiohttp.ClientSession, report: SyncReport) -> None:
+        self.client = client
+        self.report = report
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: bytes = b"",
+        content_type: str = FRAME_TYPE,
+        params: Mapping[str, int] | None = None,
+    ) -> tuple[bytes, Mapping[str, str]]:
+        """The response body and headers of a 2xx answer, else the error it means."""
+        self.report.requests += 1
+        try:
+            async with self.client.request(
+                method,
+                self.report.peer + path,
+                data=body,
+                params={k: str(v) for k, v in (params or {}).items()},
+                headers={"Content-Type": content_type},
+            ) as response:
+                answer = await response.read()
+                status, headers = response.status, response.headers
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise StoreUnavailableError(f"{self.report.peer}: {exc or type(exc).__name__}") from exc
+        if 200 <= status < 300:
+            return answer, headers
+        text = answer[:200].decode(errors="replace").strip()
+        if status == 429 or status >= 500:
+            raise StoreUnavailableError(f"{self.report.peer}: HTTP {status}: {text}")
+        error = _NotFoundError if status in (404, 405) else RemoteProtocolError
+        raise error(f"{self.report.peer}{path}: HTTP {status}: {text}")

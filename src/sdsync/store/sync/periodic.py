@@ -1,0 +1,95 @@
+"""Periodic Store Sync: every few minutes, one round with one random peer.
+
+Theory of operation
+-------------------
+WAKU-STORE-SYNC recommends a round at least every 5 minutes with one other store, chosen
+at random, over the hour that ended 20 s ago (:meth:`SyncConfig.window`). A store may
+assume that every store peer speaks Store Sync and learn otherwise by trying: a peer
+that answers that it does not (:class:`SyncUnsupportedError`) is remembered and never
+asked again, and the round goes on with another random peer. A peer that is down or
+busy, or answers nonsense, ends the round (logged, and shown by ``/admin/v1/info``); the
+next round picks afresh.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sdsync.errors import RemoteProtocolError
+from sdsync.store.client import StoreUnavailableError
+from sdsync.store.server import DATABASE_ERRORS
+from sdsync.store.sync.config import SyncConfig
+from sdsync.store.sync.host import SyncHost
+from sdsync.store.sync.initiator import SyncReport, SyncUnsupportedError, sync_with_peer
+
+logger = logging.getLogger("sdsync.store.sync")
+
+
+class PeriodicSync:
+    def __init__(
+        self,
+        host: SyncHost,
+        peers: Sequence[str],
+        config: SyncConfig,
+        *,
+        clock_ns: Callable[[], int],
+        rng: random.Random,
+    ) -> None:
+        self.host = host
+        self.peers = tuple(peers)
+        self.config = config
+        self.unsupported: set[str] = set()
+        self.rounds = 0
+        self.failures = 0
+        self.last: SyncReport | None = None
+        self.last_error: str | None = None
+        self._clock_ns = clock_ns
+        self._rng = rng
+
+    async def round(self) -> SyncReport | None:
+        """One round with a random peer that may speak Store Sync; None if it failed."""
+        self.rounds += 1
+        candidates = [p for p in self.peers if p not in self.unsupported]
+        while candidates:
+            peer = candidates.pop(self._rng.randrange(len(candidates)))
+            window = self.config.window(self._clock_ns())
+            try:
+                report = await sync_with_peer(self.host, peer, window, method=self.config.method)
+            except SyncUnsupportedError as exc:
+                logger.warning("store sync: %s; not asking it again", exc)
+                self.unsupported.add(peer)
+                continue
+            except (StoreUnavailableError, RemoteProtocolError, *DATABASE_ERRORS) as exc:
+                self._failed(f"{peer}: {exc}")
+                return None
+            self.last, self.last_error = report, None
+            logger.info(
+                "store sync with %s: sent %d, received %d (%d new), %d round trips, %.2f s",
+                peer,
+                report.sent,
+                report.received,
+                report.stored,
+                report.round_trips,
+                report.seconds,
+            )
+            return report
+        self._failed("no configured peer speaks Store Sync")
+        return None
+
+    def _failed(self, error: str) -> None:
+        self.failures += 1
+        self.last_error = error
+        logger.warning("store sync round failed: %s", error)
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "method": self.config.method,
+            "rounds": self.rounds,
+            "failures": self.failures,
+            "unsupported_peers": sorted(self.unsupported),
+            "last": self.last.as_dict() if self.last else None,
+            "last_error": self.last_error,
+        }

@@ -1,0 +1,79 @@
+"""What Store Sync puts on the wire: routes, headers, and message batches.
+
+Theory of operation
+-------------------
+Store Sync runs over the store node's HTTP server, under ``/sync/v1/``. Reconciliation
+frames travel as they are (``application/octet-stream``); the session they belong to is
+named in a header. Messages travel in *batches*: a concatenation of entries ::
+
+    entry = varint(len(pubsub_topic)) pubsub_topic varint(len(message)) message
+
+where ``message`` is the WakuMessage protobuf. The hash is not sent: the receiver
+recomputes it from the content (:meth:`StoredMessage.of`), and a receiver only accepts
+messages whose recomputed hash it expected — what its reconciliation found the sender
+holds and it lacks. So a sync peer cannot write anything else into the archive.
+
+A batch is at most :data:`MAX_BATCH_BYTES` unless a single entry is larger (a
+WakuMessage is at most ~154 KiB, so that never happens between well-behaved nodes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container
+
+from sdsync.errors import RemoteProtocolError
+from sdsync.reconcile import Method, varint
+from sdsync.reconcile.codec import Reader
+from sdsync.store.model import StoredMessage
+from sdsync.wire.waku import MAX_WAKU_MESSAGE_BYTES, decode_waku_message
+
+PREFIX = "/sync/"
+"""Where a store node mounts Store Sync."""
+VERSION = "v1"
+METHODS: tuple[Method, ...] = ("rbsr", "prolly")
+SESSION_HEADER = "Sdsync-Session"
+NEXT_HEADER = "Sdsync-Next"
+FRAME_TYPE = "application/octet-stream"
+BATCH_TYPE = "application/vnd.sdsync.messages"
+MAX_BATCH_BYTES = 1 << 20
+MAX_TOPIC_BYTES = 1024
+
+
+def open_path(method: Method) -> str:
+    """Path (under the node's base URL) that opens a session with its first frame."""
+    return f"{PREFIX}{VERSION}/{method}"
+
+
+def session_path(session_id: str) -> str:
+    """Path of an open session: POST a frame, DELETE to close it."""
+    return f"{PREFIX}{VERSION}/sessions/{session_id}"
+
+
+def messages_path(session_id: str) -> str:
+    """Path of a session's transfer: POST pushes a batch, GET pulls one."""
+    return f"{session_path(session_id)}/messages"
+
+
+def encode_entry(message: StoredMessage) -> bytes:
+    topic = message.pubsub_topic.encode()
+    body = message.message.to_bytes()
+    return b"".join((varint(len(topic)), topic, varint(len(body)), body))
+
+
+def decode_batch(body: bytes, expected: Container[bytes]) -> list[StoredMessage]:
+    """The messages of a batch; RemoteProtocolError if any is malformed or unexpected."""
+    reader = Reader(body)
+    messages: list[StoredMessage] = []
+    while not reader.at_end:
+        try:
+            topic = reader.take(reader.varint(MAX_TOPIC_BYTES + 1)).decode()
+        except UnicodeDecodeError:
+            raise RemoteProtocolError("a pubsub topic is not UTF-8") from None
+        waku = decode_waku_message(reader.take(reader.varint(MAX_WAKU_MESSAGE_BYTES + 1)))
+        message = StoredMessage.of(topic, waku)
+        if message.message_hash not in expected:
+            raise RemoteProtocolError(
+                f"message {message.message_hash.hex()} was not found missing by this session"
+            )
+        messages.append(message)
+    return messages
