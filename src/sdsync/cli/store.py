@@ -49,7 +49,7 @@ class SyncMethod(StrEnum):
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
-    Console(stderr=True).print(f"[red]error:[/] {escape(message)}", highlight=False)
+    Console(stderr=True, soft_wrap=True).print(f"[red]error:[/] {escape(message)}", highlight=False)
     return typer.Exit(code)
 
 
