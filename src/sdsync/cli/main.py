@@ -239,3 +239,7 @@ app.add_typer(pipeline_app, name="pipeline")
 from sdsync.cli.store import store_app  # noqa: E402
 
 app.add_typer(store_app, name="store")
+
+from sdsync.cli.chat import chat_command  # noqa: E402
+
+app.command("chat")(chat_command)
