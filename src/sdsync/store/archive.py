@@ -220,9 +220,8 @@ class SqlArchive(ABC):
                 [start, end],
             )
             while rows := cursor.fetchmany(ARRAY_BATCH):
-                column_ts, column_hash = zip(*rows, strict=True)
-                stamps.append(np.array(column_ts, dtype=np.int64))
-                hashes.append(b"".join(column_hash))
+                stamps.append(np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows)))
+                hashes.append(b"".join([r[1] for r in rows]))
         return item_arrays(stamps, hashes)
 
     def messages(self, start: int | None = None, end: int | None = None) -> Iterator[StoredMessage]:
