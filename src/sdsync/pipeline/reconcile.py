@@ -41,12 +41,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pyspark import StorageLevel
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as sf
 from pyspark.sql.types import ArrayType, BinaryType, LongType, StringType, StructField, StructType
 
-from sdsync.pipeline import cache
+from sdsync.pipeline import arrow_leaves, cache
 from sdsync.pipeline.io import (
     InputError,
     ParquetInput,
@@ -57,8 +60,14 @@ from sdsync.pipeline.io import (
     write_summary,
 )
 from sdsync.pipeline.progress import Progress
-from sdsync.pipeline.spark_fingerprint import fingerprint_expr, hash_limbs, limb_names
-from sdsync.reconcile.fingerprint import HASH_SIZE, MAX_LIMB_ITEMS
+from sdsync.pipeline.spark_fingerprint import hash_limbs, limb_names
+from sdsync.reconcile.fingerprint import (
+    HASH_SIZE,
+    LIMBS,
+    MAX_LIMB_ITEMS,
+    fingerprint_of_sum,
+    sum_from_limb_sums,
+)
 
 ARCHIVE_COLUMNS = [binary_column("message_hash"), long_column("timestamp")]
 LIMB_COLUMNS = limb_names()
@@ -89,6 +98,10 @@ class ReconcileOptions:
     fanout_bits: int = 4
     """log2 of the fanout of the range hierarchy (16)."""
     fingerprint_cache: bool = False
+    arrow_files: bool = True
+    """Read local archives' row groups with pyarrow and numpy inside Spark tasks
+    (:mod:`sdsync.pipeline.arrow_leaves`); False, or a non-local path, uses Spark's
+    Parquet reader and column expressions."""
 
 
 @dataclass
@@ -144,19 +157,12 @@ def reconcile(
         )
         _choose_shift(spark, plan, options)
     leaves = _leaf_table(spark, plan, options, progress)
-    cached = [leaves]
-    try:
-        diff, levels, level_caches = _compare_levels(leaves, plan, options, progress)
-        cached.extend(level_caches)
-        at_leaves = levels[-1] if levels and levels[-1]["level"] == 0 else None
-        exact_rows = at_leaves["rows_in_differing"] if at_leaves and diff is not None else 0
-        with progress.stage("exact comparison of differing leaves"):
-            _write_missing(spark, plan, diff, out)
-    finally:
-        for frame in cached:
-            frame.unpersist()
+    diff, levels = _compare_levels(leaves, plan, options, progress)
+    exact_rows = levels[-1]["rows_in_differing"] if diff else 0
+    with progress.stage("exact comparison of differing leaves"):
+        _write_missing(spark, plan, options, diff, out)
     with progress.stage("summary"):
-        missing = _missing_per_archive(spark, out, archives)
+        missing = _missing_per_archive(out, archives)
     summary: dict[str, Any] = {
         "archives": [a.name for a in archives],
         "rows_per_archive": plan.rows,
@@ -240,47 +246,87 @@ def _scan_leaves(spark: SparkSession, archive: Archive, shift: int) -> DataFrame
     )
 
 
-def _coarsen(leaves: DataFrame, by: int) -> DataFrame:
-    if by == 0:
-        return leaves
-    return leaves.groupBy(sf.shiftright("leaf", by).alias("leaf")).agg(
-        sf.sum("n").alias("n"), *[sf.sum(c).alias(c) for c in LIMB_COLUMNS]
-    )
+@dataclass(frozen=True)
+class _Leaves:
+    """One archive's leaf table on the driver, in leaf order: ids, counts, limb sums."""
+
+    leaf: np.ndarray
+    n: np.ndarray
+    sums: np.ndarray
+    """(leaves, 8) limb sums, most significant limb first."""
+
+    @staticmethod
+    def from_arrow(table: pa.Table) -> _Leaves:
+        table = table.sort_by("leaf")
+        sums = np.column_stack([table[c].to_numpy() for c in LIMB_COLUMNS]).astype(np.int64)
+        return _Leaves(table["leaf"].to_numpy(), table["n"].to_numpy(), sums.reshape(-1, LIMBS))
+
+    def to_arrow(self) -> pa.Table:
+        columns = {"leaf": self.leaf, "n": self.n}
+        columns.update({c: self.sums[:, i] for i, c in enumerate(LIMB_COLUMNS)})
+        return pa.table(columns)
+
+    def coarsen(self, by: int) -> _Leaves:
+        """The table of ranges ``leaf >> by``: sums add."""
+        if by == 0 or not len(self.leaf):
+            return _Leaves(self.leaf >> by, self.n, self.sums)
+        ranges = self.leaf >> by
+        starts = np.flatnonzero(np.concatenate(([True], ranges[1:] != ranges[:-1])))
+        return _Leaves(
+            ranges[starts],
+            np.add.reduceat(self.n, starts),
+            np.add.reduceat(self.sums, starts, axis=0),
+        )
 
 
 def _leaf_table(
     spark: SparkSession, plan: _Plan, options: ReconcileOptions, progress: Progress
-) -> DataFrame:
-    """All archives' leaves, (archive, leaf, n, s0..s7, bad), persisted: every level uses it."""
-    parts: list[DataFrame] = []
-    scanned: list[Archive] = []
+) -> dict[str, _Leaves]:
+    """Every archive's leaves, from its fingerprint cache or from one scan of all the rest."""
+    tables: dict[str, _Leaves] = {}
     keys: dict[str, str] = {}
     for archive in plan.archives:
-        part = _try_cache(spark, plan, archive, options, keys)
-        if part is None:
-            part = _scan_leaves(spark, archive, plan.shift)
-            scanned.append(archive)
-        else:
-            part = part.withColumn("bad", sf.lit(0).cast("long"))
-        parts.append(part.select(sf.lit(archive.name).alias("archive"), "*"))
-    table = _union(parts).persist(StorageLevel.MEMORY_AND_DISK)
+        found = _try_cache(plan, archive, options, keys)
+        if found is not None:
+            tables[archive.name] = found
+    scanned = [a for a in plan.archives if a.name not in tables]
     names = ", ".join(a.name for a in scanned) or "none, all cached"
     with progress.stage(f"fingerprint leaves (scan: {names})"):
-        per_archive = (
-            table.groupBy("archive").agg(sf.sum("bad").alias("bad"), sf.sum("n").alias("rows"))
-        ).collect()
-    bad = {r["archive"]: r["bad"] for r in per_archive}
-    rows = {r["archive"]: int(r["rows"]) for r in per_archive}
-    plan.rows = {a.name: rows.get(a.name, 0) for a in plan.archives}
+        scan = _scan(spark, plan, scanned, options).toArrow() if scanned else None
     for archive in scanned:
-        if bad.get(archive.name):
-            table.unpersist()
+        assert scan is not None
+        mine = scan.filter(pc.equal(scan["archive"], archive.name))
+        if pc.sum(mine["bad"]).as_py():
             raise _bad_rows_error(spark, archive)
+        tables[archive.name] = _Leaves.from_arrow(mine)
+    plan.rows = {a.name: int(tables[a.name].n.sum()) for a in plan.archives}
     if options.fingerprint_cache and scanned:
         with progress.stage("write fingerprint caches"):
             for archive in scanned:
-                _write_cache(plan, archive, table, keys)
-    return table  # the persisted frame itself, so that the caller's unpersist frees it
+                _write_cache(plan, archive, tables[archive.name], keys)
+    return tables
+
+
+def _scan(
+    spark: SparkSession, plan: _Plan, archives: list[Archive], options: ReconcileOptions
+) -> DataFrame:
+    """(archive, leaf, n, s0..s7, bad) of ``archives``: one Spark job for all of them."""
+    by_files = [a for a in archives if _reads_files(a, options)]
+    parts = [
+        _scan_leaves(spark, a, plan.shift).select(sf.lit(a.name).alias("archive"), "*")
+        for a in archives
+        if a not in by_files
+    ]
+    if by_files:
+        units = arrow_leaves.list_units([(a.name, 0, plan.inputs[a.name].files) for a in by_files])
+        sums = [sf.sum(c).alias(c) for c in ["n", *LIMB_COLUMNS, "bad"]]
+        leaves = arrow_leaves.scan_leaves(spark, units, plan.shift)
+        parts.append(leaves.groupBy("archive", "leaf").agg(*sums))
+    return _union(parts)
+
+
+def _reads_files(archive: Archive, options: ReconcileOptions) -> bool:
+    return options.arrow_files and is_local(archive.path)
 
 
 def _union(parts: list[DataFrame]) -> DataFrame:
@@ -291,12 +337,8 @@ def _union(parts: list[DataFrame]) -> DataFrame:
 
 
 def _try_cache(
-    spark: SparkSession,
-    plan: _Plan,
-    archive: Archive,
-    options: ReconcileOptions,
-    keys: dict[str, str],
-) -> DataFrame | None:
+    plan: _Plan, archive: Archive, options: ReconcileOptions, keys: dict[str, str]
+) -> _Leaves | None:
     if not options.fingerprint_cache:
         plan.cache_state[archive.name] = "off"
         return None
@@ -311,15 +353,16 @@ def _try_cache(
         return None
     assert meta is not None
     plan.cache_state[archive.name] = "hit" if meta.shift == plan.shift else "hit (finer)"
-    return _coarsen(spark.read.parquet(cache.leaves_path(archive.path)), plan.shift - meta.shift)
+    table = pq.read_table(cache.leaves_path(archive.path))
+    return _Leaves.from_arrow(table).coarsen(plan.shift - meta.shift)
 
 
-def _write_cache(plan: _Plan, archive: Archive, table: DataFrame, keys: dict[str, str]) -> None:
+def _write_cache(plan: _Plan, archive: Archive, leaves: _Leaves, keys: dict[str, str]) -> None:
     if archive.name not in keys:
         return
-    target = cache.begin_write(archive.path)
-    mine = table.where(sf.col("archive") == archive.name).drop("archive", "bad")
-    mine.coalesce(1).write.mode("overwrite").parquet(target)
+    target = Path(cache.begin_write(archive.path))
+    target.mkdir(parents=True, exist_ok=True)
+    pq.write_table(leaves.to_arrow(), target / "part-0.parquet")
     found = plan.inputs[archive.name]
     minmax = found.min_max.get("timestamp")
     cache.commit(
@@ -374,107 +417,110 @@ def _top_level(plan: _Plan, options: ReconcileOptions) -> int | None:
     return level
 
 
-def _compare_ranges(ranged: DataFrame, names: list[str]) -> DataFrame:
-    """Per range: whether the archives' fingerprints differ, and its rows (all archives).
+def _summaries(table: _Leaves, ranges: np.ndarray) -> np.ndarray:
+    """(ranges, 9): count and limb sums of each range, zeros (the empty set) if absent."""
+    out = np.zeros((len(ranges), 1 + LIMBS), dtype=np.int64)
+    if len(table.leaf):
+        at = np.minimum(np.searchsorted(table.leaf, ranges), len(table.leaf) - 1)
+        here = table.leaf[at] == ranges
+        out[here, 0] = table.n[at[here]]
+        out[here, 1:] = table.sums[at[here]]
+    return out
 
-    One aggregation with a column group per archive (a pivot), so each level costs one
-    shuffle; an archive with no items in a range sums to (0, 0…), the empty set, whose
-    fingerprint is the empty set's, exactly what a store would report.
+
+def _fingerprint(summary: np.ndarray) -> bytes:
+    limb_sums = [int(s) for s in summary[1:]]
+    return fingerprint_of_sum(sum_from_limb_sums(limb_sums), int(summary[0]))
+
+
+def _differing(tables: list[_Leaves], ranges: np.ndarray) -> tuple[np.ndarray, int]:
+    """The ranges whose fingerprints differ between archives, and the rows they hold.
+
+    Equal summaries give equal fingerprints, so only ranges whose summaries differ are
+    hashed; their fingerprints decide (different sums may still be one total mod 2**256).
     """
-    sums = []
-    for i, name in enumerate(names):
-        mine = sf.col("archive") == sf.lit(name)
-        for column in ["n", *LIMB_COLUMNS]:
-            total = sf.coalesce(sf.sum(sf.when(mine, sf.col(column))), sf.lit(0).cast("long"))
-            sums.append(total.alias(f"{column}_{i}"))
-    per_archive = ranged.groupBy("range").agg(*sums)
-    fingerprints = [
-        fingerprint_expr(f"n_{i}", [f"{c}_{i}" for c in LIMB_COLUMNS]) for i in range(len(names))
-    ]
-    rows = sum((sf.col(f"n_{i}") for i in range(len(names))), sf.lit(0).cast("long"))
-    return per_archive.select(
-        "range",
-        (sf.size(sf.array_distinct(sf.array(*fingerprints))) > 1).alias("differs"),
-        rows.alias("n"),
-    )
+    summaries = [_summaries(t, ranges) for t in tables]
+    unequal = np.flatnonzero(np.any([(s != summaries[0]).any(axis=1) for s in summaries], axis=0))
+    differs = [i for i in unequal.tolist() if len({_fingerprint(s[i]) for s in summaries}) > 1]
+    rows = sum(int(s[differs, 0].sum()) for s in summaries)
+    return ranges[differs], rows
 
 
 def _compare_levels(
-    leaves: DataFrame, plan: _Plan, options: ReconcileOptions, progress: Progress
-) -> tuple[DataFrame | None, list[dict[str, int]], list[DataFrame]]:
+    tables: dict[str, _Leaves], plan: _Plan, options: ReconcileOptions, progress: Progress
+) -> tuple[list[int], list[dict[str, int]]]:
     """Top-down: fingerprint only ranges whose parent differed.
 
-    Returns the differing leaves (None if none), per-level counts, and the persisted
-    per-level comparisons, which the caller frees once the leaves have been used.
+    Returns the differing leaves and per-level counts.  The leaf tables are small (a few
+    hundred items per leaf), so this runs on the driver with the stores' own fingerprint
+    function.
     """
     top = _top_level(plan, options)
     levels: list[dict[str, int]] = []
-    cached: list[DataFrame] = []
     if top is None:
-        return None, levels, cached
-    names = [a.name for a in plan.archives]
+        return [], levels
     bits = options.fanout_bits
-    parent: DataFrame | None = None
+    parents: np.ndarray | None = None
     for level in range(top, -1, -1):
-        ranged = leaves.withColumn("range", sf.shiftright("leaf", bits * level))
-        if parent is not None:
-            ranged = ranged.withColumn("parent", sf.shiftright("leaf", bits * (level + 1))).join(
-                sf.broadcast(parent.withColumnRenamed("range", "parent")), "parent", "left_semi"
-            )
-        compared = _compare_ranges(ranged, names).persist(StorageLevel.MEMORY_AND_DISK)
-        cached.append(compared)
         with progress.stage(f"compare level {level}"):
-            row = compared.agg(
-                sf.count(sf.lit(1)).alias("compared"),
-                sf.count_if("differs").alias("differing"),
-                sf.coalesce(sf.sum(sf.when(sf.col("differs"), sf.col("n"))), sf.lit(0)).alias(
-                    "rows"
-                ),
-            ).first()
-        assert row is not None
+            ranged = [tables[a.name].coarsen(bits * level) for a in plan.archives]
+            ranges = np.unique(np.concatenate([r.leaf for r in ranged]))
+            if parents is not None:
+                ranges = ranges[np.isin(ranges >> bits, parents)]
+            parents, rows = _differing(ranged, ranges)
         levels.append(
             {
                 "level": level,
                 "range_width_ns": 1 << (plan.shift + bits * level),
-                "compared": int(row["compared"]),
-                "differing": int(row["differing"]),
-                "rows_in_differing": int(row["rows"]),
+                "compared": len(ranges),
+                "differing": len(parents),
+                "rows_in_differing": rows,
             }
         )
-        parent = compared.where("differs").select("range")
-        if row["differing"] == 0:
-            parent = None
-            break
-    return parent, levels, cached
+        if not len(parents):
+            return [], levels
+    assert parents is not None
+    return parents.tolist(), levels
 
 
 # -- 3. exact ----------------------------------------------------------------------------
 
 
 def _write_missing(
-    spark: SparkSession, plan: _Plan, diff_leaves: DataFrame | None, out: Path
+    spark: SparkSession,
+    plan: _Plan,
+    options: ReconcileOptions,
+    diff_leaves: list[int],
+    out: Path,
 ) -> None:
     """Group only the rows of differing leaves by item; list who lacks each item."""
     target = str(out / "missing")
-    if diff_leaves is None:
+    if not diff_leaves:
         empty = spark.createDataFrame([], MISSING_SCHEMA).coalesce(1)
         empty.write.mode("overwrite").parquet(target)
         return
-    leaf_set = sf.broadcast(diff_leaves.withColumnRenamed("range", "leaf"))
     # Who holds an item, as a bit mask over the archives: a plain hash aggregation (a
     # collect_set would fall back to sorting after 128 keys per task).
     names = sorted(a.name for a in plan.archives)
     bit = {name: 1 << i for i, name in enumerate(names)}
     everyone = (1 << len(names)) - 1
-    rows = _union(
-        [
-            spark.read.parquet(a.path)
-            .select(sf.lit(bit[a.name]).cast("long").alias("bit"), "timestamp", "message_hash")
-            .withColumn("leaf", sf.shiftright("timestamp", plan.shift))
-            .join(leaf_set, "leaf", "left_semi")
-            for a in plan.archives
-        ]
-    )
+    by_files = [a for a in plan.archives if _reads_files(a, options)]
+    leaf_set = spark.createDataFrame([(leaf,) for leaf in diff_leaves], "leaf long")
+    parts = [
+        spark.read.parquet(a.path)
+        .select(sf.lit(bit[a.name]).cast("long").alias("bit"), "timestamp", "message_hash")
+        .withColumn("leaf", sf.shiftright("timestamp", plan.shift))
+        .join(sf.broadcast(leaf_set), "leaf", "left_semi")
+        .drop("leaf")
+        for a in plan.archives
+        if a not in by_files
+    ]
+    if by_files:
+        units = arrow_leaves.list_units(
+            [(a.name, bit[a.name], plan.inputs[a.name].files) for a in by_files]
+        )
+        parts.append(arrow_leaves.rows_in_leaves(spark, units, plan.shift, diff_leaves))
+    rows = _union(parts)
     held = rows.groupBy("timestamp", "message_hash").agg(sf.bit_or("bit").alias("mask"))
 
     def holders(present: bool) -> Column:
@@ -498,9 +544,8 @@ def _write_missing(
     ordered.write.mode("overwrite").parquet(target)
 
 
-def _missing_per_archive(spark: SparkSession, out: Path, archives: list[Archive]) -> dict[str, int]:
-    counts = {
-        r["archive"]: int(r["count"])
-        for r in spark.read.parquet(str(out / "missing")).groupBy("archive").count().collect()
-    }
-    return {a.name: counts.get(a.name, 0) for a in archives}
+def _missing_per_archive(out: Path, archives: list[Archive]) -> dict[str, int]:
+    """Counted from the written output's archive column (small: only what is missing)."""
+    names = pq.read_table(str(out / "missing"), columns=["archive"])["archive"]
+    counts = {r["values"]: r["counts"] for r in pc.value_counts(names).to_pylist()}
+    return {a.name: int(counts.get(a.name, 0)) for a in archives}

@@ -1,0 +1,192 @@
+"""Leaf sums and the rows of differing leaves, read row group by row group in Spark tasks.
+
+Theory of operation
+-------------------
+Spark's Parquet reader turns every value into a row before an expression sees it, and
+reading the limbs of a hash then takes 32 table look-ups per row
+(:mod:`sdsync.pipeline.spark_fingerprint`).  When every executor can open the archive's
+files (a local or shared file system) we do better: each Spark task (``mapInArrow``)
+opens one row group with pyarrow, reads only ``timestamp`` and ``message_hash``, and
+works on whole Arrow buffers with numpy.  A binary column of 32-byte values has one
+contiguous data buffer, so viewing it as big-endian 32-bit words *is* the (rows, 8)
+matrix of limbs, most significant first, without a copy.  Per leaf (``timestamp >>
+shift``, the same arithmetic shift as Spark's) the count and the limb sums are one
+``np.add.reduceat`` over the rows in leaf order (archives are usually written in time
+order; otherwise a stable argsort).  A task emits one row per leaf it saw, so the leaf
+table's shuffle stays a few hundred bytes per leaf and task.
+
+A row group with a null or a wrongly sized hash, or a null timestamp, emits only how
+many such rows it has (``bad``); the caller names the file and column from that.
+
+The exact phase opens the same row groups again and emits only the rows whose leaf is in
+the sorted array of differing leaves that travels with the task.
+
+The task's id selects its unit (archive, file, row group), listed from the footers on
+the driver: ``spark.range(units, numPartitions=units)`` makes one task per unit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, SparkSession
+
+from sdsync.pipeline.spark_fingerprint import limb_names
+from sdsync.reconcile.fingerprint import HASH_SIZE, LIMBS
+
+COLUMNS = ["timestamp", "message_hash"]
+LEAF_SCHEMA = pa.schema(
+    [
+        ("archive", pa.string()),
+        ("leaf", pa.int64()),
+        *[(name, pa.int64()) for name in ["n", *limb_names()]],
+        ("bad", pa.int64()),
+    ]
+)
+ROW_SCHEMA = pa.schema(
+    [("bit", pa.int64()), ("timestamp", pa.int64()), ("message_hash", pa.binary())]
+)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One task's share of the work: a row group of one archive's file."""
+
+    archive: str
+    bit: int
+    file: str
+    row_group: int
+
+
+def list_units(archives: list[tuple[str, int, list[str]]]) -> list[Unit]:
+    """The row groups of ``(archive name, bit, files)``, from the footers."""
+    return [
+        Unit(name, bit, file, group)
+        for name, bit, files in archives
+        for file in files
+        for group in range(pq.ParquetFile(file).metadata.num_row_groups)
+    ]
+
+
+def _spark_schema(schema: pa.Schema) -> str:
+    kinds = {pa.string(): "string", pa.int64(): "long", pa.binary(): "binary"}
+    return ", ".join(f"{f.name} {kinds[f.type]}" for f in schema)
+
+
+def _per_unit(
+    spark: SparkSession,
+    units: list[Unit],
+    work: Callable[[Unit], Iterator[pa.RecordBatch]],
+    schema: pa.Schema,
+) -> DataFrame:
+    def run(ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in ids:
+            for unit_id in batch.column(0).to_pylist():
+                yield from work(units[unit_id])
+
+    tasks = spark.range(0, len(units), 1, max(1, len(units)))
+    return tasks.mapInArrow(run, _spark_schema(schema))
+
+
+def _read(unit: Unit) -> Iterator[pa.RecordBatch]:
+    table = pq.ParquetFile(unit.file).read_row_group(unit.row_group, columns=COLUMNS)
+    return iter(table.select(COLUMNS).to_batches())
+
+
+def hash_limbs(hashes: pa.Array) -> np.ndarray | None:
+    """The (rows, 8) big-endian uint32 limbs of 32-byte hashes, or None if any hash is
+    null or of another size."""
+    rows = len(hashes)
+    if hashes.null_count:
+        return None
+    if rows == 0:
+        return np.zeros((0, LIMBS), dtype=">u4")
+    if pa.types.is_fixed_size_binary(hashes.type):
+        if hashes.type.byte_width != HASH_SIZE:
+            return None
+        start, data = hashes.offset * HASH_SIZE, hashes.buffers()[1]
+    else:
+        width = np.int64 if pa.types.is_large_binary(hashes.type) else np.int32
+        offsets = np.frombuffer(
+            hashes.buffers()[1],
+            dtype=width,
+            count=rows + 1,
+            offset=hashes.offset * np.dtype(width).itemsize,
+        )
+        if np.any(np.diff(offsets) != HASH_SIZE):
+            return None
+        start, data = int(offsets[0]), hashes.buffers()[2]
+    return np.frombuffer(data, dtype=">u4", count=rows * LIMBS, offset=start).reshape(rows, LIMBS)
+
+
+def _bad_rows(batch: pa.RecordBatch) -> int:
+    timestamp, hashes = batch.column(0), batch.column(1)
+    wrong = pc.fill_null(pc.not_equal(pc.binary_length(hashes), HASH_SIZE), True)
+    return int(pc.sum(pc.or_(wrong, pc.is_null(timestamp))).as_py() or 0)
+
+
+def leaf_sums(
+    timestamps: np.ndarray, limbs: np.ndarray, shift: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per leaf present: the leaf ids (ascending), the counts and the (leaves, 8) limb sums."""
+    leaf = timestamps >> shift
+    if np.any(leaf[1:] < leaf[:-1]):
+        order = np.argsort(leaf, kind="stable")
+        leaf, limbs = leaf[order], limbs[order]
+    starts = np.flatnonzero(np.concatenate(([True], leaf[1:] != leaf[:-1])))
+    counts = np.diff(np.append(starts, len(leaf)))
+    # Fewer than 2**31 items of < 2**32 each per leaf: the sums fit a signed long.
+    sums = np.add.reduceat(limbs, starts, axis=0, dtype=np.uint64).astype(np.int64)
+    return leaf[starts], counts.astype(np.int64), sums
+
+
+def _leaf_batch(unit: Unit, batch: pa.RecordBatch, shift: int) -> pa.RecordBatch:
+    limbs = hash_limbs(batch.column(1)) if batch.column(0).null_count == 0 else None
+    if limbs is None:
+        zeros = [pa.array([0], pa.int64()) for _ in range(LIMBS + 2)]
+        bad = pa.array([_bad_rows(batch)], pa.int64())
+        return pa.RecordBatch.from_arrays(
+            [pa.array([unit.archive]), *zeros, bad], schema=LEAF_SCHEMA
+        )
+    leaves, counts, sums = leaf_sums(batch.column(0).to_numpy(), limbs, shift)
+    columns = [leaves, counts, *sums.T, np.zeros(len(leaves), dtype=np.int64)]
+    names = pa.array([unit.archive] * len(leaves), pa.string())
+    return pa.RecordBatch.from_arrays([names, *map(pa.array, columns)], schema=LEAF_SCHEMA)
+
+
+def scan_leaves(spark: SparkSession, units: list[Unit], shift: int) -> DataFrame:
+    """Rows (archive, leaf, n, s0..s7, bad), one per leaf per task: group to merge them."""
+
+    def work(unit: Unit) -> Iterator[pa.RecordBatch]:
+        for batch in _read(unit):
+            if batch.num_rows:
+                yield _leaf_batch(unit, batch, shift)
+
+    return _per_unit(spark, units, work, LEAF_SCHEMA)
+
+
+def rows_in_leaves(
+    spark: SparkSession, units: list[Unit], shift: int, leaves: Sequence[int]
+) -> DataFrame:
+    """Rows (bit, timestamp, message_hash) of the archives whose leaf is in ``leaves``."""
+    wanted = np.unique(np.asarray(leaves, dtype=np.int64))
+
+    def work(unit: Unit) -> Iterator[pa.RecordBatch]:
+        if not len(wanted):
+            return
+        for batch in _read(unit):
+            leaf = batch.column(0).to_numpy() >> shift
+            at = np.minimum(np.searchsorted(wanted, leaf), len(wanted) - 1)
+            keep = wanted[at] == leaf
+            if keep.any():
+                picked = batch.filter(pa.array(keep))
+                bit = pa.array(np.full(picked.num_rows, unit.bit, dtype=np.int64))
+                hashes = picked.column(1).cast(pa.binary())
+                yield pa.RecordBatch.from_arrays([bit, picked.column(0), hashes], schema=ROW_SCHEMA)
+
+    return _per_unit(spark, units, work, ROW_SCHEMA)
