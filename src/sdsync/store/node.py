@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 A :class:`StoreNode` owns an archive, a thread pool that runs the (blocking) archive
-calls, the aiohttp server and three background tasks:
+calls, the aiohttp server and its background tasks:
 
 * the *heartbeat* writes the last-online time every minute (Store Resume needs it);
 * *retention* applies every configured policy every ``retention_interval_s``;

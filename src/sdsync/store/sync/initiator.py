@@ -11,7 +11,7 @@ Transfer follows, in the same session: the side that holds a message sends it. W
 what we hold and the peer lacks, in batches read from our archive; then we pull what the
 peer holds and we lack, batch by batch, accepting only messages whose recomputed hash is
 one the session found we need. Last, the session is closed (also after a failure, as a
-courtesy; an abandoned session expires on the peer anyway).
+courtesy; a session abandoned because we were cancelled expires on the peer).
 
 Failures say what to do next: a peer that does not speak Store Sync v1 or this method
 (404, 405, or no session in its answer) raises :class:`SyncUnsupportedError`, and
@@ -125,17 +125,19 @@ async def sync_with_peer(
         else ProllySession(store, initiator=True, window=window)
     )
     async with _http(session, timeout_s) as client:
-        peer_api = _Peer(client, report)
-        session_id = None
+        api = _Peer(client, report)
         try:
-            session_id = await _reconcile(peer_api, reconcile, report)
-            report.have, report.need = len(reconcile.have), len(reconcile.need)
-            await _push(host, peer_api, session_id, reconcile, report)
-            await _pull(host, peer_api, session_id, reconcile, report)
+            session_id, reply = await _open(api, reconcile, report)
+            try:
+                await _reconcile(api, session_id, reconcile, reply, report)
+                await _push(host, api, session_id, reconcile, report)
+                await _pull(host, api, session_id, reconcile, report)
+            except Exception:
+                await api.close(session_id)
+                raise
+            # Not when cancelled (the node is stopping): the peer's idle expiry will do.
+            await api.close(session_id)
         finally:
-            if session_id is not None:
-                with contextlib.suppress(StoreUnavailableError, RemoteProtocolError):
-                    await peer_api.call("DELETE", session_path(session_id))
             _count(host, report)
     report.seconds = time.perf_counter() - started
     host.metrics.sync_rounds.labels(role="initiator").inc()
@@ -144,11 +146,10 @@ async def sync_with_peer(
     return report
 
 
-async def _reconcile(peer: _Peer, reconcile: ReconcileSession, report: SyncReport) -> str:
-    """Run the reconciliation to its end; returns the peer's session id."""
+async def _open(peer: _Peer, reconcile: ReconcileSession, report: SyncReport) -> tuple[str, bytes]:
+    """Open a session on the peer with our first frame; its id and the peer's reply."""
     start, end = report.window
-    frame: bytes | None = reconcile.initiate()
-    assert frame is not None
+    frame = reconcile.initiate()
     try:
         reply, headers = await peer.call(
             "POST", open_path(report.method), body=frame, params={"start": start, "end": end}
@@ -160,17 +161,26 @@ async def _reconcile(peer: _Peer, reconcile: ReconcileSession, report: SyncRepor
     session_id = headers.get(SESSION_HEADER)
     if not session_id:
         raise SyncUnsupportedError(f"{report.peer} opened no Store Sync session")
-    while True:
-        report.round_trips += 1
-        report.frame_bytes_sent += len(frame)
-        report.frame_bytes_received += len(reply)
-        frame = await asyncio.to_thread(reconcile.receive, reply) if reply else None
-        if frame is None:
-            break
+    _exchanged(report, frame, reply)
+    return session_id, reply
+
+
+async def _reconcile(
+    peer: _Peer, session_id: str, reconcile: ReconcileSession, reply: bytes, report: SyncReport
+) -> None:
+    """Answer the peer's replies until neither side has anything left to say."""
+    while reply and (frame := await asyncio.to_thread(reconcile.receive, reply)) is not None:
         reply, _ = await peer.call("POST", session_path(session_id), body=frame)
+        _exchanged(report, frame, reply)
     if not reconcile.done:
         raise RemoteProtocolError(f"{report.peer} stopped answering before the sync was done")
-    return session_id
+    report.have, report.need = len(reconcile.have), len(reconcile.need)
+
+
+def _exchanged(report: SyncReport, frame: bytes, reply: bytes) -> None:
+    report.round_trips += 1
+    report.frame_bytes_sent += len(frame)
+    report.frame_bytes_received += len(reply)
 
 
 async def _push(
@@ -255,6 +265,11 @@ class _Peer:
     def __init__(self, client: aiohttp.ClientSession, report: SyncReport) -> None:
         self.client = client
         self.report = report
+
+    async def close(self, session_id: str) -> None:
+        """End a session, as a courtesy: failing to changes nothing for us."""
+        with contextlib.suppress(StoreUnavailableError, RemoteProtocolError):
+            await self.call("DELETE", session_path(session_id))
 
     async def call(
         self,
