@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 
 import pytest
 
-from sdsync.core import BloomParams, ChannelConfig, MessageDelivered, RepairConfig, SendFailed
+from sdsync.core import (
+    BloomParams,
+    ChannelConfig,
+    MessageChannel,
+    MessageDelivered,
+    RepairConfig,
+    SendFailed,
+    system_clock_ms,
+)
 from sdsync.runtime import MemoryStore, ReliableChannel, RuntimeConfig
 from sdsync.transport import MemoryNetwork
 from sdsync.transport.memory import Faults
@@ -83,22 +92,43 @@ def test_three_participants_converge_over_a_lossy_network(with_store: bool) -> N
     asyncio.run(scenario())
 
 
-def test_bad_frames_are_counted_and_the_channel_keeps_working() -> None:
+def test_bad_frames_are_counted_and_the_channel_keeps_working(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     async def scenario() -> None:
         net = MemoryNetwork(seed=1)
         a, b = group(net, 2)
         await a.start()
         await b.start()
         rogue = net.transport("rogue")
-        await rogue.publish("/sds/1/chat", b"\xff\xfe garbage")
-        await rogue.publish("/sds/1/chat", b"\x0a" * 2_000_000)  # oversized
+        other = MessageChannel("another-channel", "rogue", now_ms=system_clock_ms())
+        future = MessageChannel("chat", "rogue", now_ms=system_clock_ms() + 10 * 86_400_000)
+        for frame in (
+            b"\xff\xfe garbage",
+            b"\x0a" * 2_000_000,  # oversized
+            b"\x0a\x05ab",  # truncated
+            other.send(b"not for chat", system_clock_ms()).data,  # wrong channel
+            future.send(b"from the future", future.lamport_timestamp).data,
+        ):
+            await rogue.publish("/sds/1/chat", frame)
         await a.send(b"still fine")
         await asyncio.wait_for(converged([a, b], 1), PATIENCE_S)
-        assert sum(b.rejected.values()) == 2
+        assert b.rejected == {
+            "malformed SDS message": 2,
+            "message of N bytes exceeds the limit of N": 1,
+            "wrong channel": 1,
+            "lamport timestamp too far in the future": 1,
+        }
+        assert b.channel.log_ids() == a.channel.log_ids()  # nothing bad got in
         await a.stop()
         await b.stop()
 
-    asyncio.run(scenario())
+    with caplog.at_level(logging.DEBUG, logger="sdsync.runtime"):
+        asyncio.run(scenario())
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING and "p1" in r.message]
+    # Each reason once at WARNING, repeats only at DEBUG.
+    assert len(warned) == 4
+    assert any("wrong channel" in r.message for r in warned)
 
 
 def test_gives_up_after_max_attempts_and_reports_send_failed() -> None:

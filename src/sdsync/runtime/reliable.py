@@ -30,13 +30,14 @@ import asyncio
 import contextlib
 import logging
 import random
+import re
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Protocol
 
-from sdsync.core import ChannelConfig, Event, MessageChannel, system_clock_ms
+from sdsync.core import ChannelConfig, Event, MessageChannel, MessageDropped, system_clock_ms
 from sdsync.errors import LocalProtocolError, RemoteProtocolError
 from sdsync.runtime.driver import ChannelDriver, QueryStore, Step, Transmit
 from sdsync.runtime.policy import RuntimeConfig
@@ -45,6 +46,9 @@ from sdsync.transport.base import Received, Transport
 from sdsync.wire import HistoryEntry
 
 logger = logging.getLogger("sdsync.runtime")
+
+# Well-formed messages that are still bad input; duplicates and our own echoes are not.
+_BAD_INPUT = frozenset({"wrong channel", "lamport timestamp too far in the future"})
 
 
 class StoreClient(Protocol):
@@ -188,11 +192,20 @@ class ReliableChannel:
             yield self._take(await self._events.get())
 
     def pending_events(self) -> list[Event]:
-        """Events not consumed yet, without waiting."""
-        out = []
+        """Events not consumed yet, without waiting (all handed over at once)."""
+        taken: list[Delivery] = []
         while not self._events.empty():
-            out.append(self._take(self._events.get_nowait()))
-        return out
+            delivery = self._events.get_nowait()
+            if delivery is None:
+                self._events.put_nowait(None)
+                break
+            taken.append(delivery)
+        numbers = [d.seq for d in taken if d.seq is not None]
+        if numbers and self.state is not None:
+            self.state.handed_off(numbers[-1])
+        if not taken and self._failure is not None:
+            raise self._stopped() from self._failure
+        return [d.event for d in taken]
 
     def _take(self, delivery: Delivery | None) -> Event:
         if delivery is None:
@@ -226,19 +239,37 @@ class ReliableChannel:
                 frame.data, self._clock(), retrieval_hint=frame.retrieval_hint
             )
         except RemoteProtocolError as exc:
-            reason = str(exc).split(":")[0]
-            self.rejected[reason] += 1
-            logger.warning("%s: dropped a bad frame: %s", self.channel.participant_id, exc)
+            # The reason is the error without its details: "message of N bytes exceeds ...".
+            self._reject(re.sub(r"\d+", "N", str(exc).split(":")[0]), str(exc))
             return
+        for event in step.events:
+            if isinstance(event, MessageDropped) and event.reason in _BAD_INPUT:
+                self._reject(event.reason, f"message {event.message_id}")
         await self._carry_out(step)
+
+    def _reject(self, reason: str, detail: str) -> None:
+        # The first of each reason at WARNING, the rest at DEBUG: a peer cannot flood the log.
+        level = logging.DEBUG if reason in self.rejected else logging.WARNING
+        self.rejected[reason] += 1
+        logger.log(
+            level,
+            "%s: dropped a bad frame (%s, %d so far): %s",
+            self.channel.participant_id,
+            reason,
+            self.rejected[reason],
+            detail,
+        )
 
     async def _timer_loop(self) -> None:
         try:
             while True:
                 delay = max(0, self.driver.next_due() - self._clock()) / 1000
                 self._wake.clear()
+                # Not wait_for: on 3.11 it swallows a cancel that races the wake-up, and
+                # stop() would then wait out the whole delay.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=delay)
+                    async with asyncio.timeout(delay):
+                        await self._wake.wait()
                 async with self._lock:
                     now = self._clock()
                     if self.driver.next_due() <= now:

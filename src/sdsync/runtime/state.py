@@ -478,7 +478,13 @@ class ChannelState:
 
     @property
     def delivered_cursor(self) -> int:
+        """The number of the last delivery handed to the application."""
         return self._cursor
+
+    @property
+    def last_delivery(self) -> int:
+        """The number of the last delivery committed (handed over or not)."""
+        return self._event_seq
 
     # ---------------------------------------------------------------- reading
 
