@@ -1,21 +1,36 @@
-"""Spark's limbs and fingerprints equal the reference implementation's."""
+"""Spark's and numpy's limbs and leaf sums give the reference implementation's fingerprints."""
 
 from __future__ import annotations
 
 import random
 import zlib
 
+import numpy as np
+import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as sf
 
+from sdsync.pipeline.arrow_leaves import hash_limbs as arrow_limbs
+from sdsync.pipeline.arrow_leaves import leaf_sums
 from sdsync.pipeline.spark_fingerprint import (
     crc_inverse_tables,
-    fingerprint_expr,
     hash_limbs,
     limb_from_crc,
     limb_names,
 )
-from sdsync.reconcile.fingerprint import fingerprint, limbs
+from sdsync.reconcile.fingerprint import fingerprint, fingerprint_of_sum, limbs, sum_from_limb_sums
+
+RNG = random.Random(8)
+GROUPS: dict[int, list[bytes]] = {
+    0: [bytes(32), b"\xff" * 32, bytes(range(32)), b"\x80" + bytes(31)],
+    1: [RNG.randbytes(32) for _ in range(300)],
+    2: [b"\xff" * 32] * 5,  # carries through every limb
+    3: [RNG.randbytes(32)],
+}
+
+
+def _fingerprint_of(n: int, sums: list[int]) -> bytes:
+    return fingerprint_of_sum(sum_from_limb_sums(sums), n)
 
 
 def test_crc_inverse_recovers_every_byte_pattern() -> None:
@@ -26,16 +41,8 @@ def test_crc_inverse_recovers_every_byte_pattern() -> None:
         assert limb_from_crc(zlib.crc32(m.to_bytes(4, "big")), tables) == m
 
 
-def test_spark_limbs_and_fingerprints_match_reference(spark: SparkSession) -> None:
-    rng = random.Random(8)
-    extremes = [bytes(32), b"\xff" * 32, bytes(range(32)), b"\x80" + bytes(31)]
-    groups: dict[int, list[bytes]] = {
-        0: extremes,
-        1: [rng.randbytes(32) for _ in range(300)],
-        2: [b"\xff" * 32] * 5,  # carries through every limb
-        3: [rng.randbytes(32)],
-    }
-    rows = [(g, h) for g, hs in groups.items() for h in hs]
+def test_spark_limbs_and_sums_match_reference(spark: SparkSession) -> None:
+    rows = [(g, h) for g, hs in GROUPS.items() for h in hs]
     df = spark.createDataFrame(rows, "g long, h binary")
     got_limbs = df.select("h", *hash_limbs("h")).collect()
     for row in got_limbs:
@@ -45,26 +52,35 @@ def test_spark_limbs_and_fingerprints_match_reference(spark: SparkSession) -> No
         sf.count(sf.lit(1)).alias("n"),
         *[sf.sum(limb).alias(name) for limb, name in zip(hash_limbs("h"), names, strict=True)],
     )
-    fps = {
-        r["g"]: bytes(r["fp"])
-        for r in sums.select("g", fingerprint_expr("n", names).alias("fp")).collect()
-    }
-    assert fps == {g: fingerprint(hs) for g, hs in groups.items()}
+    fps = {r["g"]: _fingerprint_of(r["n"], [r[c] for c in names]) for r in sums.collect()}
+    assert fps == {g: fingerprint(hs) for g, hs in GROUPS.items()}
 
 
-def test_spark_fingerprint_of_large_counts_and_empty(spark: SparkSession) -> None:
-    # Varint lengths 1..5 bytes and the empty set, without materialising the items.
-    from sdsync.reconcile.fingerprint import fingerprint_of_sum
+def test_numpy_leaf_sums_match_reference_in_any_order_and_layout() -> None:
+    rows = [(g, h) for g, hs in GROUPS.items() for h in hs]
+    RNG.shuffle(rows)  # leaf sums must not depend on the rows being in time order
+    timestamps = np.array([g << 10 | RNG.randrange(1024) for g, _ in rows], dtype=np.int64)
+    hashes = [h for _, h in rows]
+    layouts = [
+        pa.array(hashes, pa.binary()),
+        pa.array(hashes, pa.large_binary()),
+        pa.array(hashes, pa.binary(32)),
+        pa.array([b"x", *hashes], pa.binary()).slice(1),  # an offset into the buffers
+    ]
+    for array in layouts:
+        matrix = arrow_limbs(array)
+        assert matrix is not None
+        assert [tuple(map(int, r)) for r in matrix] == [limbs(h) for h in hashes]
+        leaves, counts, sums = leaf_sums(timestamps, matrix, 10)
+        got = {
+            int(leaf): _fingerprint_of(int(n), [int(s) for s in row])
+            for leaf, n, row in zip(leaves, counts, sums, strict=True)
+        }
+        assert got == {g: fingerprint(hs) for g, hs in GROUPS.items()}
 
-    cases = [(0, 0), (1, 127), (5, 128), (7, 16_383), (9, 16_384), (11, 2**31 - 1)]
-    df = spark.createDataFrame([(n, s) for s, n in cases], "n long, s long")
-    # Put the whole sum in the least significant limb: s0..s6 = 0.
-    zeros = [sf.lit(0).cast("long").alias(f"z{i}") for i in range(7)]
-    limbs_cols = [f"z{i}" for i in range(7)] + ["s"]
-    got = (
-        df.select("n", "s", *zeros)
-        .select("n", "s", fingerprint_expr("n", limbs_cols).alias("fp"))
-        .collect()
-    )
-    for r in got:
-        assert bytes(r["fp"]) == fingerprint_of_sum(r["s"], r["n"])
+
+def test_numpy_limbs_refuse_nulls_and_other_sizes() -> None:
+    assert arrow_limbs(pa.array([bytes(32), None], pa.binary())) is None
+    assert arrow_limbs(pa.array([bytes(32), bytes(31)], pa.binary())) is None
+    assert arrow_limbs(pa.array([bytes(16)], pa.binary(16))) is None
+    assert arrow_limbs(pa.array([], pa.binary())) is not None

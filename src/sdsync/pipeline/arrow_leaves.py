@@ -21,8 +21,9 @@ many such rows it has (``bad``); the caller names the file and column from that.
 The exact phase opens the same row groups again and emits only the rows whose leaf is in
 the sorted array of differing leaves that travels with the task.
 
-The task's id selects its unit (archive, file, row group), listed from the footers on
-the driver: ``spark.range(units, numPartitions=units)`` makes one task per unit.
+The units (archive, file, row group) are listed from the footers on the driver; the ids
+of ``spark.range(units)`` select them, split into as few tasks as there are shuffle
+partitions, since starting a Python task costs far more than a row group takes.
 """
 
 from __future__ import annotations
@@ -64,13 +65,18 @@ class Unit:
 
 
 def list_units(archives: list[tuple[str, int, list[str]]]) -> list[Unit]:
-    """The row groups of ``(archive name, bit, files)``, from the footers."""
-    return [
-        Unit(name, bit, file, group)
+    """The row groups of ``(archive name, bit, files)``, from the footers, the archives
+    interleaved so that a task's run of consecutive units mixes them."""
+    per_archive = [
+        [
+            Unit(name, bit, file, group)
+            for file in files
+            for group in range(pq.ParquetFile(file).metadata.num_row_groups)
+        ]
         for name, bit, files in archives
-        for file in files
-        for group in range(pq.ParquetFile(file).metadata.num_row_groups)
     ]
+    longest = max(map(len, per_archive), default=0)
+    return [units[i] for i in range(longest) for units in per_archive if i < len(units)]
 
 
 def _spark_schema(schema: pa.Schema) -> str:
@@ -89,8 +95,10 @@ def _per_unit(
             for unit_id in batch.column(0).to_pylist():
                 yield from work(units[unit_id])
 
-    tasks = spark.range(0, len(units), 1, max(1, len(units)))
-    return tasks.mapInArrow(run, _spark_schema(schema))
+    # A Python task costs about a second to start on a small machine, so there are only
+    # as many as shuffle partitions (sized to the cores), each working on several units.
+    tasks = min(len(units), int(spark.conf.get("spark.sql.shuffle.partitions") or 1))
+    return spark.range(0, len(units), 1, max(1, tasks)).mapInArrow(run, _spark_schema(schema))
 
 
 def _read(unit: Unit) -> Iterator[pa.RecordBatch]:

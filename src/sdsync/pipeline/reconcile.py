@@ -10,19 +10,23 @@ range-based reconciliation uses), and compare rows exactly only there:
 
 1. **Leaves.** Time is cut into aligned buckets ``leaf = timestamp >> shift``; ``shift``
    is chosen from the footers' row counts and time bounds so that a leaf holds about
-   ``leaf_items`` (256) items of the largest archive.  One scan per archive reads only
-   ``timestamp`` and ``message_hash`` and sums, per leaf, the count and the eight 32-bit
-   limbs of the hashes (:mod:`sdsync.pipeline.spark_fingerprint`).  The scan's only
-   shuffle is the map-side-combined leaf table: a few hundred bytes per leaf.
+   ``leaf_items`` (256) items of the largest archive.  One Spark job reads only
+   ``timestamp`` and ``message_hash`` of every archive and sums, per leaf, the count and
+   the eight 32-bit limbs of the hashes: for local archives row group by row group with
+   pyarrow and numpy in ``mapInArrow`` tasks (:mod:`sdsync.pipeline.arrow_leaves`),
+   otherwise with Spark's reader and column expressions
+   (:mod:`sdsync.pipeline.spark_fingerprint`).  Its only shuffle is the leaf table, a
+   few hundred bytes per leaf, which the driver collects.
 2. **Hierarchy.** A range at level ``L`` is ``leaf >> (4 L)`` (fanout 16).  Sums add, so
-   every level is computed from the small leaf table, never from the rows.  Starting at
-   the lowest level with at most 16 ranges, we fingerprint each range in each archive
-   and keep the ranges whose fingerprints differ (a range an archive has no items in is
-   the empty set); the next level looks only inside those.
-3. **Exact.** Rows of the differing leaves are read again, grouped by
-   ``(timestamp, message_hash)`` with a bit mask of the archives holding each item (a
-   plain hash aggregation); ``held_by`` is the sorted array of those archives, and every
-   archive not in it gets a row in ``OUT/missing/``.
+   every level is computed from the leaf table, never from the rows; being small, it is
+   compared on the driver, with the stores' own fingerprint function, without a Spark
+   job per level.  Starting at the lowest level with at most 16 ranges, we fingerprint
+   each range in each archive and keep the ranges whose fingerprints differ (a range an
+   archive has no items in is the empty set); the next level looks only inside those.
+3. **Exact.** Rows of the differing leaves are read again (the same way as in step 1,
+   keeping only those rows), grouped by ``(timestamp, message_hash)`` with a bit mask of
+   the archives holding each item (a plain hash aggregation); ``held_by`` is the sorted
+   array of those archives, and every archive not in it gets a row in ``OUT/missing/``.
 
 Equal fingerprints mean equal sets up to a 2**-128 collision, so the result equals the
 join's.  Duplicate rows inside one archive make its fingerprint differ, which costs an

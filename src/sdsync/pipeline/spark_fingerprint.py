@@ -1,14 +1,14 @@
-"""The RBSR fingerprint (:mod:`sdsync.reconcile.fingerprint`) as Spark column expressions.
+"""The limbs of the RBSR fingerprint (:mod:`sdsync.reconcile.fingerprint`) as Spark
+column expressions, for archives Spark's own reader must read.
 
 Theory of operation
 -------------------
 A range's summary is ``(count, s0..s7)``: the item count and, per 32-bit limb of the
 hashes (most significant first), the plain sum of the limbs as a long.  Sums add, so a
 range's summary is the sum of its sub-ranges' summaries, and the whole hierarchy is
-built from one scan.  :func:`fingerprint_sql` then does, on the (small) summary table,
-what :func:`~sdsync.reconcile.fingerprint.sum_from_limb_sums` does in Python: propagate
-carries from the least significant limb up, drop the carry out of the top (mod 2**256),
-append negentropy's varint of the count, sha256, keep 16 bytes.
+built from one scan; :func:`~sdsync.reconcile.fingerprint.sum_from_limb_sums` and
+:func:`~sdsync.reconcile.fingerprint.fingerprint_of_sum` turn a summary into the
+fingerprint.  (Local archives are summed faster by :mod:`sdsync.pipeline.arrow_leaves`.)
 
 Reading a limb.  Spark has no built-in that reads bytes as an integer; the hex-string
 route (``conv(hex(substring(h, …)), 16, 10)``) costs 6-7x a plain scan, and an Arrow
@@ -31,11 +31,10 @@ from functools import cache
 from pyspark.sql import Column
 from pyspark.sql import functions as sf
 
-from sdsync.reconcile.fingerprint import FINGERPRINT_SIZE, LIMB_BITS, LIMBS
+from sdsync.reconcile.fingerprint import LIMB_BITS, LIMBS
 
 LIMB_MASK = (1 << LIMB_BITS) - 1
 _CRC_OF_ZERO = zlib.crc32(bytes(4))
-_VARINT_GROUPS = 9  # 9 groups of 7 bits cover any non-negative long
 
 
 def _crc_linear_part(m: int) -> int:
@@ -113,40 +112,3 @@ def hash_limbs(column: str) -> list[Column]:
 
 def limb_names(prefix: str = "s") -> list[str]:
     return [f"{prefix}{i}" for i in range(LIMBS)]
-
-
-def _hex_bytes(value: str, width: int) -> str:
-    return f"lpad(hex({value}), {2 * width}, '0')"
-
-
-def _varint_hex(count: str) -> str:
-    # Most significant group first; a group is written iff the count needs it.
-    pieces = []
-    for k in reversed(range(_VARINT_GROUPS)):
-        group = f"(shiftright({count}, {7 * k}) & 127)"
-        if k == 0:
-            pieces.append(_hex_bytes(group, 1))
-        else:
-            byte = _hex_bytes(f"({group} | 128)", 1)
-            pieces.append(f"(CASE WHEN {count} >= {1 << (7 * k)} THEN {byte} ELSE '' END)")
-    return "concat(" + ", ".join(pieces) + ")"
-
-
-def fingerprint_sql(count: str, limb_sums: Sequence[str]) -> str:
-    """SQL for the 16-byte fingerprint of a range from the names of its count and limb
-    sum columns (most significant limb first)."""
-    count_q = _quote(count)
-    words: list[str] = []
-    carry = "cast(0 as bigint)"
-    for s in reversed(limb_sums):
-        v = f"({_quote(s)} + {carry})"
-        words.append(f"({v} & {LIMB_MASK})")
-        carry = f"shiftright({v}, {LIMB_BITS})"
-    total_hex = "concat(" + ", ".join(_hex_bytes(w, 4) for w in reversed(words)) + ")"
-    digest = f"sha2(unhex(concat({total_hex}, {_varint_hex(count_q)})), 256)"
-    return f"unhex(substring({digest}, 1, {2 * FINGERPRINT_SIZE}))"
-
-
-def fingerprint_expr(count: str, limb_sums: Sequence[str]) -> Column:
-    """The 16-byte fingerprint column of a range (see :func:`fingerprint_sql`)."""
-    return sf.expr(fingerprint_sql(count, limb_sums))
