@@ -30,7 +30,7 @@ from sdsync.store.model import MAX_PAGE_SIZE
 MINUTE = 60 * 10**9
 TOTAL = 20_000
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-GUARD_S = 120.0  # against hanging only; nothing asserts how long convergence takes
+GUARD_S = 300.0  # against hanging only; nothing asserts how long convergence takes
 SERVE = [
     sys.executable,
     "-m",
