@@ -8,12 +8,19 @@ Each mode runs in the same process, back to back, on the same workload:
 * ``memory``: no ``state_dir`` (the anchor);
 * ``normal``: ``state_dir``, SQLite WAL with ``synchronous=NORMAL`` (survives kill -9);
 * ``full``:   ``state_dir``, SQLite WAL with ``synchronous=FULL`` (also survives power loss:
-  an fsync per step, so it runs on fewer messages and the rate is what is compared).
+  an fsync per step).
 
 Printed: messages/s end to end, SQLite commits per second, bytes on disk per message, and
-each mode's rate as a ratio of the in-memory one. Timing never fails the run.
+each mode's rate as a ratio of the in-memory one.
 
-    .venv/bin/python bench/runtime_throughput.py [--participants 4] [--messages 2000]
+Then ``--scale N`` (default 20,000; 100,000 for the full claim) checks that the cost of a
+step does not grow with the log: one stored channel (sans-I/O driver, no network) receives
+N messages of a peer, keeping only 5,000 log entries in memory, and the bench prints its
+receive+commit rate over the first and the last 1,000 messages, their ratio, the database
+size and how long reopening it takes. Timing never fails the run.
+
+    .venv/bin/python bench/runtime_throughput.py [--participants 4] [--messages 1000] [--small]
+        [--scale 100000]
 """
 
 from __future__ import annotations
@@ -26,8 +33,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sdsync.core import ChannelConfig, MessageDelivered
-from sdsync.runtime import ReliableChannel, RuntimeConfig
+from sdsync.core import BloomParams, ChannelConfig, MessageChannel, MessageDelivered
+from sdsync.runtime import ChannelDriver, ChannelState, ReliableChannel, RuntimeConfig
 from sdsync.transport import MemoryNetwork
 
 # Syncs, sweeps and resends are not what is measured: keep them out of the way.
@@ -105,19 +112,59 @@ async def run(mode: str, participants: int, messages: int, config: ChannelConfig
         return Result(mode, messages, seconds, sum(commits), disk)
 
 
+def scale(n: int) -> None:
+    config = ChannelConfig(
+        bloom=BloomParams(1_000, 0.001), causal_history_size=20, max_log_entries=5_000
+    )
+    start = 1_700_000_000_000
+    sender = MessageChannel("bench", "sender", now_ms=start, config=config)
+    wires = [sender.send(f"message {i}".encode(), start + i).data for i in range(n)]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "receiver.sqlite"
+
+        def open_receiver() -> tuple[ChannelDriver, ChannelState]:
+            channel = MessageChannel("bench", "receiver", now_ms=start, config=config)
+            driver = ChannelDriver(channel, RUNTIME, random.Random(0), start)
+            return driver, ChannelState(path, driver)
+
+        driver, state = open_receiver()
+        marks = {0, 1_000, n - 1_000, n}
+        times: dict[int, float] = {}
+        for i, data in enumerate(wires):
+            if i in marks:
+                times[i] = time.perf_counter()
+            for delivery in state.commit(driver.receive(data, start + i)):
+                if delivery.seq is not None:
+                    state.handed_off(delivery.seq)
+        times[n] = time.perf_counter()
+        state.close()
+        size = sum(f.stat().st_size for f in Path(tmp).iterdir())
+        opened = time.perf_counter()
+        driver, state = open_receiver()
+        reopen = time.perf_counter() - opened
+        assert len(state.history()) == n
+        state.close()
+    first = 1_000 / (times[1_000] - times[0])
+    last = 1_000 / (times[n] - times[n - 1_000])
+    print(f"\nscale: one stored channel receiving {n} messages (5,000 in memory)")
+    print(
+        f"receive+commit msg/s: first 1k {first:.0f}, last 1k {last:.0f}, ratio {last / first:.2f}"
+    )
+    print(f"database {size / 1e6:.1f} MB ({size / n:.0f} B/message), reopen {reopen:.2f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--participants", type=int, default=4)
-    parser.add_argument("--messages", type=int, default=2_000)
-    parser.add_argument("--full-messages", type=int, default=300, help="messages for FULL")
+    parser.add_argument("--messages", type=int, default=1_000)
+    parser.add_argument("--full-messages", type=int, default=None, help="messages for FULL")
     parser.add_argument(
         "--small", action="store_true", help="bloom 1,000 ids and causal history 20"
     )
+    parser.add_argument("--scale", type=int, default=20_000, help="0 to skip")
     args = parser.parse_args()
     config = ChannelConfig()
     if args.small:
-        from sdsync.core import BloomParams
-
         config = ChannelConfig(bloom=BloomParams(1_000, 0.001), causal_history_size=20)
     print(
         f"{args.participants} participants, bloom {config.bloom.capacity}/"
@@ -126,7 +173,7 @@ def main() -> None:
     results = [
         asyncio.run(run("memory", args.participants, args.messages, config)),
         asyncio.run(run("normal", args.participants, args.messages, config)),
-        asyncio.run(run("full", args.participants, args.full_messages, config)),
+        asyncio.run(run("full", args.participants, args.full_messages or args.messages, config)),
     ]
     anchor = results[0].rate
     print(
@@ -139,6 +186,8 @@ def main() -> None:
             f"{r.mode:<8} {r.messages:>8} {r.seconds:>8.2f} {r.rate:>8.0f}"
             f" {r.commits / r.seconds:>10.0f} {per_msg:>9} {r.rate / anchor:>10.2f}"
         )
+    if args.scale:
+        scale(max(args.scale, 2_000))
 
 
 if __name__ == "__main__":

@@ -94,7 +94,7 @@ class ReliableChannel:
             else None
         )
         self.store = store
-        self.rejected: Counter[str] = Counter()
+        self.rejected: Counter[str] = Counter()  # bad frames dropped, by reason
         # None wakes a reader to report self._failure.
         self._events: asyncio.Queue[Delivery | None] = asyncio.Queue()
         for delivery in self.state.pending if self.state is not None else ():
