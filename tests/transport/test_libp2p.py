@@ -12,6 +12,7 @@ import pytest
 
 from sdsync.errors import LocalProtocolError
 from sdsync.transport import Envelope, Libp2pTransport, Received
+from sdsync.transport.libp2p import PEER_QUEUE_RPCS, new_identity_key
 from sdsync.wire import WakuMessage, message_hash
 
 TOPIC = "/sds/1/test"
@@ -115,6 +116,65 @@ def test_three_hosts_relay_through_the_middle_one() -> None:
         finally:
             for t in transports:
                 await t.close()
+
+    run(scenario)
+
+
+def test_a_burst_of_large_frames_arrives_whole() -> None:
+    # Enough 40 KB frames (an SDS message at the js defaults) to overrun py-libp2p's own
+    # 32-slot peer queues several times over; none may be lost.
+    n = 150
+
+    async def scenario() -> None:
+        sender = await started()
+        receiver = await started(*sender.listen_addrs)
+        try:
+            inbox = receiver.subscribe(TOPIC)
+            await meshed([sender], 1)
+            queues = sender._running().pubsub.peer_queues.values()
+            assert {q._queue.max_size for q in queues} == {PEER_QUEUE_RPCS}
+            sent = [await sender.publish(TOPIC, i.to_bytes(4, "big") * 10_000) for i in range(n)]
+            got = await take(inbox, n)
+            assert [r.retrieval_hint for r in got] == sent
+            assert sender.publish_failures == 0
+        finally:
+            await sender.close()
+            await receiver.close()
+
+    run(scenario)
+
+
+def test_a_host_restarted_with_its_identity_is_heard_and_relayed_again() -> None:
+    async def scenario() -> None:
+        key = new_identity_key()
+        first = await started(key=key)
+        listen = first.listen_addrs[0].split("/p2p/")[0]
+        relay = await started(*first.listen_addrs)
+        far = await started(*relay.listen_addrs)  # hears `first` only through `relay`
+        inbox = far.subscribe(TOPIC)
+        relay.subscribe(TOPIC)
+        try:
+            await meshed([first], 1)
+            await meshed([relay], 1)
+            for i in range(30):
+                await first.publish(TOPIC, f"before {i}".encode())
+            assert len(await take(inbox, 30)) == 30
+            await first.close()
+            # Same identity and address moments later. Peers remember every (sender,
+            # seqno) they relayed, so new messages must not reuse the old seqnos.
+            again = Libp2pTransport(peers=relay.listen_addrs, key=key, listen=[listen])
+            again.subscribe(TOPIC)  # as its ReliableChannel would
+            await again.start()
+            try:
+                assert again.peer_id == first.peer_id
+                await meshed([again], 1)
+                await again.publish(TOPIC, b"after")
+                assert (await take(inbox, 1))[0].data == b"after"
+            finally:
+                await again.close()
+        finally:
+            await relay.close()
+            await far.close()
 
     run(scenario)
 

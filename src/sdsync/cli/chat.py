@@ -8,19 +8,20 @@ One process is one participant of one channel: a :class:`ReliableChannel` over a
 the ``--peer`` addresses others were given stay valid) next to the channel's own state.
 
 :class:`ChatSession` is the chat's view of the channel, built from its events: the status
-of each of our messages (sent → possibly acknowledged → acknowledged, or failed), the
-text of every message, and the ids we know exist but lack. Messages from others are shown
-when delivered, which is in causal order; one that lands before already shown messages in
-the log (it is older than them by Lamport timestamp) is marked, and one whose earlier
-messages are missing is announced while it waits.
+of each of our messages (sent → possibly acknowledged → acknowledged, or failed) and the
+text of every message. A message from others is shown as soon as it arrives — marked with
+how many earlier messages are missing if it has to wait for them (``deliver_early``), and
+confirmed in place once they arrived; one that lands before lines already shown (older by
+Lamport timestamp) is marked as such.
 
 *Converged* (``--wait-converged``) is a local judgement: nothing of ours unacknowledged,
 nothing waiting in the incoming buffer, no message we know of missing (the driver's sync
 status), messages or syncs heard from at least ``--min-peers`` other participants, and no
-change to any of that for a quiet period of a few sync intervals — long enough that every
-peer has sent a sync message naming its newest messages, so a message we never heard of
-would have shown up as missing. A converged chat lingers one more quiet period before it
-exits: peers still catching up may need its syncs and repairs.
+change for a quiet period of a few sync intervals — long enough that every peer has sent a
+sync message naming its newest messages, so a message we never heard of would have shown
+up as missing. A received duplicate is a change: some peer is still resending. A
+converged chat lingers one more quiet period before it exits: peers still catching up may
+need its syncs and repairs.
 """
 
 from __future__ import annotations
@@ -51,7 +52,6 @@ from sdsync.core import (
     MessageAcknowledged,
     MessageDelivered,
     MessageDeliveredEarly,
-    MessageDropped,
     MessageLost,
     MessagePossiblyAcknowledged,
     MessageReceived,
@@ -68,9 +68,9 @@ if TYPE_CHECKING:
 
 CHAT_FILE = "chat.json"
 DEFAULT_LISTEN = "/ip4/127.0.0.1/tcp/0"
-_CLOSE_PATIENCE_S = 5.0
-# Events that change nothing a converged judgement looks at.
-_QUIET_EVENTS = (SyncSent, SyncReceived, MessageDropped)
+# Events that change nothing a converged judgement looks at. (A duplicate is not one of
+# them: it is a peer resending, so that peer still lacks an acknowledgement.)
+_QUIET_EVENTS = (SyncSent, SyncReceived)
 
 
 # ------------------------------------------------------------------ identity
@@ -388,26 +388,9 @@ async def run_chat(options: ChatOptions, console: Console) -> int:
             pump.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await pump
-            await _close(channel)
+            await channel.close()
     finally:
         await transport.close()
-
-
-async def _close(channel: ReliableChannel) -> None:
-    """``channel.close()``, but never stuck in it.
-
-    On Python 3.11 the channel's timer loop can swallow the cancellation ``stop()`` sends
-    (``asyncio.wait_for`` returns normally when its awaitable finished in the same loop
-    iteration as the cancel), and ``stop()`` then waits for it forever. Cancelling
-    ``close()`` once lets it finish; the orphaned loop ends at its next step on the closed
-    state. Remove once the runtime's timer loop uses ``asyncio.timeout``.
-    """
-    closing = asyncio.ensure_future(channel.close())
-    await asyncio.wait({closing}, timeout=_CLOSE_PATIENCE_S)
-    if not closing.done():
-        closing.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await closing
 
 
 async def _script(session: ChatSession, transport: Libp2pTransport, options: ChatOptions) -> int:

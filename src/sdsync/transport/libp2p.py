@@ -12,9 +12,11 @@ cache.
 py-libp2p runs on trio, our runtime on asyncio. The host, pubsub and router live in a
 dedicated thread running ``trio.run``; the asyncio side never blocks on it:
 
-* asyncio → trio: work is scheduled with ``TrioToken.run_sync_soon`` (thread-safe,
-  non-blocking) into a nursery; its outcome comes back through an asyncio future settled
-  with ``loop.call_soon_threadsafe``;
+* asyncio → trio: publications go through an outbox — ``TrioToken.run_sync_soon``
+  (thread-safe, non-blocking) puts the frame in a trio channel that one task publishes
+  from, in order, waiting for room in py-libp2p's per-peer queues (which drop when full);
+  other work (dialling, queries) runs as a task whose outcome comes back through an
+  asyncio future settled with ``loop.call_soon_threadsafe``;
 * trio → asyncio: every frame that passes validation is handed to unbounded asyncio
   queues with ``loop.call_soon_threadsafe``. Frames are taken straight from pubsub's
   delivery hook rather than its 32-slot subscription channel, which drops on overflow.
@@ -26,8 +28,8 @@ carrying the expected content topic. Each rejection is counted by reason in
 share of the valid frames (after relaying: only this node's application misses them), to
 exercise SDS under loss.
 
-``close()`` cancels the trio nursery, which tears down host, pubsub and router, and joins
-the thread; pending publishes fail with :class:`~sdsync.errors.LocalProtocolError`.
+``close()`` lets the outbox drain (briefly), cancels the trio nursery, which tears down
+host, pubsub and router, and joins the thread.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import concurrent.futures
 import contextlib
 import hashlib
 import logging
+import math
 import random
 import socket
 import threading
@@ -57,6 +60,7 @@ from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, PROTOCOL_ID_V12, GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
+from libp2p.pubsub.rpc_queue import RpcQueue
 from libp2p.tools.anyio_service import background_trio_service
 
 from sdsync.errors import LocalProtocolError, RemoteProtocolError
@@ -68,8 +72,12 @@ logger = logging.getLogger("sdsync.transport.libp2p")
 T = TypeVar("T")
 KEY_SIZE = 32
 _CLOSE_TIMEOUT_S = 10.0
-_QUEUE_HIGH_WATER = 24  # of py-libp2p's 32 queued RPCs per peer
-_BACKPRESSURE_LIMIT_S = 2.0
+PEER_QUEUE_RPCS = 256
+_QUEUE_HIGH_WATER = PEER_QUEUE_RPCS * 3 // 4  # leaves room for relays and control
+_STALL_S = 5.0
+_POLL_S = 0.005
+_OUTBOX_LIMIT = 256
+_FLUSH_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +155,9 @@ class Libp2pTransport:
         self._thread: threading.Thread | None = None
         self._trio: _TrioSide | None = None
         self._pending: set[asyncio.Future[Any]] = set()
+        self._outbox = 0  # frames queued for the trio thread, not yet given to pubsub
+        self._outbox_room = asyncio.Event()
+        self.publish_failures = 0
         self._closed = False
 
     # -------------------------------------------------------------- lifecycle
@@ -181,10 +192,16 @@ class Libp2pTransport:
         logger.info("libp2p host %s listening on %s", self.peer_id, ", ".join(self.listen_addrs))
 
     async def close(self) -> None:
-        """Stop the host and join its thread; subscriptions end."""
+        """Publish what is queued (for up to ``_FLUSH_S``), stop the host and join its
+        thread; subscriptions end."""
         if self._closed:
             return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _FLUSH_S
+        while self._outbox and self._trio is not None and loop.time() < deadline:
+            await asyncio.sleep(_POLL_S)
         self._closed = True
+        self._outbox_room.set()  # wakes publishers, who find the transport closed
         with self._lock:
             for frames in self._frames.values():
                 for frame_queue in frames:
@@ -204,7 +221,12 @@ class Libp2pTransport:
     # -------------------------------------------------------------- publishing
 
     async def publish(self, topic: str, data: bytes) -> bytes:
-        """Publish ``data`` in a WakuMessage on ``topic``; returns its Waku message hash."""
+        """Publish ``data`` in a WakuMessage on ``topic``; returns its Waku message hash.
+
+        Returns once the frame is queued for the trio thread, which publishes in order;
+        it waits only while ``_OUTBOX_LIMIT`` frames are queued. A caller holding a lock
+        across ``publish`` (ReliableChannel does) is thus not held up by a slow peer.
+        """
         message = WakuMessage(
             payload=data, content_topic=self.content_topic(topic), timestamp=self._timestamp()
         )
@@ -213,9 +235,19 @@ class Libp2pTransport:
             raise LocalProtocolError(
                 f"a {len(frame)}-byte frame exceeds max_message_bytes={self.max_message_bytes}"
             )
-        trio_side = self._running()
-        await self._call(lambda: trio_side.publish(topic, frame))
+        while self._outbox >= _OUTBOX_LIMIT:
+            self._running()
+            self._outbox_room.clear()
+            await self._outbox_room.wait()
+        self._running().send(topic, frame)
+        self._outbox += 1
         return message.hash(topic)
+
+    def _sent(self) -> None:
+        """The trio thread handed one more publication to pubsub (runs on the loop)."""
+        self._outbox -= 1
+        if self._outbox < _OUTBOX_LIMIT:
+            self._outbox_room.set()
 
     def _timestamp(self) -> int:
         # Strictly increasing, so two publications of the same bytes never share a hash.
@@ -394,6 +426,8 @@ class _TrioSide:
         self.token: trio.lowlevel.TrioToken | None = None
         self.nursery: trio.Nursery | None = None
         self._joined: set[str] = set()
+        # Unbounded here: the asyncio side bounds what it puts in (_OUTBOX_LIMIT).
+        self._outbox_in, self._outbox_out = trio.open_memory_channel[tuple[str, bytes]](math.inf)
 
     async def run(self, ready: concurrent.futures.Future[_TrioSide]) -> None:
         self.token = trio.lowlevel.current_trio_token()
@@ -415,6 +449,7 @@ class _TrioSide:
             for topic in self.transport._topics():
                 await self._join(topic)
             nursery.start_soon(self._redial_forever)
+            nursery.start_soon(self._send_forever)
             ready.set_result(self)
             await trio.sleep_forever()
 
@@ -430,6 +465,13 @@ class _TrioSide:
 
     def join(self, topic: str) -> None:
         self.spawn(lambda: self._join(topic))
+
+    def send(self, topic: str, frame: bytes) -> None:
+        assert self.token is not None
+        try:
+            self.token.run_sync_soon(self._outbox_in.send_nowait, (topic, frame))
+        except trio.RunFinishedError:
+            raise LocalProtocolError("transport closed") from None
 
     def stop(self) -> None:
         assert self.token is not None and self.nursery is not None
@@ -462,13 +504,43 @@ class _TrioSide:
     def _validate(self, forwarder: ID, msg: rpc_pb2.Message) -> bool:
         return self.transport._accept(msg)
 
-    async def publish(self, topic: str, frame: bytes) -> None:
-        # Pubsub drops whole RPCs when a peer's 32-slot outbound queue is full; a burst of
-        # publications waits for room instead (bounded, then publishes regardless).
-        with trio.move_on_after(_BACKPRESSURE_LIMIT_S):
-            while any(len(q) >= _QUEUE_HIGH_WATER for q in self.pubsub.peer_queues.values()):
-                await trio.sleep(0.001)
-        await self.pubsub.publish(topic, frame)
+    async def _send_forever(self) -> None:
+        loop = self.transport._loop
+        assert loop is not None
+        async for topic, frame in self._outbox_out:
+            try:
+                await self._room_to_send()
+                await self.pubsub.publish(topic, frame)
+            except Exception as exc:
+                self.transport.publish_failures += 1
+                logger.warning("publishing on %s failed: %r", topic, exc)
+            finally:
+                loop.call_soon_threadsafe(self.transport._sent)
+
+    async def _room_to_send(self) -> None:
+        """Wait while a peer's outbound queue is nearly full and still draining.
+
+        Pubsub silently drops whole RPCs when a peer's queue is full, which under load
+        turns into far more loss than the network has. So a publication waits, as TCP
+        would, for a slow peer — but not for a stuck one: a queue that has not shrunk for
+        ``_STALL_S`` no longer holds us back (pubsub drops for that peer alone).
+        """
+        seen: dict[ID, tuple[int, float]] = {}
+        while True:
+            now = trio.current_time()
+            blocking = False
+            for peer, queue in list(self.pubsub.peer_queues.items()):
+                length = len(queue)
+                if length < _QUEUE_HIGH_WATER:
+                    continue
+                last_length, since = seen.get(peer, (length + 1, now))
+                if length < last_length:
+                    last_length, since = length, now
+                seen[peer] = (last_length, since)
+                blocking = blocking or now - since < _STALL_S
+            if not blocking:
+                return
+            await trio.sleep(_POLL_S)
 
     async def dial(self, info: PeerInfo) -> None:
         with trio.fail_after(self.transport.gossip.dial_timeout_s):
@@ -487,17 +559,38 @@ class _TrioSide:
 
 
 class _DeliveringPubsub(Pubsub):
-    """Pubsub whose deliveries go straight to a callback instead of a bounded channel."""
+    """Pubsub whose deliveries go straight to a callback instead of a bounded channel,
+    and whose per-peer outbound queues have room for bursts."""
 
     def __init__(
         self, *args: Any, deliver: Callable[[rpc_pb2.Message, bool], None], **kwargs: Any
     ) -> None:
         super().__init__(*args, **kwargs)
         self._deliver = deliver
+        self.peer_queues = _RoomyQueues()
+        # Sequence numbers start at the time in seconds, and peers remember (sender, seqno)
+        # forever to catch equivocation: a host restarted with the same identity within
+        # as many seconds as it published messages would have its new messages rejected.
+        self.counter = time.time_ns()
 
     def notify_subscriptions(self, publish_message: rpc_pb2.Message) -> None:
         own = publish_message.from_id == self.my_id.to_bytes()
         self._deliver(publish_message, own)
+
+
+class _RoomyQueues(dict[ID, RpcQueue]):
+    """Pubsub's table of per-peer outbound queues, each enlarged on insertion.
+
+    py-libp2p drops any RPC pushed onto a full queue, and its 32 slots fill whenever the
+    writer to a peer is slower than a burst — which in Python, with 40 KB SDS frames and
+    every message relayed once more by the third member of a mesh, is routine. There is
+    no parameter for the size, so the queue's bound is raised here (checked by a test
+    against the pinned py-libp2p).
+    """
+
+    def __setitem__(self, peer: ID, queue: RpcQueue) -> None:
+        queue._queue.max_size = PEER_QUEUE_RPCS
+        super().__setitem__(peer, queue)
 
 
 def _checked_envelope(data: bytes, topic: str, content_topic: str, max_bytes: int) -> WakuMessage:
