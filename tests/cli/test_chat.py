@@ -136,6 +136,30 @@ def test_session_shows_statuses_early_deliveries_and_prints_the_log_in_order() -
 # ------------------------------------------------------------------ processes
 
 
+def test_interactive_lines_are_sent_and_commands_answered(tmp_path: Path) -> None:
+    out = tmp_path / "screen"
+    command = [sys.executable, "-m", "sdsync.cli", "chat", "--name", "solo"]
+    command += ["--state-dir", str(tmp_path / "solo")]
+    with out.open("wb") as screen:
+        chat = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=screen, stderr=screen)
+        assert chat.stdin is not None
+        try:
+            wait_for(lambda: "type a message" in out.read_text())
+            chat.stdin.write(b"hello there\n/peers\n/log\n")
+            chat.stdin.flush()
+            # Once as it is sent, once more in the /log listing.
+            wait_for(lambda: out.read_text().count("solo: hello there · sent") == 2)
+            chat.stdin.write(b"/quit\n")
+            chat.stdin.close()
+            assert chat.wait(PATIENCE_S) == 0
+        finally:
+            if chat.poll() is None:
+                chat.kill()
+    screen_text = out.read_text()
+    assert re.search(r"listening on /ip4/127\.0\.0\.1/tcp/\d+/p2p/\w+", screen_text)
+    assert "→ [" in screen_text and "0 peer(s) in the channel" in screen_text
+
+
 class Chat:
     """One `sdsync chat` process; output goes to files (a full pipe would block it)."""
 
