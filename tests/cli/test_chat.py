@@ -188,6 +188,12 @@ class Chat:
         assert code == 0, f"{self.name} exited {code}:\n{self.err.read_text()[-3000:]}"
         return [json.loads(line) for line in self.out.read_text().splitlines()]
 
+    def dropped(self) -> int:
+        """Frames its --drop-rate discarded, as reported at exit."""
+        found = re.search(r"dropped by --drop-rate (\d+)", self.err.read_text())
+        assert found, f"{self.name} reported no frame counts"
+        return int(found.group(1))
+
     def kill(self) -> None:
         self.process.send_signal(signal.SIGKILL)
         self.process.wait(PATIENCE_S)
@@ -231,6 +237,7 @@ def test_three_processes_at_20_percent_drop_end_with_identical_logs(tmp_path: Pa
             chat.stop()
     expected = Counter(f"{p}{i:02d}" for p in "abc" for i in range(n))
     assert_same_logs(logs, expected)
+    assert all(chat.dropped() > 0 for chat in (a, b, c)), "the 20 % drop was not applied"
 
 
 def test_a_killed_process_restarts_from_its_state_dir_and_catches_up(tmp_path: Path) -> None:

@@ -420,6 +420,11 @@ async def _script(session: ChatSession, transport: Libp2pTransport, options: Cha
         if failed:
             session._say(f"{len(failed)} message(s) failed", style="red")
         code = 0 if converged and not failed else 1
+    session._say(
+        f"frames received {transport.received}, dropped by --drop-rate "
+        f"{transport.randomly_dropped}, rejected {sum(transport.rejected.values())}",
+        style="dim",
+    )
     if options.print_log:
         for line in session.log():
             sys.stdout.write(line.to_json() + "\n")
@@ -576,10 +581,13 @@ def chat_command(
         int, typer.Option(min=1, help="SDS-R: latest repair request/response.")
     ] = _REPAIR.t_max_ms,
 ) -> None:
-    """Group chat over libp2p gossipsub; run one per terminal.
+    """Group chat over libp2p gossipsub; run one per terminal (docs/chat.md).
 
-    Prints its own address; give it to the others with --peer. Lines you type are sent
-    and followed by their status; messages from others appear as they are delivered.
+    It prints its own address: give that to the others with --peer.
+
+    Type a line to send it; its status follows. /log, /peers, /quit.
+
+    Scripted (--send, --wait-converged, --print-log): exit 0 done, 1 not converged, 2 bad usage.
     """
     try:
         options = ChatOptions(
