@@ -64,6 +64,7 @@ from sdsync.errors import LocalProtocolError
 from sdsync.runtime import LogRecord, ReliableChannel, RuntimeConfig
 
 if TYPE_CHECKING:
+    from sdsync.store.client import HttpStoreClient
     from sdsync.transport.libp2p import Libp2pTransport
 
 CHAT_FILE = "chat.json"
@@ -136,6 +137,7 @@ class ChatOptions:
     state_dir: Path | None = None
     listen: str | None = None
     peers: tuple[str, ...] = ()
+    store: str | None = None
     drop_rate: float = 0.0
     seed: int | None = None
     sends: tuple[str, ...] = ()
@@ -365,12 +367,14 @@ async def run_chat(options: ChatOptions, console: Console) -> int:
             highlight=False,
             soft_wrap=True,
         )
+        store = HttpStoreClient(options.store) if options.store is not None else None
         channel = ReliableChannel(
             transport,
             options.channel,
             identity.participant_id,
             config=options.config,
             runtime=options.runtime,
+            store=store,
             rng=random.Random(options.seed),
             state_dir=options.state_dir,
         )
@@ -389,6 +393,8 @@ async def run_chat(options: ChatOptions, console: Console) -> int:
             with contextlib.suppress(asyncio.CancelledError):
                 await pump
             await channel.close()
+            if store is not None:
+                await store.close()
     finally:
         await transport.close()
 
@@ -524,6 +530,14 @@ def chat_command(
             "until connected, and after it goes away.",
         ),
     ] = None,
+    store: Annotated[
+        str | None,
+        typer.Option(
+            metavar="URL",
+            help="A store node (sdsync store serve) to fetch missing messages from by their "
+            "retrieval hints, e.g. http://127.0.0.1:8645.",
+        ),
+    ] = None,
     drop_rate: Annotated[
         float,
         typer.Option(min=0.0, max=1.0, help="Drop this share of received frames (testing)."),
@@ -596,6 +610,7 @@ def chat_command(
             state_dir=state_dir,
             listen=listen,
             peers=tuple(peer or ()),
+            store=store,
             drop_rate=drop_rate,
             seed=seed,
             sends=tuple(send or ()),
