@@ -9,17 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-ARCHIVE_SCHEMA = pa.schema(
-    [
-        ("message_hash", pa.binary()),
-        ("timestamp", pa.int64()),
-        ("pubsub_topic", pa.string()),
-        ("content_topic", pa.string()),
-        ("payload", pa.binary()),
-        ("meta", pa.binary()),
-        ("version", pa.int32()),
-    ]
-)
+from sdsync.pipeline.io import ARCHIVE_SCHEMA
 
 Item = tuple[int, bytes]
 

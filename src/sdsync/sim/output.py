@@ -47,6 +47,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from sdsync.pipeline.io import ARCHIVE_SCHEMA
+
 if TYPE_CHECKING:
     from sdsync.sim.engine import Simulation
 
@@ -87,17 +89,6 @@ MESSAGES_SCHEMA = pa.schema(
         ("bytes", pa.int64()),
         ("archived", pa.bool_()),
         ("delivered_to", pa.int64()),
-    ]
-)
-ARCHIVE_SCHEMA = pa.schema(
-    [
-        ("message_hash", pa.binary()),
-        ("timestamp", pa.int64()),
-        ("pubsub_topic", pa.string()),
-        ("content_topic", pa.string()),
-        ("payload", pa.binary()),
-        ("meta", pa.binary()),
-        ("version", pa.int32()),
     ]
 )
 # zstd: the event table is large and very repetitive (ids recur in many rows).

@@ -36,23 +36,14 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.dataset as ds
 
+from sdsync.pipeline.io import ARCHIVE_SCHEMA
 from sdsync.store.archive import Archive
 from sdsync.store.model import StoredMessage
 
 HOUR_NS = 3_600 * 10**9
 BATCH_ROWS = 50_000
-EXPORT_SCHEMA = pa.schema(
-    [
-        ("message_hash", pa.binary()),
-        ("timestamp", pa.int64()),
-        ("pubsub_topic", pa.string()),
-        ("content_topic", pa.string()),
-        ("payload", pa.binary()),
-        ("meta", pa.binary()),
-        ("version", pa.int32()),
-        ("hour", pa.int32()),
-    ]
-)
+# The archive columns plus the hour partition key (hours since the epoch).
+EXPORT_SCHEMA = ARCHIVE_SCHEMA.append(pa.field("hour", pa.int32()))
 PARTITIONING = ds.partitioning(
     pa.schema([("content_topic", pa.string()), ("hour", pa.int32())]), flavor="hive"
 )
