@@ -16,16 +16,8 @@ from typer.testing import CliRunner
 from sdsync.cli.main import app
 from sdsync.pipeline.consolidate import consolidate
 from sdsync.pipeline.progress import Progress
+from sdsync.sim.output import LOG_SCHEMA
 
-LOG_SCHEMA = pa.schema(
-    [
-        ("participant", pa.string()),
-        ("channel", pa.string()),
-        ("position", pa.int64()),
-        ("lamport", pa.int64()),
-        ("message_id", pa.string()),
-    ]
-)
 MESSAGES_SCHEMA = pa.schema(
     [
         ("channel", pa.string()),
