@@ -61,7 +61,6 @@ from sdsync.reconcile.session import (
     ReconcileSession,
     Step,
     Window,
-    window_bounds,
 )
 
 if TYPE_CHECKING:
@@ -178,11 +177,10 @@ class ProllySession(ReconcileSession):
         super().__init__(
             store,
             initiator=initiator,
+            window=window,
             max_frame_size=max_frame_size,
             min_frame_size=self.params.min_frame_size,
         )
-        self._start, end = window_bounds(window)
-        self._end: Bound | None = end if initiator else None
         self._pending: list[_Pending] = []
         self._asked: list[_Pending] = []
         self._unsent: tuple[list[Item], list[Item]] | None = None

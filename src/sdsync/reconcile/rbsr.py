@@ -75,7 +75,6 @@ from sdsync.reconcile.session import (
     ReconcileSession,
     Step,
     Window,
-    window_bounds,
 )
 
 RBSR_VERSION = 1
@@ -334,11 +333,10 @@ class RbsrSession(ReconcileSession):
         super().__init__(
             store,
             initiator=initiator,
+            window=window,
             max_frame_size=max_frame_size,
             min_frame_size=self.params.min_frame_size,
         )
-        self._start, end = window_bounds(window)
-        self._end: Bound | None = end if initiator else None
 
     @classmethod
     def responder(
@@ -350,14 +348,6 @@ class RbsrSession(ReconcileSession):
     ) -> RbsrSession:
         """The answering side; it takes the window from the initiator's first frame."""
         return cls(store, initiator=False, params=params, max_frame_size=max_frame_size)
-
-    @property
-    def window(self) -> Window | None:
-        """The window being synced (a responder knows it after the first frame)."""
-        if self._end is None:
-            return None
-        end = None if self._end[0] >= INFINITY_TS else self._end[0]
-        return self._start[0], end
 
     def _initiate(self) -> bytes:
         assert self._end is not None

@@ -88,7 +88,13 @@ class ReconcileSession(ABC):
     """One side of a reconciliation over an :class:`~sdsync.reconcile.items.ItemStore`."""
 
     def __init__(
-        self, store: ItemStore, *, initiator: bool, max_frame_size: int, min_frame_size: int
+        self,
+        store: ItemStore,
+        *,
+        initiator: bool,
+        window: Window,
+        max_frame_size: int,
+        min_frame_size: int,
     ) -> None:
         if max_frame_size < min_frame_size:
             raise LocalProtocolError(
@@ -97,10 +103,21 @@ class ReconcileSession(ABC):
         self.store = store
         self.initiator = initiator
         self.max_frame_size = max_frame_size
+        # A responder learns the window's end from the initiator's first frame.
+        self._start, end = window_bounds(window)
+        self._end: Bound | None = end if initiator else None
         self.have: list[Item] = []
         self.need: list[Item] = []
         self.stats = SessionStats()
         self._state = _State.IDLE
+
+    @property
+    def window(self) -> Window | None:
+        """The window being synced (a responder knows it after the first frame)."""
+        if self._end is None:
+            return None
+        end = None if self._end[0] >= INFINITY_TS else self._end[0]
+        return self._start[0], end
 
     @property
     def done(self) -> bool:
