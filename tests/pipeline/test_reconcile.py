@@ -64,9 +64,17 @@ def run(
     return summary, spark.read.parquet(str(out / "missing")), archives
 
 
-@pytest.mark.parametrize("arrow_files", [True, False], ids=["arrow-tasks", "spark-reader"])
+@pytest.mark.parametrize(
+    ("method", "options"),
+    [
+        ("one pass", {}),
+        ("two passes", {"one_pass_rows": 0}),
+        ("two passes", {"arrow_files": False}),
+    ],
+    ids=["one-pass", "two-pass-arrow", "spark-reader"],
+)
 def test_random_losses_three_archives_equal_timestamps_and_duplicates(
-    spark: SparkSession, tmp_path: Path, arrow_files: bool
+    spark: SparkSession, tmp_path: Path, method: str, options: dict[str, Any]
 ) -> None:
     rng = random.Random(11)
     base = random_items(3000, rng)
@@ -78,8 +86,9 @@ def test_random_losses_three_archives_equal_timestamps_and_duplicates(
         "b": [x for x in base if rng.random() > 0.02] + base[:5],  # 5 duplicated rows
         "c": [x for x in base if not (base[0][0] <= x[0] < base[0][0] + 10**11)],  # outage
     }
-    summary, missing, archives = run(spark, tmp_path, sets, leaf_items=64, arrow_files=arrow_files)
+    summary, missing, archives = run(spark, tmp_path, sets, leaf_items=64, **options)
     assertDataFrameEqual(missing, full_outer_join(spark, archives))
+    assert summary["method"] == method
     assert summary["rows_per_archive"] == {name: len(items) for name, items in sets.items()}
     assert sum(summary["missing_per_archive"].values()) == missing.count() > 0
     assert summary["ranges_differing"] <= summary["ranges_compared"]

@@ -11,7 +11,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as sf
 
 from sdsync.pipeline.arrow_leaves import hash_limbs as arrow_limbs
-from sdsync.pipeline.arrow_leaves import leaf_sums
+from sdsync.pipeline.leaves import leaf_sums
 from sdsync.pipeline.spark_fingerprint import (
     crc_inverse_tables,
     hash_limbs,
@@ -71,10 +71,10 @@ def test_numpy_leaf_sums_match_reference_in_any_order_and_layout() -> None:
         matrix = arrow_limbs(array)
         assert matrix is not None
         assert [tuple(map(int, r)) for r in matrix] == [limbs(h) for h in hashes]
-        leaves, counts, sums = leaf_sums(timestamps, matrix, 10)
+        table = leaf_sums(timestamps, matrix, 10)
         got = {
             int(leaf): _fingerprint_of(int(n), [int(s) for s in row])
-            for leaf, n, row in zip(leaves, counts, sums, strict=True)
+            for leaf, n, row in zip(table.leaf, table.n, table.sums, strict=True)
         }
         assert got == {g: fingerprint(hs) for g, hs in GROUPS.items()}
 

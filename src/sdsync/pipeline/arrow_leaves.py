@@ -37,6 +37,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
+from sdsync.pipeline.leaves import leaf_sums
 from sdsync.pipeline.spark_fingerprint import limb_names
 from sdsync.reconcile.fingerprint import HASH_SIZE, LIMBS
 
@@ -79,7 +80,7 @@ def list_units(archives: list[tuple[str, int, list[str]]]) -> list[Unit]:
     return [units[i] for i in range(longest) for units in per_archive if i < len(units)]
 
 
-def _spark_schema(schema: pa.Schema) -> str:
+def spark_schema(schema: pa.Schema) -> str:
     kinds = {pa.string(): "string", pa.int64(): "long", pa.binary(): "binary"}
     return ", ".join(f"{f.name} {kinds[f.type]}" for f in schema)
 
@@ -98,7 +99,7 @@ def _per_unit(
     # A Python task costs about a second to start on a small machine, so there are only
     # as many as shuffle partitions (sized to the cores), each working on several units.
     tasks = min(len(units), int(spark.conf.get("spark.sql.shuffle.partitions") or 1))
-    return spark.range(0, len(units), 1, max(1, tasks)).mapInArrow(run, _spark_schema(schema))
+    return spark.range(0, len(units), 1, max(1, tasks)).mapInArrow(run, spark_schema(schema))
 
 
 def _read(unit: Unit) -> Iterator[pa.RecordBatch]:
@@ -132,38 +133,23 @@ def hash_limbs(hashes: pa.Array) -> np.ndarray | None:
     return np.frombuffer(data, dtype=">u4", count=rows * LIMBS, offset=start).reshape(rows, LIMBS)
 
 
-def _bad_rows(batch: pa.RecordBatch) -> int:
-    timestamp, hashes = batch.column(0), batch.column(1)
+def bad_rows(timestamp: pa.Array | pa.ChunkedArray, hashes: pa.Array | pa.ChunkedArray) -> int:
+    """Rows with a null timestamp or a null or wrongly sized hash."""
     wrong = pc.fill_null(pc.not_equal(pc.binary_length(hashes), HASH_SIZE), True)
     return int(pc.sum(pc.or_(wrong, pc.is_null(timestamp))).as_py() or 0)
-
-
-def leaf_sums(
-    timestamps: np.ndarray, limbs: np.ndarray, shift: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per leaf present: the leaf ids (ascending), the counts and the (leaves, 8) limb sums."""
-    leaf = timestamps >> shift
-    if np.any(leaf[1:] < leaf[:-1]):
-        order = np.argsort(leaf, kind="stable")
-        leaf, limbs = leaf[order], limbs[order]
-    starts = np.flatnonzero(np.concatenate(([True], leaf[1:] != leaf[:-1])))
-    counts = np.diff(np.append(starts, len(leaf)))
-    # Fewer than 2**31 items of < 2**32 each per leaf: the sums fit a signed long.
-    sums = np.add.reduceat(limbs, starts, axis=0, dtype=np.uint64).astype(np.int64)
-    return leaf[starts], counts.astype(np.int64), sums
 
 
 def _leaf_batch(unit: Unit, batch: pa.RecordBatch, shift: int) -> pa.RecordBatch:
     limbs = hash_limbs(batch.column(1)) if batch.column(0).null_count == 0 else None
     if limbs is None:
         zeros = [pa.array([0], pa.int64()) for _ in range(LIMBS + 2)]
-        bad = pa.array([_bad_rows(batch)], pa.int64())
+        bad = pa.array([bad_rows(batch.column(0), batch.column(1))], pa.int64())
         return pa.RecordBatch.from_arrays(
             [pa.array([unit.archive]), *zeros, bad], schema=LEAF_SCHEMA
         )
-    leaves, counts, sums = leaf_sums(batch.column(0).to_numpy(), limbs, shift)
-    columns = [leaves, counts, *sums.T, np.zeros(len(leaves), dtype=np.int64)]
-    names = pa.array([unit.archive] * len(leaves), pa.string())
+    table = leaf_sums(batch.column(0).to_numpy(), limbs, shift)
+    columns = [table.leaf, table.n, *table.sums.T, np.zeros(len(table.leaf), dtype=np.int64)]
+    names = pa.array([unit.archive] * len(table.leaf), pa.string())
     return pa.RecordBatch.from_arrays([names, *map(pa.array, columns)], schema=LEAF_SCHEMA)
 
 

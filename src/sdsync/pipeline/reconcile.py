@@ -51,9 +51,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as sf
-from pyspark.sql.types import ArrayType, BinaryType, LongType, StringType, StructField, StructType
 
-from sdsync.pipeline import arrow_leaves, cache
+from sdsync.pipeline import arrow_leaves, cache, time_slices
 from sdsync.pipeline.io import (
     InputError,
     ParquetInput,
@@ -63,27 +62,16 @@ from sdsync.pipeline.io import (
     long_column,
     write_summary,
 )
+from sdsync.pipeline.leaves import LIMB_COLUMNS, LeafTable, differing
 from sdsync.pipeline.progress import Progress
-from sdsync.pipeline.spark_fingerprint import hash_limbs, limb_names
+from sdsync.pipeline.spark_fingerprint import hash_limbs
 from sdsync.reconcile.fingerprint import (
     HASH_SIZE,
-    LIMBS,
     MAX_LIMB_ITEMS,
-    fingerprint_of_sum,
-    sum_from_limb_sums,
 )
 
 ARCHIVE_COLUMNS = [binary_column("message_hash"), long_column("timestamp")]
-LIMB_COLUMNS = limb_names()
 MAX_ARCHIVES = 63  # who holds an item is a bit mask in a long
-MISSING_SCHEMA = StructType(
-    [
-        StructField("archive", StringType(), False),
-        StructField("message_hash", BinaryType(), False),
-        StructField("timestamp", LongType(), False),
-        StructField("held_by", ArrayType(StringType(), False), False),
-    ]
-)
 
 
 @dataclass(frozen=True)
@@ -104,8 +92,11 @@ class ReconcileOptions:
     fingerprint_cache: bool = False
     arrow_files: bool = True
     """Read local archives' row groups with pyarrow and numpy inside Spark tasks
-    (:mod:`sdsync.pipeline.arrow_leaves`); False, or a non-local path, uses Spark's
-    Parquet reader and column expressions."""
+    (:mod:`sdsync.pipeline.time_slices`, :mod:`sdsync.pipeline.arrow_leaves`); False, or
+    a non-local path, uses Spark's Parquet reader and column expressions."""
+    one_pass_rows: int = 6_000_000
+    """The most rows a one-pass task may hold at once (the row groups overlapping one
+    slice of time); inputs that need more take two passes.  0: always two passes."""
 
 
 @dataclass
@@ -117,6 +108,11 @@ class _Plan:
     max_ts: int | None = None
     cache_state: dict[str, str] = field(default_factory=dict)
     rows: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def bits(self) -> dict[str, int]:
+        """Who holds an item is a bit mask over the archives, in name order."""
+        return {name: 1 << i for i, name in enumerate(sorted(a.name for a in self.archives))}
 
 
 def parse_archive(spec: str) -> Archive:
@@ -160,11 +156,31 @@ def reconcile(
             },
         )
         _choose_shift(spark, plan, options)
-    leaves = _leaf_table(spark, plan, options, progress)
-    diff, levels = _compare_levels(leaves, plan, options, progress)
-    exact_rows = levels[-1]["rows_in_differing"] if diff else 0
+        slices = _time_slices(spark, plan, options)
+    keys: dict[str, str] = {}
+    tables = _cached_leaves(plan, options, keys)
+    scanned = [a for a in archives if a.name not in tables]
+    output: DataFrame | None = None
+    if slices is not None and scanned:
+        output, tables = _one_pass(spark, plan, slices, progress)
+        method = "one pass"
+    else:
+        tables.update(_scan_leaves(spark, plan, scanned, options, progress))
+        method = "two passes" if slices is None else "one pass over the differing leaves"
+    plan.rows = {a.name: int(tables[a.name].n.sum()) for a in archives}
+    diff, levels = _compare_levels(tables, plan, options, progress)
     with progress.stage("exact comparison of differing leaves"):
-        _write_missing(spark, plan, options, diff, out)
+        if output is not None:
+            held = output.where(sf.col("mask").isNotNull()).select(*time_slices.ITEM_FIELDS)
+        else:
+            held = _held(spark, plan, options, slices, diff)
+        _write_missing(held, plan, out)
+    if output is not None:
+        output.unpersist()
+    if options.fingerprint_cache and scanned:
+        with progress.stage("write fingerprint caches"):
+            for archive in scanned:
+                _write_cache(plan, archive, tables[archive.name], keys)
     with progress.stage("summary"):
         missing = _missing_per_archive(out, archives)
     summary: dict[str, Any] = {
@@ -174,11 +190,13 @@ def reconcile(
         "ranges_compared": sum(level["compared"] for level in levels),
         "ranges_differing": sum(level["differing"] for level in levels),
         "leaves_differing": levels[-1]["differing"] if levels and levels[-1]["level"] == 0 else 0,
-        "rows_compared_exactly": exact_rows,
+        "rows_compared_exactly": levels[-1]["rows_in_differing"] if diff else 0,
         "levels": levels,
         "leaf_shift": plan.shift,
         "leaf_width_ns": 1 << plan.shift,
         "fanout": 1 << options.fanout_bits,
+        "method": method,
+        "time_slices": _slices_summary(slices),
         "fingerprint_cache": plan.cache_state,
         "inputs": {a.name: a.path for a in archives},
         "outputs": {"missing": str(out / "missing")},
@@ -238,7 +256,7 @@ def _bad_row(message_hash: Column, timestamp: Column) -> Column:
     )
 
 
-def _scan_leaves(spark: SparkSession, archive: Archive, shift: int) -> DataFrame:
+def _spark_leaves(spark: SparkSession, archive: Archive, shift: int) -> DataFrame:
     """Per leaf: n, the eight limb sums, and how many rows are malformed."""
     data = spark.read.parquet(archive.path)
     h, ts = sf.col("message_hash"), sf.col("timestamp")
@@ -250,64 +268,84 @@ def _scan_leaves(spark: SparkSession, archive: Archive, shift: int) -> DataFrame
     )
 
 
-@dataclass(frozen=True)
-class _Leaves:
-    """One archive's leaf table on the driver, in leaf order: ids, counts, limb sums."""
-
-    leaf: np.ndarray
-    n: np.ndarray
-    sums: np.ndarray
-    """(leaves, 8) limb sums, most significant limb first."""
-
-    @staticmethod
-    def from_arrow(table: pa.Table) -> _Leaves:
-        table = table.sort_by("leaf")
-        sums = np.column_stack([table[c].to_numpy() for c in LIMB_COLUMNS]).astype(np.int64)
-        return _Leaves(table["leaf"].to_numpy(), table["n"].to_numpy(), sums.reshape(-1, LIMBS))
-
-    def to_arrow(self) -> pa.Table:
-        columns = {"leaf": self.leaf, "n": self.n}
-        columns.update({c: self.sums[:, i] for i, c in enumerate(LIMB_COLUMNS)})
-        return pa.table(columns)
-
-    def coarsen(self, by: int) -> _Leaves:
-        """The table of ranges ``leaf >> by``: sums add."""
-        if by == 0 or not len(self.leaf):
-            return _Leaves(self.leaf >> by, self.n, self.sums)
-        ranges = self.leaf >> by
-        starts = np.flatnonzero(np.concatenate(([True], ranges[1:] != ranges[:-1])))
-        return _Leaves(
-            ranges[starts],
-            np.add.reduceat(self.n, starts),
-            np.add.reduceat(self.sums, starts, axis=0),
-        )
+def _time_slices(
+    spark: SparkSession, plan: _Plan, options: ReconcileOptions
+) -> time_slices.Plan | None:
+    """The one-pass plan, if every archive's row groups can be read by our tasks and
+    are clustered enough in time."""
+    if not all(_reads_files(a, options) for a in plan.archives) or options.one_pass_rows <= 0:
+        return None
+    sources = [
+        time_slices.Source(a.name, plan.bits[a.name], plan.inputs[a.name].files)
+        for a in plan.archives
+    ]
+    tasks = int(spark.conf.get("spark.sql.shuffle.partitions") or 1)
+    return time_slices.plan(sources, plan.shift, budget_rows=options.one_pass_rows, tasks=tasks)
 
 
-def _leaf_table(
-    spark: SparkSession, plan: _Plan, options: ReconcileOptions, progress: Progress
-) -> dict[str, _Leaves]:
-    """Every archive's leaves, from its fingerprint cache or from one scan of all the rest."""
-    tables: dict[str, _Leaves] = {}
-    keys: dict[str, str] = {}
+def _slices_summary(slices: time_slices.Plan | None) -> dict[str, int] | None:
+    if slices is None:
+        return None
+    return {
+        "tasks": len(slices.tasks),
+        "slices": len(slices.slices),
+        "row_groups": len(slices.groups),
+        "peak_rows": slices.peak_rows,
+    }
+
+
+def _one_pass(
+    spark: SparkSession, plan: _Plan, slices: time_slices.Plan, progress: Progress
+) -> tuple[DataFrame, dict[str, LeafTable]]:
+    """Run the one-pass tasks; their output stays cached for the item rows."""
+    name = "fingerprint and compare, one pass over time slices"
+    with progress.stage(name, tasks=len(slices.tasks)):
+        output = time_slices.run(spark, slices, plan.shift).persist()
+        leaves = output.where(sf.col("archive").isNotNull()).select(*time_slices.LEAF_FIELDS)
+        rows = leaves.toArrow()
+    return output, _leaves_of(spark, plan.archives, rows)
+
+
+def _scan_leaves(
+    spark: SparkSession,
+    plan: _Plan,
+    archives: list[Archive],
+    options: ReconcileOptions,
+    progress: Progress,
+) -> dict[str, LeafTable]:
+    """The leaves of ``archives``, from one scan of all of them."""
+    if not archives:
+        return {}
+    names = ", ".join(a.name for a in archives)
+    with progress.stage(f"fingerprint leaves (scan: {names})"):
+        rows = _scan(spark, plan, archives, options).toArrow()
+    return _leaves_of(spark, archives, rows)
+
+
+def _leaves_of(
+    spark: SparkSession, archives: list[Archive], rows: pa.Table
+) -> dict[str, LeafTable]:
+    """Split the leaf rows (archive, leaf, n, s0..s7, bad) by archive; an archive with
+    malformed rows is bad input."""
+    tables: dict[str, LeafTable] = {}
+    for archive in archives:
+        mine = rows.filter(pc.equal(rows["archive"], archive.name))
+        if pc.sum(mine["bad"]).as_py():
+            raise _bad_rows_error(spark, archive)
+        tables[archive.name] = LeafTable.from_arrow(mine)
+    return tables
+
+
+def _cached_leaves(
+    plan: _Plan, options: ReconcileOptions, keys: dict[str, str]
+) -> dict[str, LeafTable]:
+    """The leaf tables the fingerprint caches hold (``keys``: the listing key of every
+    archive whose cache can be written)."""
+    tables: dict[str, LeafTable] = {}
     for archive in plan.archives:
         found = _try_cache(plan, archive, options, keys)
         if found is not None:
             tables[archive.name] = found
-    scanned = [a for a in plan.archives if a.name not in tables]
-    names = ", ".join(a.name for a in scanned) or "none, all cached"
-    with progress.stage(f"fingerprint leaves (scan: {names})"):
-        scan = _scan(spark, plan, scanned, options).toArrow() if scanned else None
-    for archive in scanned:
-        assert scan is not None
-        mine = scan.filter(pc.equal(scan["archive"], archive.name))
-        if pc.sum(mine["bad"]).as_py():
-            raise _bad_rows_error(spark, archive)
-        tables[archive.name] = _Leaves.from_arrow(mine)
-    plan.rows = {a.name: int(tables[a.name].n.sum()) for a in plan.archives}
-    if options.fingerprint_cache and scanned:
-        with progress.stage("write fingerprint caches"):
-            for archive in scanned:
-                _write_cache(plan, archive, tables[archive.name], keys)
     return tables
 
 
@@ -317,7 +355,7 @@ def _scan(
     """(archive, leaf, n, s0..s7, bad) of ``archives``: one Spark job for all of them."""
     by_files = [a for a in archives if _reads_files(a, options)]
     parts = [
-        _scan_leaves(spark, a, plan.shift).select(sf.lit(a.name).alias("archive"), "*")
+        _spark_leaves(spark, a, plan.shift).select(sf.lit(a.name).alias("archive"), "*")
         for a in archives
         if a not in by_files
     ]
@@ -342,7 +380,7 @@ def _union(parts: list[DataFrame]) -> DataFrame:
 
 def _try_cache(
     plan: _Plan, archive: Archive, options: ReconcileOptions, keys: dict[str, str]
-) -> _Leaves | None:
+) -> LeafTable | None:
     if not options.fingerprint_cache:
         plan.cache_state[archive.name] = "off"
         return None
@@ -358,10 +396,10 @@ def _try_cache(
     assert meta is not None
     plan.cache_state[archive.name] = "hit" if meta.shift == plan.shift else "hit (finer)"
     table = pq.read_table(cache.leaves_path(archive.path))
-    return _Leaves.from_arrow(table).coarsen(plan.shift - meta.shift)
+    return LeafTable.from_arrow(table).coarsen(plan.shift - meta.shift)
 
 
-def _write_cache(plan: _Plan, archive: Archive, leaves: _Leaves, keys: dict[str, str]) -> None:
+def _write_cache(plan: _Plan, archive: Archive, leaves: LeafTable, keys: dict[str, str]) -> None:
     if archive.name not in keys:
         return
     target = Path(cache.begin_write(archive.path))
@@ -421,37 +459,8 @@ def _top_level(plan: _Plan, options: ReconcileOptions) -> int | None:
     return level
 
 
-def _summaries(table: _Leaves, ranges: np.ndarray) -> np.ndarray:
-    """(ranges, 9): count and limb sums of each range, zeros (the empty set) if absent."""
-    out = np.zeros((len(ranges), 1 + LIMBS), dtype=np.int64)
-    if len(table.leaf):
-        at = np.minimum(np.searchsorted(table.leaf, ranges), len(table.leaf) - 1)
-        here = table.leaf[at] == ranges
-        out[here, 0] = table.n[at[here]]
-        out[here, 1:] = table.sums[at[here]]
-    return out
-
-
-def _fingerprint(summary: np.ndarray) -> bytes:
-    limb_sums = [int(s) for s in summary[1:]]
-    return fingerprint_of_sum(sum_from_limb_sums(limb_sums), int(summary[0]))
-
-
-def _differing(tables: list[_Leaves], ranges: np.ndarray) -> tuple[np.ndarray, int]:
-    """The ranges whose fingerprints differ between archives, and the rows they hold.
-
-    Equal summaries give equal fingerprints, so only ranges whose summaries differ are
-    hashed; their fingerprints decide (different sums may still be one total mod 2**256).
-    """
-    summaries = [_summaries(t, ranges) for t in tables]
-    unequal = np.flatnonzero(np.any([(s != summaries[0]).any(axis=1) for s in summaries], axis=0))
-    differs = [i for i in unequal.tolist() if len({_fingerprint(s[i]) for s in summaries}) > 1]
-    rows = sum(int(s[differs, 0].sum()) for s in summaries)
-    return ranges[differs], rows
-
-
 def _compare_levels(
-    tables: dict[str, _Leaves], plan: _Plan, options: ReconcileOptions, progress: Progress
+    tables: dict[str, LeafTable], plan: _Plan, options: ReconcileOptions, progress: Progress
 ) -> tuple[list[int], list[dict[str, int]]]:
     """Top-down: fingerprint only ranges whose parent differed.
 
@@ -471,7 +480,7 @@ def _compare_levels(
             ranges = np.unique(np.concatenate([r.leaf for r in ranged]))
             if parents is not None:
                 ranges = ranges[np.isin(ranges >> bits, parents)]
-            parents, rows = _differing(ranged, ranges)
+            parents, rows = differing(ranged, ranges)
         levels.append(
             {
                 "level": level,
@@ -490,29 +499,36 @@ def _compare_levels(
 # -- 3. exact ----------------------------------------------------------------------------
 
 
-def _write_missing(
+def _held(
     spark: SparkSession,
     plan: _Plan,
     options: ReconcileOptions,
+    slices: time_slices.Plan | None,
     diff_leaves: list[int],
-    out: Path,
-) -> None:
-    """Group only the rows of differing leaves by item; list who lacks each item."""
-    target = str(out / "missing")
+) -> DataFrame:
+    """(timestamp, message_hash, mask) of the items in the differing leaves."""
     if not diff_leaves:
-        empty = spark.createDataFrame([], MISSING_SCHEMA).coalesce(1)
-        empty.write.mode("overwrite").parquet(target)
-        return
-    # Who holds an item, as a bit mask over the archives: a plain hash aggregation (a
-    # collect_set would fall back to sorting after 128 keys per task).
-    names = sorted(a.name for a in plan.archives)
-    bit = {name: 1 << i for i, name in enumerate(names)}
-    everyone = (1 << len(names)) - 1
+        return spark.createDataFrame([], "timestamp long, message_hash binary, mask long")
+    leaves = np.asarray(diff_leaves, dtype=np.int64)
+    if slices is not None:
+        only = slices.only(leaves)
+        output = time_slices.run(spark, only, plan.shift, leaves)
+        return output.select(*time_slices.ITEM_FIELDS)
+    # A plain hash aggregation of the bits (a collect_set would fall back to sorting
+    # after 128 keys per task).
+    rows = _rows_in_leaves(spark, plan, options, diff_leaves)
+    return rows.groupBy("timestamp", "message_hash").agg(sf.bit_or("bit").alias("mask"))
+
+
+def _rows_in_leaves(
+    spark: SparkSession, plan: _Plan, options: ReconcileOptions, diff_leaves: list[int]
+) -> DataFrame:
+    """(bit, timestamp, message_hash) of every archive's rows in the differing leaves."""
     by_files = [a for a in plan.archives if _reads_files(a, options)]
     leaf_set = spark.createDataFrame([(leaf,) for leaf in diff_leaves], "leaf long")
     parts = [
         spark.read.parquet(a.path)
-        .select(sf.lit(bit[a.name]).cast("long").alias("bit"), "timestamp", "message_hash")
+        .select(sf.lit(plan.bits[a.name]).cast("long").alias("bit"), "timestamp", "message_hash")
         .withColumn("leaf", sf.shiftright("timestamp", plan.shift))
         .join(sf.broadcast(leaf_set), "leaf", "left_semi")
         .drop("leaf")
@@ -521,17 +537,22 @@ def _write_missing(
     ]
     if by_files:
         units = arrow_leaves.list_units(
-            [(a.name, bit[a.name], plan.inputs[a.name].files) for a in by_files]
+            [(a.name, plan.bits[a.name], plan.inputs[a.name].files) for a in by_files]
         )
         parts.append(arrow_leaves.rows_in_leaves(spark, units, plan.shift, diff_leaves))
-    rows = _union(parts)
-    held = rows.groupBy("timestamp", "message_hash").agg(sf.bit_or("bit").alias("mask"))
+    return _union(parts)
+
+
+def _write_missing(held: DataFrame, plan: _Plan, out: Path) -> None:
+    """Write a row per (archive lacking, item) of ``held`` (timestamp, message_hash, mask)."""
+    names = sorted(plan.bits)
+    everyone = sum(plan.bits.values())
 
     def holders(present: bool) -> Column:
         return sf.array_compact(
             sf.array(
                 *[
-                    sf.when((sf.col("mask").bitwiseAND(bit[n]) != 0) == present, sf.lit(n))
+                    sf.when((sf.col("mask").bitwiseAND(plan.bits[n]) != 0) == present, sf.lit(n))
                     for n in names
                 ]
             )
@@ -545,7 +566,7 @@ def _write_missing(
     )
     # Sorted within each file, not globally: a global sort costs a sampling job.
     ordered = missing.sortWithinPartitions("archive", "timestamp", "message_hash")
-    ordered.write.mode("overwrite").parquet(target)
+    ordered.write.mode("overwrite").parquet(str(out / "missing"))
 
 
 def _missing_per_archive(out: Path, archives: list[Archive]) -> dict[str, int]:

@@ -1,0 +1,350 @@
+"""Reconciling local archives in one pass: Spark tasks over slices of time.
+
+Theory of operation
+-------------------
+The two-pass method of :mod:`sdsync.pipeline.reconcile` (sum the leaves, compare them on
+the driver, read the rows of the differing leaves again and group them in a Spark
+shuffle) reads every row twice as soon as the differences are spread over the archives,
+and shuffles every row it compares.  When every executor can open the archives' files
+and their row groups are clustered in time — the store's export, the simulator's
+archives, anything written in time order; the footers' timestamp statistics say so —
+one pass does it, and no row leaves the task that read it:
+
+* The driver cuts time at the leaves where row groups start (:func:`plan`).  A slice
+  ``[lo, hi)`` of leaves then needs exactly the row groups overlapping it, of every
+  archive.  Slices go to Spark tasks in contiguous runs of about equal rows; within a
+  task a row group is read once, kept while the slices still overlap it and dropped
+  after its last leaf.
+* Per slice, each archive's leaf sums (:func:`sdsync.pipeline.leaves.leaf_sums`) and
+  the leaves whose fingerprints differ (:func:`sdsync.pipeline.leaves.differing`, the
+  stores' fingerprint function); then, over the rows of those leaves only, the exact
+  comparison: an Arrow hash aggregation on ``(timestamp, message_hash)`` listing the
+  archives that hold each item, turned into a bit mask.
+* A task's output carries both the leaf rows (for the driver's range hierarchy, the
+  summary and the fingerprint cache) and the items some archive lacks with their masks.
+
+A slice holds every row group overlapping it in one task's memory.  When the footers say
+some slice would exceed the budget (row groups each spanning most of the time, as in an
+archive written straight out of a shuffle), :func:`plan` returns None and the caller
+falls back to the two-pass method.
+
+When the differing leaves are known in advance (every archive's leaves came from the
+fingerprint cache), :meth:`Plan.only` keeps the slices holding one, and their tasks go
+straight to the exact comparison.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, SparkSession
+
+from sdsync.pipeline.arrow_leaves import bad_rows, hash_limbs, spark_schema
+from sdsync.pipeline.leaves import LIMB_COLUMNS, LeafTable, differing, leaf_sums
+from sdsync.reconcile.fingerprint import HASH_SIZE, LIMBS
+
+COLUMNS = ["timestamp", "message_hash"]
+LEAF_FIELDS = ["archive", "leaf", "n", *LIMB_COLUMNS, "bad"]
+ITEM_FIELDS = ["timestamp", "message_hash", "mask"]
+OUTPUT_SCHEMA = pa.schema(
+    [
+        ("archive", pa.string()),
+        *[(name, pa.int64()) for name in LEAF_FIELDS[1:]],
+        ("timestamp", pa.int64()),
+        ("message_hash", pa.binary()),
+        ("mask", pa.int64()),
+    ]
+)
+"""Leaf rows fill ``archive`` … ``bad``; item rows ``timestamp``, ``message_hash`` and
+``mask`` (the bits of the archives holding the item); the rest is null."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """An archive to read: its name, its bit in the masks, its files."""
+
+    name: str
+    bit: int
+    files: list[str]
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    source: int
+    """Index of the archive in :attr:`Plan.sources`."""
+    file: str
+    index: int
+    rows: int
+    first: int
+    """Leaf of the smallest timestamp (from the footer's statistics)."""
+    last: int
+
+
+@dataclass(frozen=True)
+class Slice:
+    lo: int
+    hi: int
+    """Leaves ``lo <= leaf < hi``."""
+    groups: tuple[int, ...]
+    """Indices into :attr:`Plan.groups` of the row groups overlapping the slice."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    sources: list[Source]
+    groups: list[RowGroup]
+    tasks: list[list[Slice]]
+    peak_rows: int
+    """The most rows a task holds at once (the row groups of its largest slice)."""
+
+    @property
+    def slices(self) -> list[Slice]:
+        return [s for task in self.tasks for s in task]
+
+    def only(self, leaves: np.ndarray) -> Plan:
+        """The slices holding one of ``leaves`` (sorted), spread over as many tasks."""
+        wanted = [s for s in self.slices if _holds_any(leaves, s.lo, s.hi)]
+        return replace(self, tasks=_split(self.groups, wanted, len(self.tasks)))
+
+
+def _holds_any(leaves: np.ndarray, lo: int, hi: int) -> bool:
+    at = int(np.searchsorted(leaves, lo))
+    return at < len(leaves) and int(leaves[at]) < hi
+
+
+def row_groups(sources: list[Source], shift: int) -> list[RowGroup] | None:
+    """Every non-empty row group with the leaves it spans; None if a footer has no
+    timestamp statistics (nothing tells where its rows are in time)."""
+    groups: list[RowGroup] = []
+    for number, source in enumerate(sources):
+        for file in source.files:
+            meta = pq.read_metadata(file)
+            paths = [meta.schema.column(i).path for i in range(meta.num_columns)]
+            if "timestamp" not in paths:
+                return None
+            column = paths.index("timestamp")
+            for index in range(meta.num_row_groups):
+                group = meta.row_group(index)
+                stats = group.column(column).statistics
+                if group.num_rows == 0:
+                    continue
+                if stats is None or not stats.has_min_max:
+                    return None
+                first, last = int(stats.min) >> shift, int(stats.max) >> shift
+                groups.append(RowGroup(number, file, index, group.num_rows, first, last))
+    return groups
+
+
+def plan(sources: list[Source], shift: int, *, budget_rows: int, tasks: int) -> Plan | None:
+    """Slices of time for ``tasks`` tasks; None if one pass cannot stay in the budget."""
+    groups = row_groups(sources, shift)
+    if groups is None:
+        return None
+    slices: list[Slice] = []
+    peak = 0
+    starts = sorted({g.first for g in groups})
+    bounds = [*starts, max((g.last for g in groups), default=0) + 1]
+    by_first = sorted(range(len(groups)), key=lambda i: groups[i].first)
+    active: list[int] = []
+    taken = 0
+    for lo, hi in itertools.pairwise(bounds):
+        while taken < len(by_first) and groups[by_first[taken]].first < hi:
+            active.append(by_first[taken])
+            taken += 1
+        active = [g for g in active if groups[g].last >= lo]
+        peak = max(peak, sum(groups[g].rows for g in active))
+        if peak > budget_rows:
+            return None
+        slices.append(Slice(lo, hi, tuple(active)))
+    return Plan(sources, groups, _split(groups, slices, tasks), peak)
+
+
+def _split(groups: list[RowGroup], slices: list[Slice], tasks: int) -> list[list[Slice]]:
+    """Contiguous runs of slices with about equal rows to read (a row group counts in
+    the first slice of a run that needs it)."""
+    weights: list[int] = []
+    previous: set[int] = set()
+    for s in slices:
+        weights.append(sum(groups[g].rows for g in s.groups if g not in previous))
+        previous = set(s.groups)
+    count = max(1, min(tasks, len(slices)))
+    share = max(1, sum(weights)) / count
+    runs: list[list[Slice]] = [[]]
+    done = 0
+    for s, weight in zip(slices, weights, strict=True):
+        if runs[-1] and done + weight > share * len(runs) and len(runs) < count:
+            runs.append([])
+        runs[-1].append(s)
+        done += weight
+    return [run for run in runs if run]
+
+
+def run(spark: SparkSession, plan: Plan, shift: int, leaves: np.ndarray | None = None) -> DataFrame:
+    """The tasks' output (:data:`OUTPUT_SCHEMA`).  Given the differing ``leaves``
+    (sorted), only item rows, of those leaves."""
+
+    def tasks(ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in ids:
+            for task in batch.column(0).to_pylist():
+                yield from task_output(plan, shift, task, leaves)
+
+    count = max(1, len(plan.tasks))
+    return spark.range(0, len(plan.tasks), 1, count).mapInArrow(tasks, spark_schema(OUTPUT_SCHEMA))
+
+
+def task_output(
+    plan: Plan, shift: int, task: int, leaves: np.ndarray | None = None
+) -> Iterator[pa.RecordBatch]:
+    """What task number ``task`` of ``plan`` emits (run by :func:`run` in Spark)."""
+    return _Task(plan, shift, leaves).run(plan.tasks[task])
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """Rows of one row group in leaf order."""
+
+    leaf: np.ndarray
+    timestamp: np.ndarray
+    limbs: np.ndarray
+    """(rows, 8) big-endian uint32: the hashes."""
+
+    def between(self, lo: int, hi: int) -> _Rows:
+        a, b = np.searchsorted(self.leaf, [lo, hi])
+        return _Rows(self.leaf[a:b], self.timestamp[a:b], self.limbs[a:b])
+
+    def where(self, keep: np.ndarray) -> _Rows:
+        return _Rows(self.leaf[keep], self.timestamp[keep], self.limbs[keep])
+
+    @staticmethod
+    def concat(parts: list[_Rows]) -> _Rows:
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            empty = np.zeros(0, np.int64)
+            return _Rows(empty, empty, np.zeros((0, LIMBS), ">u4"))
+        return _Rows(
+            np.concatenate([p.leaf for p in parts]),
+            np.concatenate([p.timestamp for p in parts]),
+            np.concatenate([p.limbs for p in parts]),
+        )
+
+
+class _Task:
+    def __init__(self, plan: Plan, shift: int, leaves: np.ndarray | None) -> None:
+        self.plan, self.shift, self.leaves = plan, shift, leaves
+        self.loaded: dict[int, _Rows] = {}
+        everyone = 0
+        for source in plan.sources:
+            everyone |= source.bit
+        self.everyone = everyone
+        self.bits = np.array([s.bit for s in plan.sources], dtype=np.int64)
+
+    def run(self, slices: list[Slice]) -> Iterator[pa.RecordBatch]:
+        for s in slices:
+            for g in [g for g in self.loaded if self.plan.groups[g].last < s.lo]:
+                del self.loaded[g]
+            for g in s.groups:
+                if g not in self.loaded:
+                    yield from self._load(g)
+            yield from self._slice(s)
+
+    def _load(self, number: int) -> Iterator[pa.RecordBatch]:
+        group = self.plan.groups[number]
+        table = pq.ParquetFile(group.file).read_row_group(group.index, columns=COLUMNS)
+        timestamps = table.column("timestamp").combine_chunks()
+        limbs = hash_limbs(table.column("message_hash").combine_chunks())
+        if timestamps.null_count or limbs is None:
+            # The driver names the file and column; the rows count as absent meanwhile.
+            self.loaded[number] = _Rows.concat([])
+            source = self.plan.sources[group.source].name
+            bad = bad_rows(table.column("timestamp"), table.column("message_hash"))
+            yield _bad_batch(source, bad)
+            return
+        ts = timestamps.to_numpy()
+        leaf = ts >> self.shift
+        if np.any(leaf[1:] < leaf[:-1]):
+            order = np.argsort(leaf, kind="stable")
+            leaf, ts, limbs = leaf[order], ts[order], limbs[order]
+        self.loaded[number] = _Rows(leaf, ts, limbs)
+
+    def _slice(self, s: Slice) -> Iterator[pa.RecordBatch]:
+        per_source: list[list[_Rows]] = [[] for _ in self.plan.sources]
+        for g in s.groups:
+            per_source[self.plan.groups[g].source].append(self.loaded[g].between(s.lo, s.hi))
+        rows = [_Rows.concat(parts) for parts in per_source]
+        if self.leaves is None:
+            tables = [leaf_sums(r.timestamp, r.limbs, self.shift) for r in rows]
+            for source, table in zip(self.plan.sources, tables, strict=True):
+                if len(table.leaf):
+                    yield _leaf_batch(source.name, table)
+            ranges = np.unique(np.concatenate([t.leaf for t in tables]))
+            diff = differing(tables, ranges)[0]
+        else:
+            a, b = np.searchsorted(self.leaves, [s.lo, s.hi])
+            diff = self.leaves[a:b]
+        if len(diff):
+            picked = [r.where(_member(r.leaf, diff)) for r in rows]
+            yield self._missing(picked)
+
+    def _missing(self, rows: list[_Rows]) -> pa.RecordBatch:
+        """Items in ``rows`` (per source) that some source lacks, with their masks."""
+        # Big-endian bytes are the hashes (concatenate returns native byte order).
+        limbs = np.ascontiguousarray(np.concatenate([r.limbs for r in rows]), dtype=">u4")
+        hashes = pa.FixedSizeBinaryArray.from_buffers(
+            pa.binary(HASH_SIZE), len(limbs), [None, pa.py_buffer(limbs.view(np.uint8))]
+        )
+        source = np.repeat(np.arange(len(rows)), [len(r.leaf) for r in rows])
+        table = pa.table(
+            {
+                "timestamp": np.concatenate([r.timestamp for r in rows]),
+                "message_hash": hashes,
+                "source": source,
+            }
+        )
+        held = table.group_by(COLUMNS).aggregate([("source", "distinct")])
+        holders = held["source_distinct"].combine_chunks()
+        bits = self.bits[holders.values.to_numpy()]
+        mask = np.bitwise_or.reduceat(bits, holders.offsets.to_numpy()[:-1])
+        lacking = mask != self.everyone
+        n = int(lacking.sum())
+        keep = pa.array(lacking)
+        return pa.RecordBatch.from_arrays(
+            [
+                *[pa.nulls(n, OUTPUT_SCHEMA.field(f).type) for f in LEAF_FIELDS],
+                held["timestamp"].filter(keep).combine_chunks(),
+                held["message_hash"].filter(keep).combine_chunks().cast(pa.binary()),
+                pa.array(mask[lacking], pa.int64()),
+            ],
+            schema=OUTPUT_SCHEMA,
+        )
+
+
+def _member(leaf: np.ndarray, sorted_leaves: np.ndarray) -> np.ndarray:
+    at = np.minimum(np.searchsorted(sorted_leaves, leaf), len(sorted_leaves) - 1)
+    return np.asarray(sorted_leaves[at] == leaf)
+
+
+def _leaf_batch(source: str, table: LeafTable) -> pa.RecordBatch:
+    n = len(table.leaf)
+    values = [table.leaf, table.n, *table.sums.T, np.zeros(n, np.int64)]
+    return _leaf_rows(source, n, values)
+
+
+def _bad_batch(source: str, bad: int) -> pa.RecordBatch:
+    return _leaf_rows(source, 1, [np.zeros(1, np.int64)] * (LIMBS + 2) + [np.array([bad])])
+
+
+def _leaf_rows(source: str, n: int, values: list[np.ndarray]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([source] * n, pa.string()),
+            *[pa.array(v, pa.int64()) for v in values],
+            *[pa.nulls(n, OUTPUT_SCHEMA.field(f).type) for f in ITEM_FIELDS],
+        ],
+        schema=OUTPUT_SCHEMA,
+    )

@@ -1,0 +1,243 @@
+"""The one-pass reconciliation over time slices: its plan, its tasks (in-process, under
+hypothesis) and the whole command on clustered archives with many row groups."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from archives import Item, random_items
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pyspark.sql import SparkSession
+from pyspark.testing import assertDataFrameEqual
+from test_reconcile import full_outer_join
+
+from sdsync.pipeline import time_slices
+from sdsync.pipeline.arrow_leaves import hash_limbs
+from sdsync.pipeline.io import ARCHIVE_SCHEMA, list_data_files
+from sdsync.pipeline.leaves import leaf_sums
+from sdsync.pipeline.progress import Progress
+from sdsync.pipeline.reconcile import Archive, ReconcileOptions, reconcile
+
+SHIFT = 30  # ~1 s leaves: items over an hour spread over a few thousand leaves
+
+
+def write_in_groups(
+    directory: Path, files: list[list[Item]], row_group_size: int, *, in_order: bool = True
+) -> Path:
+    """An archive of the given files (each sorted by time if ``in_order``), in row groups
+    of that size."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for number, part in enumerate(files):
+        rows = sorted(part) if in_order else part
+        table = pa.table(
+            {
+                "message_hash": pa.array([h for _, h in rows], pa.binary()),
+                "timestamp": pa.array([t for t, _ in rows], pa.int64()),
+                "pubsub_topic": pa.array(["/waku/2/rs/1/0"] * len(rows)),
+                "content_topic": pa.array(["/app/1/chat/proto"] * len(rows)),
+                "payload": pa.array([b"p"] * len(rows), pa.binary()),
+                "meta": pa.array([None] * len(rows), pa.binary()),
+                "version": pa.array([0] * len(rows), pa.int32()),
+            },
+            schema=ARCHIVE_SCHEMA,
+        )
+        pq.write_table(
+            table, directory / f"part-{number:03d}.parquet", row_group_size=row_group_size
+        )
+    return directory
+
+
+def sources_of(dirs: list[Path]) -> list[time_slices.Source]:
+    return [time_slices.Source(d.name, 1 << i, list_data_files(str(d))) for i, d in enumerate(dirs)]
+
+
+def run_in_process(
+    plan: time_slices.Plan, leaves: np.ndarray | None = None
+) -> tuple[pa.Table, dict[tuple[int, bytes], int]]:
+    """All tasks' output without Spark: the leaf rows and {item: mask}."""
+    batches = [
+        batch
+        for task in range(len(plan.tasks))
+        for batch in time_slices.task_output(plan, SHIFT, task, leaves)
+    ]
+    output = pa.Table.from_batches(batches, schema=time_slices.OUTPUT_SCHEMA)
+    leaf_rows = output.filter(output["archive"].is_valid())
+    items = output.filter(output["mask"].is_valid()).to_pylist()
+    masks: dict[tuple[int, bytes], int] = {}
+    for row in items:
+        key = (row["timestamp"], row["message_hash"])
+        assert key not in masks, "an item was emitted twice"
+        masks[key] = row["mask"]
+    return leaf_rows, masks
+
+
+def expected_masks(sets: dict[str, list[Item]]) -> dict[tuple[int, bytes], int]:
+    held: dict[tuple[int, bytes], int] = defaultdict(int)
+    for bit, items in enumerate(sets.values()):
+        for item in items:
+            held[item] |= 1 << bit
+    everyone = (1 << len(sets)) - 1
+    return {item: mask for item, mask in held.items() if mask != everyone}
+
+
+def check_plan(plan: time_slices.Plan, budget: int) -> None:
+    slices = plan.slices
+    # Contiguous slices in contiguous task runs, each naming exactly the row groups
+    # that overlap it.
+    for before, after in itertools.pairwise(slices):
+        assert before.hi == after.lo
+    for s in slices:
+        overlapping = {i for i, g in enumerate(plan.groups) if g.first < s.hi and g.last >= s.lo}
+        assert set(s.groups) == overlapping
+    assert plan.peak_rows == max(
+        (sum(plan.groups[g].rows for g in s.groups) for s in slices), default=0
+    )
+    assert plan.peak_rows <= budget
+    covered = {g for s in slices for g in s.groups}
+    assert covered == set(range(len(plan.groups)))
+
+
+Layout = tuple[dict[str, list[Item]], list[list[int]], int, int, bool]
+
+
+@st.composite
+def layouts(draw: st.DrawFn) -> Layout:
+    """Sets of items for 2-3 archives (losses, an outage, duplicates, shared timestamps),
+    how each archive is cut into files, its row-group size, the task count and whether
+    the files are in time order."""
+    rng = random.Random(draw(st.integers(0, 2**32)))
+    base = random_items(draw(st.integers(0, 400)), rng, start=1_700_000_000 * 10**9)
+    if base:
+        base += [(base[0][0], rng.randbytes(32)) for _ in range(draw(st.integers(0, 5)))]
+    names = ["a", "b", "c"][: draw(st.integers(2, 3))]
+    sets: dict[str, list[Item]] = {}
+    for name in names:
+        loss = draw(st.sampled_from([0.0, 0.02, 0.3]))
+        items = [x for x in base if rng.random() >= loss]
+        if draw(st.booleans()) and items:  # an outage
+            lo = rng.choice(items)[0]
+            items = [x for x in items if not lo <= x[0] < lo + 300 * 10**9]
+        items += rng.sample(items, min(len(items), draw(st.integers(0, 3))))  # duplicates
+        sets[name] = items
+    cuts = [draw(st.lists(st.integers(0, 1), min_size=1, max_size=3)) for _ in names]
+    return (
+        sets,
+        cuts,
+        draw(st.sampled_from([7, 50, 1000])),
+        draw(st.integers(1, 5)),
+        draw(st.booleans()),
+    )
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(layout=layouts())
+def test_tasks_find_exactly_what_some_archive_lacks(
+    tmp_path_factory: pytest.TempPathFactory, layout: Layout
+) -> None:
+    sets, cuts, row_group_size, tasks, in_order = layout
+    root = tmp_path_factory.mktemp("layout")
+    dirs = []
+    for (name, items), cut in zip(sets.items(), cuts, strict=True):
+        # Files either split time (clustered) or interleave (overlapping row groups).
+        files: list[list[Item]] = [[] for _ in cut]
+        for i, item in enumerate(sorted(items)):
+            part = (i * len(cut)) // max(1, len(items)) if cut[0] else i % len(cut)
+            files[part].append(item)
+        for part in files if not in_order else []:
+            random.Random(len(part)).shuffle(part)
+        dirs.append(write_in_groups(root / name, files, row_group_size, in_order=in_order))
+    plan = time_slices.plan(sources_of(dirs), SHIFT, budget_rows=10**6, tasks=tasks)
+    assert plan is not None
+    check_plan(plan, 10**6)
+    leaf_rows, masks = run_in_process(plan)
+    assert masks == expected_masks(sets)
+    # Every archive's leaf rows are its true leaf sums, each leaf once.
+    for name, items in sets.items():
+        mine = leaf_rows.filter(pa.compute.equal(leaf_rows["archive"], name)).sort_by("leaf")
+        limbs = hash_limbs(pa.array([h for _, h in items], pa.binary()))
+        assert limbs is not None
+        truth = leaf_sums(np.array([t for t, _ in items], dtype=np.int64), limbs, SHIFT)
+        assert mine["leaf"].to_pylist() == truth.leaf.tolist()
+        assert mine["n"].to_pylist() == truth.n.tolist()
+        assert mine["s3"].to_pylist() == truth.sums[:, 3].tolist()
+    # Told the differing leaves, the tasks find the same items without summing.
+    leaves = np.unique(np.array([t >> SHIFT for t, _ in masks], dtype=np.int64))
+    assert run_in_process(plan.only(leaves), leaves)[1] == masks
+
+
+def test_plan_refuses_more_rows_than_the_budget(tmp_path: Path) -> None:
+    rng = random.Random(3)
+    items = random_items(1000, rng)
+    # Not in time order: every row group spans the whole hour, every slice holds all.
+    interleaved = write_in_groups(tmp_path / "i", [items], 100, in_order=False)
+    plan = time_slices.plan(sources_of([interleaved]), SHIFT, budget_rows=10**6, tasks=2)
+    assert plan is not None and plan.peak_rows > 900
+    assert time_slices.plan(sources_of([interleaved]), SHIFT, budget_rows=500, tasks=2) is None
+    # Sorted into one file, each slice holds a row group or two.
+    clustered = write_in_groups(tmp_path / "c", [items], 100)
+    plan = time_slices.plan(sources_of([clustered]), SHIFT, budget_rows=500, tasks=3)
+    assert plan is not None and plan.peak_rows <= 200
+    assert len(plan.tasks) == 3
+    check_plan(plan, 500)
+
+
+def test_no_timestamp_statistics_means_no_plan(tmp_path: Path) -> None:
+    items = random_items(50, random.Random(4))
+    directory = tmp_path / "nostats"
+    directory.mkdir()
+    table = pa.table(
+        {
+            "message_hash": pa.array([h for _, h in items], pa.binary()),
+            "timestamp": pa.array([t for t, _ in items], pa.int64()),
+        }
+    )
+    pq.write_table(table, directory / "part-0.parquet", write_statistics=False)
+    assert time_slices.plan(sources_of([directory]), SHIFT, budget_rows=10**6, tasks=2) is None
+
+
+def test_reconcile_methods_agree_on_clustered_archives(spark: SparkSession, tmp_path: Path) -> None:
+    rng = random.Random(21)
+    base = random_items(6000, rng)
+    outage = base[0][0]
+    sets = {
+        "a": [x for x in base if rng.random() > 0.005],
+        "b": [x for x in base if not outage <= x[0] < outage + 60 * 10**9],
+        "c": [x for x in base if rng.random() > 0.01] + base[:3],
+    }
+    # Different row-group sizes, so the archives' row groups straddle each other.
+    archives = [
+        Archive(name, str(write_in_groups(tmp_path / name, [items], size)))
+        for (name, items), size in zip(sets.items(), (500, 700, 1100), strict=True)
+    ]
+    expected = full_outer_join(spark, archives)
+
+    def run(out: str, **options: Any) -> dict[str, Any]:
+        summary = reconcile(
+            spark, archives, tmp_path / out, Progress(spark), ReconcileOptions(**options)
+        )
+        assertDataFrameEqual(spark.read.parquet(str(tmp_path / out / "missing")), expected)
+        return summary
+
+    one = run("one", leaf_items=32, one_pass_rows=5000)
+    assert one["method"] == "one pass"
+    assert one["time_slices"]["tasks"] == 2
+    assert one["time_slices"]["peak_rows"] <= 5000
+    two = run("two", leaf_items=32, one_pass_rows=1000)  # below the peak: two passes
+    assert two["method"] == "two passes" and two["time_slices"] is None
+    for key in ("missing_per_archive", "ranges_compared", "ranges_differing", "levels"):
+        assert one[key] == two[key]
+    run("cache", leaf_items=32, fingerprint_cache=True)
+    warm = run("warm", leaf_items=32, fingerprint_cache=True)
+    assert warm["method"] == "one pass over the differing leaves"
+    assert warm["missing_per_archive"] == one["missing_per_archive"]
