@@ -6,12 +6,15 @@ one-hour outages — then runs, in one Spark session with the UI on:
 
 * the join: every archive's (timestamp, message_hash), full outer joined, the missing
   rows (archive, message_hash, timestamp, held_by) written to Parquet;
-* our reconcile (cold: no fingerprint cache);
+* our reconcile (cold: no fingerprint cache), as it chooses: one pass over slices of
+  time for these archives;
+* our reconcile forced to two passes (``--one-pass-rows 0``: leaf scan, then the rows
+  of the differing leaves again, grouped in a shuffle), for comparison;
 * our reconcile again with ``--fingerprint-cache`` (a first run writes the caches,
-  a second one uses them).
+  the next ones use them).
 
 Each is run ``--rounds`` times (3), alternating, and the best run counts: the first
-rounds mostly measure the JIT compiling Spark's generated code.  It checks the two
+rounds mostly measure the JIT compiling Spark's generated code.  It checks the
 outputs are identical and prints wall times, shuffle bytes (written + read, summed over
 the job group's stages from the Spark REST status API) and the ratios.  Target: reconcile
 >= 3x faster than the join with <= 10 % of its shuffle bytes.
@@ -147,11 +150,9 @@ def run_join(spark: SparkSession, archives: list[Archive], out: Path) -> None:
 
 
 def run_reconcile(
-    spark: SparkSession, archives: list[Archive], out: Path, *, cache: bool
+    spark: SparkSession, archives: list[Archive], out: Path, **options: Any
 ) -> dict[str, Any]:
-    return reconcile(
-        spark, archives, out, Progress(spark), ReconcileOptions(fingerprint_cache=cache)
-    )
+    return reconcile(spark, archives, out, Progress(spark), ReconcileOptions(**options))
 
 
 # -- measuring -------------------------------------------------------------------------------
@@ -215,22 +216,20 @@ def main() -> int:
     )
     archives = generate(spark, args, console)
     out = args.workdir / "out"
-    results: dict[str, list[tuple[float, int]]] = {"join": [], "reconcile": [], "cached": []}
-    summary: dict[str, Any] = {}
+    jobs: dict[str, Any] = {
+        "join": lambda target: run_join(spark, archives, target),
+        "reconcile": lambda target: run_reconcile(spark, archives, target),
+        "two passes": lambda target: run_reconcile(spark, archives, target, one_pass_rows=0),
+    }
+    results: dict[str, list[tuple[float, int]]] = {name: [] for name in [*jobs, "cached"]}
+    summaries: dict[str, dict[str, Any]] = {}
     for round_ in range(1, args.rounds + 1):
-        for name in ("join", "reconcile"):
-            target = out / name
+        for name, job in jobs.items():
+            target = out / name.replace(" ", "-")
             console.print(f"round {round_}: {name}…")
-            if name == "join":
-                t, b, _ = measure(
-                    spark, f"join{round_}", lambda t=target: run_join(spark, archives, t)
-                )
-            else:
-                t, b, summary = measure(
-                    spark,
-                    f"reconcile{round_}",
-                    lambda t=target: run_reconcile(spark, archives, t, cache=False),
-                )
+            t, b, summaries[name] = measure(
+                spark, f"{name}{round_}", lambda job=job, target=target: job(target)
+            )
             results[name].append((t, b))
             console.print(f"  {t:.1f} s, shuffle {mib(b)}")
     for archive in archives:
@@ -239,15 +238,16 @@ def main() -> int:
         t, b, _ = measure(
             spark,
             f"cached{round_}",
-            lambda: run_reconcile(spark, archives, out / "cached", cache=True),
+            lambda: run_reconcile(spark, archives, out / "cached", fingerprint_cache=True),
         )
         results["cached"].append((t, b))
         console.print(f"fingerprint cache round {round_}: {t:.1f} s, shuffle {mib(b)}")
-    same = identical(spark, out / "join", out / "reconcile") and identical(
-        spark, out / "join", out / "cached"
+    same = all(
+        identical(spark, out / "join", out / name) for name in ("reconcile", "two-passes", "cached")
     )
-    (jt, jb), (rt, rb) = min(results["join"]), min(results["reconcile"])
-    (ct, cb) = min(results["cached"][1:] or results["cached"])
+    best = {name: min(runs[1:] if name == "cached" else runs) for name, runs in results.items()}
+    summary = summaries["reconcile"]
+    join_t, join_b = best["join"]
     print(f"rows per archive:      {summary['rows_per_archive']}")
     print(f"missing per archive:   {summary['missing_per_archive']}")
     print(
@@ -256,17 +256,22 @@ def main() -> int:
         f" rows compared exactly {summary['rows_compared_exactly']:,})"
     )
     print(f"leaf width:            2**{summary['leaf_shift']} ns, levels {len(summary['levels'])}")
-    print("                       time (s)   shuffle")
-    print(f"full outer join        {jt:8.1f}   {mib(jb)}")
-    print(f"reconcile              {rt:8.1f}   {mib(rb)}")
-    print(f"reconcile, cache warm  {ct:8.1f}   {mib(cb)}")
+    print(f"method:                {summary['method']}, {summary['time_slices']}")
+    print("                         time (s)  vs join   shuffle        vs join")
+    labels = {
+        "join": "full outer join",
+        "reconcile": "reconcile (cold)",
+        "two passes": "reconcile, two passes",
+        "cached": "reconcile, cache warm",
+    }
+    for name, (t, b) in best.items():
+        share = 100 * b / max(join_b, 1)
+        print(f"{labels[name]:24} {t:8.1f}  {join_t / t:6.2f}x   {mib(b):>13}  {share:6.2f} %")
     for name, runs in results.items():
         print(f"all rounds, {name}: " + ", ".join(f"{t:.1f} s" for t, _ in runs))
-    print(f"speed-up vs join:      {jt / rt:.2f}x (cache warm {jt / ct:.2f}x)   target >= 3x")
-    print(
-        f"shuffle vs join:       {100 * rb / max(jb, 1):.2f} %"
-        f" (cache warm {100 * cb / max(jb, 1):.2f} %)   target <= 10 %"
-    )
+    rt, rb = best["reconcile"]
+    share = 100 * rb / max(join_b, 1)
+    print(f"targets (cold): >= 3x faster: {join_t / rt:.2f}x; <= 10 % shuffle: {share:.2f} %")
     print(f"results identical:     {same}")
     spark.stop()
     return 0 if same else 1

@@ -17,9 +17,10 @@ from sdsync.cli.demo import FullDemo, demo_scenario, run_full_demo
 from sdsync.pipeline.session import SessionOptions, build_session
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # One worker runs every Spark test, so one session (one JVM) serves them all; with
-    # --dist loadgroup the other worker runs the rest of the suite meanwhile.
+    # One worker runs every Spark test (and the Spark Connect server), so one session (one
+    # JVM) serves them all; with --dist loadgroup the other worker runs the rest meanwhile.
     for item in items:
         if "tests/pipeline/" in str(item.path).replace("\\", "/"):
             item.add_marker(pytest.mark.xdist_group("spark"))

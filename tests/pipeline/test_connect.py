@@ -43,10 +43,6 @@ from archives import random_items, write_archive
 from test_consolidate import LOGS, MESSAGES, write_logs, write_messages
 from test_sweep import SMALL_GRID
 
-# One worker runs the module (one Connect server). xdist joins an item's group names, so with
-# the "spark" group the pipeline conftest adds this stays a group of its own.
-pytestmark = pytest.mark.xdist_group("spark-connect")
-
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 START_TIMEOUT_S = 120
 COMMAND_TIMEOUT_S = 600

@@ -183,6 +183,15 @@ def test_cli_exit_codes(spark: SparkSession, tmp_path: Path) -> None:
     assert summary["missing_per_archive"] == {"a": 0, "third": 1}
     for key in ("archives", "rows_per_archive", "ranges_compared", "ranges_differing"):
         assert key in summary
+    assert summary["method"] == "one pass"
+    two = invoke(
+        *("--archive", str(a), "--archive", f"third={c}", "--out", str(tmp_path / "o3")),
+        *("--one-pass-rows", "0"),
+    )
+    assert two.exit_code == 1, two.output
+    summary = json.loads((tmp_path / "o3" / "summary.json").read_text())
+    assert summary["method"] == "two passes"
+    assert summary["missing_per_archive"] == {"a": 0, "third": 1}
 
 
 def test_missing_column_names_file_and_column(spark: SparkSession, tmp_path: Path) -> None:

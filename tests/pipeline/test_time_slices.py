@@ -21,7 +21,7 @@ from pyspark.testing import assertDataFrameEqual
 from test_reconcile import full_outer_join
 
 from sdsync.pipeline import time_slices
-from sdsync.pipeline.arrow_leaves import hash_limbs
+from sdsync.pipeline.arrow_leaves import LEAF_SCHEMA, hash_limbs
 from sdsync.pipeline.io import ARCHIVE_SCHEMA, list_data_files
 from sdsync.pipeline.leaves import leaf_sums
 from sdsync.pipeline.progress import Progress
@@ -60,33 +60,46 @@ def sources_of(dirs: list[Path]) -> list[time_slices.Source]:
     return [time_slices.Source(d.name, 1 << i, list_data_files(str(d))) for i, d in enumerate(dirs)]
 
 
+Missing = set[tuple[str, int, bytes, tuple[str, ...]]]
+
+
 def run_in_process(
-    plan: time_slices.Plan, leaves: np.ndarray | None = None
-) -> tuple[pa.Table, dict[tuple[int, bytes], int]]:
-    """All tasks' output without Spark: the leaf rows and {item: mask}."""
+    plan: time_slices.Plan, directory: Path, leaves: np.ndarray | None = None
+) -> tuple[pa.Table, Missing]:
+    """All tasks without Spark: their leaf rows, and the rows written to ``directory``
+    as (archive, timestamp, message_hash, held_by)."""
+    time_slices.begin_missing(str(directory))
     batches = [
         batch
         for task in range(len(plan.tasks))
-        for batch in time_slices.task_output(plan, SHIFT, task, leaves)
+        for batch in time_slices.task_output(plan, SHIFT, task, str(directory), leaves)
     ]
-    output = pa.Table.from_batches(batches, schema=time_slices.OUTPUT_SCHEMA)
-    leaf_rows = output.filter(output["archive"].is_valid())
-    items = output.filter(output["mask"].is_valid()).to_pylist()
-    masks: dict[tuple[int, bytes], int] = {}
-    for row in items:
-        key = (row["timestamp"], row["message_hash"])
-        assert key not in masks, "an item was emitted twice"
-        masks[key] = row["mask"]
-    return leaf_rows, masks
+    time_slices.end_missing(str(directory))
+    leaf_rows = pa.Table.from_batches(batches, schema=LEAF_SCHEMA)
+    rows: list[tuple[str, int, bytes, tuple[str, ...]]] = []
+    for file in sorted(directory.glob("part-*.parquet")):
+        part = pq.read_table(file).to_pylist()
+        keys = [(r["timestamp"], r["message_hash"]) for r in part]
+        assert keys == sorted(keys), f"{file.name} is not in time order"
+        assert len({r["archive"] for r in part}) <= 1, "one file per archive and task"
+        rows += [
+            (r["archive"], r["timestamp"], r["message_hash"], tuple(r["held_by"])) for r in part
+        ]
+    assert len(rows) == len(set(rows)), "a missing row was written twice"
+    return leaf_rows, set(rows)
 
 
-def expected_masks(sets: dict[str, list[Item]]) -> dict[tuple[int, bytes], int]:
-    held: dict[tuple[int, bytes], int] = defaultdict(int)
-    for bit, items in enumerate(sets.values()):
+def expected_missing(sets: dict[str, list[Item]]) -> Missing:
+    holders: dict[Item, set[str]] = defaultdict(set)
+    for name, items in sets.items():
         for item in items:
-            held[item] |= 1 << bit
-    everyone = (1 << len(sets)) - 1
-    return {item: mask for item, mask in held.items() if mask != everyone}
+            holders[item].add(name)
+    return {
+        (name, ts, h, tuple(sorted(held)))
+        for (ts, h), held in holders.items()
+        for name in sets
+        if name not in held
+    }
 
 
 def check_plan(plan: time_slices.Plan, budget: int) -> None:
@@ -160,8 +173,8 @@ def test_tasks_find_exactly_what_some_archive_lacks(
     plan = time_slices.plan(sources_of(dirs), SHIFT, budget_rows=10**6, tasks=tasks)
     assert plan is not None
     check_plan(plan, 10**6)
-    leaf_rows, masks = run_in_process(plan)
-    assert masks == expected_masks(sets)
+    leaf_rows, missing = run_in_process(plan, root / "missing")
+    assert missing == expected_missing(sets)
     # Every archive's leaf rows are its true leaf sums, each leaf once.
     for name, items in sets.items():
         mine = leaf_rows.filter(pa.compute.equal(leaf_rows["archive"], name)).sort_by("leaf")
@@ -172,8 +185,8 @@ def test_tasks_find_exactly_what_some_archive_lacks(
         assert mine["n"].to_pylist() == truth.n.tolist()
         assert mine["s3"].to_pylist() == truth.sums[:, 3].tolist()
     # Told the differing leaves, the tasks find the same items without summing.
-    leaves = np.unique(np.array([t >> SHIFT for t, _ in masks], dtype=np.int64))
-    assert run_in_process(plan.only(leaves), leaves)[1] == masks
+    leaves = np.unique(np.array([t >> SHIFT for _, t, _, _ in missing], dtype=np.int64))
+    assert run_in_process(plan.only(leaves), root / "again", leaves)[1] == missing
 
 
 def test_plan_refuses_more_rows_than_the_budget(tmp_path: Path) -> None:

@@ -20,6 +20,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from sdsync.pipeline import ONE_PASS_ROWS
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -164,6 +166,15 @@ def reconcile(
     leaf_items: Annotated[
         int, typer.Option(min=1, help="Target items per leaf range in the largest archive.")
     ] = 256,
+    one_pass_rows: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Most rows a task may hold at once to reconcile local archives in one "
+            "pass over slices of time; archives needing more (row groups not clustered "
+            "in time), or 0, take two passes.",
+        ),
+    ] = ONE_PASS_ROWS,
     master: Master = None,
     remote: Remote = None,
 ) -> None:
@@ -174,7 +185,9 @@ def reconcile(
     from sdsync.pipeline.reconcile import ReconcileOptions, parse_archive
 
     archives = [parse_archive(a) for a in archive]
-    options = ReconcileOptions(leaf_items=leaf_items, fingerprint_cache=fingerprint_cache)
+    options = ReconcileOptions(
+        leaf_items=leaf_items, fingerprint_cache=fingerprint_cache, one_pass_rows=one_pass_rows
+    )
 
     def job(spark: SparkSession, progress: Progress) -> dict[str, Any]:
         from sdsync.pipeline.reconcile import reconcile as run
@@ -190,6 +203,7 @@ def reconcile(
         f"{summary['ranges_compared']} / {summary['ranges_differing']}"
     )
     rows["rows compared exactly"] = summary["rows_compared_exactly"]
+    rows["method"] = summary["method"]
     _print(f"reconcile → {out}", rows)
     raise typer.Exit(1 if any(summary["missing_per_archive"].values()) else 0)
 

@@ -5,3 +5,7 @@ Everything here needs the ``spark`` extra (``pip install 'sdsync[spark]'``).  Pl
 Parquet in and out; each command writes ``summary.json`` beside its outputs.  See
 docs/pipeline.md.
 """
+
+ONE_PASS_ROWS = 6_000_000
+"""How many rows a reconcile task may hold at once to take the one-pass route (the CLI
+reads the default here without importing Spark)."""

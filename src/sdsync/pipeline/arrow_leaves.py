@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -37,7 +38,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
-from sdsync.pipeline.leaves import leaf_sums
+from sdsync.pipeline.leaves import LeafTable, leaf_sums
 from sdsync.pipeline.spark_fingerprint import limb_names
 from sdsync.reconcile.fingerprint import HASH_SIZE, LIMBS
 
@@ -50,6 +51,7 @@ LEAF_SCHEMA = pa.schema(
         ("bad", pa.int64()),
     ]
 )
+ArrowColumn: TypeAlias = pa.Array | pa.ChunkedArray
 ROW_SCHEMA = pa.schema(
     [("bit", pa.int64()), ("timestamp", pa.int64()), ("message_hash", pa.binary())]
 )
@@ -133,24 +135,31 @@ def hash_limbs(hashes: pa.Array) -> np.ndarray | None:
     return np.frombuffer(data, dtype=">u4", count=rows * LIMBS, offset=start).reshape(rows, LIMBS)
 
 
-def bad_rows(timestamp: pa.Array | pa.ChunkedArray, hashes: pa.Array | pa.ChunkedArray) -> int:
+def bad_rows(timestamp: ArrowColumn, hashes: ArrowColumn) -> int:
     """Rows with a null timestamp or a null or wrongly sized hash."""
     wrong = pc.fill_null(pc.not_equal(pc.binary_length(hashes), HASH_SIZE), True)
     return int(pc.sum(pc.or_(wrong, pc.is_null(timestamp))).as_py() or 0)
 
 
+def leaf_rows(archive: str, table: LeafTable) -> pa.RecordBatch:
+    """The leaf rows of one archive's ``table``."""
+    columns = [table.leaf, table.n, *table.sums.T, np.zeros(len(table.leaf), dtype=np.int64)]
+    names = pa.array([archive] * len(table.leaf), pa.string())
+    return pa.RecordBatch.from_arrays([names, *map(pa.array, columns)], schema=LEAF_SCHEMA)
+
+
+def bad_leaf_row(archive: str, timestamps: ArrowColumn, hashes: ArrowColumn) -> pa.RecordBatch:
+    """The row saying how many rows of ``archive`` are malformed (the caller raises)."""
+    zeros = [pa.array([0], pa.int64()) for _ in range(LIMBS + 2)]
+    bad = pa.array([bad_rows(timestamps, hashes)], pa.int64())
+    return pa.RecordBatch.from_arrays([pa.array([archive]), *zeros, bad], schema=LEAF_SCHEMA)
+
+
 def _leaf_batch(unit: Unit, batch: pa.RecordBatch, shift: int) -> pa.RecordBatch:
     limbs = hash_limbs(batch.column(1)) if batch.column(0).null_count == 0 else None
     if limbs is None:
-        zeros = [pa.array([0], pa.int64()) for _ in range(LIMBS + 2)]
-        bad = pa.array([bad_rows(batch.column(0), batch.column(1))], pa.int64())
-        return pa.RecordBatch.from_arrays(
-            [pa.array([unit.archive]), *zeros, bad], schema=LEAF_SCHEMA
-        )
-    table = leaf_sums(batch.column(0).to_numpy(), limbs, shift)
-    columns = [table.leaf, table.n, *table.sums.T, np.zeros(len(table.leaf), dtype=np.int64)]
-    names = pa.array([unit.archive] * len(table.leaf), pa.string())
-    return pa.RecordBatch.from_arrays([names, *map(pa.array, columns)], schema=LEAF_SCHEMA)
+        return bad_leaf_row(unit.archive, batch.column(0), batch.column(1))
+    return leaf_rows(unit.archive, leaf_sums(batch.column(0).to_numpy(), limbs, shift))
 
 
 def scan_leaves(spark: SparkSession, units: list[Unit], shift: int) -> DataFrame:

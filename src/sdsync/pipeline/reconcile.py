@@ -10,23 +10,34 @@ range-based reconciliation uses), and compare rows exactly only there:
 
 1. **Leaves.** Time is cut into aligned buckets ``leaf = timestamp >> shift``; ``shift``
    is chosen from the footers' row counts and time bounds so that a leaf holds about
-   ``leaf_items`` (256) items of the largest archive.  One Spark job reads only
-   ``timestamp`` and ``message_hash`` of every archive and sums, per leaf, the count and
-   the eight 32-bit limbs of the hashes: for local archives row group by row group with
-   pyarrow and numpy in ``mapInArrow`` tasks (:mod:`sdsync.pipeline.arrow_leaves`),
-   otherwise with Spark's reader and column expressions
-   (:mod:`sdsync.pipeline.spark_fingerprint`).  Its only shuffle is the leaf table, a
-   few hundred bytes per leaf, which the driver collects.
+   ``leaf_items`` (256) items of the largest archive.  Per leaf and archive: the count
+   and the sums of the eight 32-bit limbs of the hashes (:mod:`sdsync.pipeline.leaves`).
 2. **Hierarchy.** A range at level ``L`` is ``leaf >> (4 L)`` (fanout 16).  Sums add, so
    every level is computed from the leaf table, never from the rows; being small, it is
-   compared on the driver, with the stores' own fingerprint function, without a Spark
-   job per level.  Starting at the lowest level with at most 16 ranges, we fingerprint
-   each range in each archive and keep the ranges whose fingerprints differ (a range an
-   archive has no items in is the empty set); the next level looks only inside those.
-3. **Exact.** Rows of the differing leaves are read again (the same way as in step 1,
-   keeping only those rows), grouped by ``(timestamp, message_hash)`` with a bit mask of
-   the archives holding each item (a plain hash aggregation); ``held_by`` is the sorted
-   array of those archives, and every archive not in it gets a row in ``OUT/missing/``.
+   compared on the driver, with the stores' own fingerprint function.  Starting at the
+   lowest level with at most 16 ranges, we fingerprint each range in each archive and
+   keep the ranges whose fingerprints differ (a range an archive has no items in is the
+   empty set); the next level looks only inside those.
+3. **Exact.** Only rows of the differing leaves are compared item by item; who holds an
+   item is a bit mask over the archives, and every archive not in it gets a row in
+   ``OUT/missing/``.
+
+How the rows are read decides how these steps are spread over Spark:
+
+* **One pass** (local archives whose row groups are clustered in time, the usual case:
+  :mod:`sdsync.pipeline.time_slices`).  Spark tasks each own a slice of time, read the
+  row groups overlapping it with pyarrow, sum its leaves, find the leaves whose
+  fingerprints differ and compare their rows right there, writing the missing rows
+  into ``OUT/missing/`` themselves; they return the leaf table, from which the driver
+  walks the hierarchy for the summary and the fingerprint cache.  No row is shuffled
+  and every row is read once.  With every archive's leaves in the fingerprint cache,
+  the hierarchy comes first and the tasks read only the slices holding differing
+  leaves.
+* **Two passes** (archives Spark's reader must read, or row groups spanning all of
+  time).  One Spark job sums the leaves (:mod:`sdsync.pipeline.arrow_leaves` or
+  :mod:`sdsync.pipeline.spark_fingerprint`), the driver walks the hierarchy, and a
+  second job reads the rows of the differing leaves again and groups them by item in
+  a hash aggregation.
 
 Equal fingerprints mean equal sets up to a 2**-128 collision, so the result equals the
 join's.  Duplicate rows inside one archive make its fingerprint differ, which costs an
@@ -52,7 +63,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as sf
 
-from sdsync.pipeline import arrow_leaves, cache, time_slices
+from sdsync.pipeline import ONE_PASS_ROWS, arrow_leaves, cache, time_slices
 from sdsync.pipeline.io import (
     InputError,
     ParquetInput,
@@ -94,7 +105,7 @@ class ReconcileOptions:
     """Read local archives' row groups with pyarrow and numpy inside Spark tasks
     (:mod:`sdsync.pipeline.time_slices`, :mod:`sdsync.pipeline.arrow_leaves`); False, or
     a non-local path, uses Spark's Parquet reader and column expressions."""
-    one_pass_rows: int = 6_000_000
+    one_pass_rows: int = ONE_PASS_ROWS
     """The most rows a one-pass task may hold at once (the row groups overlapping one
     slice of time); inputs that need more take two passes.  0: always two passes."""
 
@@ -160,23 +171,17 @@ def reconcile(
     keys: dict[str, str] = {}
     tables = _cached_leaves(plan, options, keys)
     scanned = [a for a in archives if a.name not in tables]
-    output: DataFrame | None = None
     if slices is not None and scanned:
-        output, tables = _one_pass(spark, plan, slices, progress)
+        tables = _one_pass(spark, plan, slices, out, progress)
         method = "one pass"
     else:
         tables.update(_scan_leaves(spark, plan, scanned, options, progress))
         method = "two passes" if slices is None else "one pass over the differing leaves"
     plan.rows = {a.name: int(tables[a.name].n.sum()) for a in archives}
     diff, levels = _compare_levels(tables, plan, options, progress)
-    with progress.stage("exact comparison of differing leaves"):
-        if output is not None:
-            held = output.where(sf.col("mask").isNotNull()).select(*time_slices.ITEM_FIELDS)
-        else:
-            held = _held(spark, plan, options, slices, diff)
-        _write_missing(held, plan, out)
-    if output is not None:
-        output.unpersist()
+    if method != "one pass":
+        with progress.stage("exact comparison of differing leaves"):
+            _exact(spark, plan, options, slices, diff, out)
     if options.fingerprint_cache and scanned:
         with progress.stage("write fingerprint caches"):
             for archive in scanned:
@@ -295,15 +300,27 @@ def _slices_summary(slices: time_slices.Plan | None) -> dict[str, int] | None:
 
 
 def _one_pass(
-    spark: SparkSession, plan: _Plan, slices: time_slices.Plan, progress: Progress
-) -> tuple[DataFrame, dict[str, LeafTable]]:
-    """Run the one-pass tasks; their output stays cached for the item rows."""
-    name = "fingerprint and compare, one pass over time slices"
+    spark: SparkSession, plan: _Plan, slices: time_slices.Plan, out: Path, progress: Progress
+) -> dict[str, LeafTable]:
+    """Run the one-pass tasks: they write ``OUT/missing/`` and emit the leaf rows."""
+    name = "fingerprint, compare and write missing, one pass over time slices"
     with progress.stage(name, tasks=len(slices.tasks)):
-        output = time_slices.run(spark, slices, plan.shift).persist()
-        leaves = output.where(sf.col("archive").isNotNull()).select(*time_slices.LEAF_FIELDS)
-        rows = leaves.toArrow()
-    return output, _leaves_of(spark, plan.archives, rows)
+        rows = _run_slices(spark, plan, slices, out, None)
+    return _leaves_of(spark, plan.archives, rows)
+
+
+def _run_slices(
+    spark: SparkSession,
+    plan: _Plan,
+    slices: time_slices.Plan,
+    out: Path,
+    leaves: np.ndarray | None,
+) -> pa.Table:
+    missing = str(out / "missing")
+    time_slices.begin_missing(missing)
+    rows = time_slices.run(spark, slices, plan.shift, missing, leaves).toArrow()
+    time_slices.end_missing(missing)
+    return rows
 
 
 def _scan_leaves(
@@ -499,25 +516,28 @@ def _compare_levels(
 # -- 3. exact ----------------------------------------------------------------------------
 
 
-def _held(
+def _exact(
     spark: SparkSession,
     plan: _Plan,
     options: ReconcileOptions,
     slices: time_slices.Plan | None,
     diff_leaves: list[int],
-) -> DataFrame:
-    """(timestamp, message_hash, mask) of the items in the differing leaves."""
-    if not diff_leaves:
-        return spark.createDataFrame([], "timestamp long, message_hash binary, mask long")
+    out: Path,
+) -> None:
+    """Write ``OUT/missing/`` from the rows of the differing leaves."""
     leaves = np.asarray(diff_leaves, dtype=np.int64)
     if slices is not None:
-        only = slices.only(leaves)
-        output = time_slices.run(spark, only, plan.shift, leaves)
-        return output.select(*time_slices.ITEM_FIELDS)
-    # A plain hash aggregation of the bits (a collect_set would fall back to sorting
-    # after 128 keys per task).
-    rows = _rows_in_leaves(spark, plan, options, diff_leaves)
-    return rows.groupBy("timestamp", "message_hash").agg(sf.bit_or("bit").alias("mask"))
+        rows = _run_slices(spark, plan, slices.only(leaves), out, leaves)
+        _leaves_of(spark, plan.archives, rows)  # only malformed rows come back
+        return
+    if not diff_leaves:
+        held = spark.createDataFrame([], "timestamp long, message_hash binary, mask long")
+    else:
+        # A plain hash aggregation of the bits (a collect_set would fall back to sorting
+        # after 128 keys per task).
+        rows_ = _rows_in_leaves(spark, plan, options, diff_leaves)
+        held = rows_.groupBy("timestamp", "message_hash").agg(sf.bit_or("bit").alias("mask"))
+    _write_missing(held, plan, out)
 
 
 def _rows_in_leaves(

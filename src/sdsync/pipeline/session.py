@@ -71,6 +71,8 @@ def build_session(options: SessionOptions) -> tuple[SparkSession, bool]:
         return active, False
     if options.remote:
         builder = SparkSession.builder.remote(options.remote)
+    elif _under_spark_submit() and not options.master:
+        builder = SparkSession.builder  # spark-submit's master and settings stand
     else:
         # PySpark starts its Python workers with $PYSPARK_PYTHON, else "python3" from the
         # PATH — outside this venv, without sdsync or pyarrow — whatever the conf says.
@@ -85,6 +87,12 @@ def build_session(options: SessionOptions) -> tuple[SparkSession, bool]:
     if not options.remote:
         spark.sparkContext.setLogLevel("ERROR")
     return spark, True
+
+
+def _under_spark_submit() -> bool:
+    """Whether spark-submit started this process: its JVM, already running with the
+    master and settings it was given, waits for us on the gateway port it passed."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
 @contextmanager

@@ -5,7 +5,7 @@ Theory of operation
 The two-pass method of :mod:`sdsync.pipeline.reconcile` (sum the leaves, compare them on
 the driver, read the rows of the differing leaves again and group them in a Spark
 shuffle) reads every row twice as soon as the differences are spread over the archives,
-and shuffles every row it compares.  When every executor can open the archives' files
+and shuffles every row it compares.  When the executors can open the archives' files
 and their row groups are clustered in time — the store's export, the simulator's
 archives, anything written in time order; the footers' timestamp statistics say so —
 one pass does it, and no row leaves the task that read it:
@@ -19,9 +19,13 @@ one pass does it, and no row leaves the task that read it:
   the leaves whose fingerprints differ (:func:`sdsync.pipeline.leaves.differing`, the
   stores' fingerprint function); then, over the rows of those leaves only, the exact
   comparison: an Arrow hash aggregation on ``(timestamp, message_hash)`` listing the
-  archives that hold each item, turned into a bit mask.
-* A task's output carries both the leaf rows (for the driver's range hierarchy, the
-  summary and the fingerprint cache) and the items some archive lacks with their masks.
+  archives that hold each item.
+* The task writes the missing rows itself, one Parquet file per archive lacking
+  something, in time order, to ``OUT/missing/`` (which, like any Spark output, the
+  executors must be able to reach); a file appears under its final name only when
+  complete, so a retried task replaces its own.  What goes back through Spark is the
+  leaf table, a few hundred bytes per leaf, which the driver needs for the hierarchy,
+  the summary and the fingerprint cache.
 
 A slice holds every row group overlapping it in one task's memory.  When the footers say
 some slice would exceed the budget (row groups each spanning most of the time, as in an
@@ -36,32 +40,40 @@ straight to the exact comparison.
 from __future__ import annotations
 
 import itertools
+import os
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
-from sdsync.pipeline.arrow_leaves import bad_rows, hash_limbs, spark_schema
-from sdsync.pipeline.leaves import LIMB_COLUMNS, LeafTable, differing, leaf_sums
+from sdsync.pipeline.arrow_leaves import (
+    LEAF_SCHEMA,
+    bad_leaf_row,
+    hash_limbs,
+    leaf_rows,
+    spark_schema,
+)
+from sdsync.pipeline.leaves import differing, leaf_sums
 from sdsync.reconcile.fingerprint import HASH_SIZE, LIMBS
 
 COLUMNS = ["timestamp", "message_hash"]
-LEAF_FIELDS = ["archive", "leaf", "n", *LIMB_COLUMNS, "bad"]
-ITEM_FIELDS = ["timestamp", "message_hash", "mask"]
-OUTPUT_SCHEMA = pa.schema(
+MISSING_SCHEMA = pa.schema(
     [
         ("archive", pa.string()),
-        *[(name, pa.int64()) for name in LEAF_FIELDS[1:]],
-        ("timestamp", pa.int64()),
         ("message_hash", pa.binary()),
-        ("mask", pa.int64()),
+        ("timestamp", pa.int64()),
+        ("held_by", pa.list_(pa.string())),
     ]
 )
-"""Leaf rows fill ``archive`` … ``bad``; item rows ``timestamp``, ``message_hash`` and
-``mask`` (the bits of the archives holding the item); the rest is null."""
+"""``OUT/missing/``: a row per (archive lacking an item, item), ``held_by`` the sorted
+names of the archives holding it."""
+FLUSH_ROWS = 1 << 16
+"""Missing rows buffered per archive before a row group is written."""
 
 
 @dataclass(frozen=True)
@@ -184,24 +196,85 @@ def _split(groups: list[RowGroup], slices: list[Slice], tasks: int) -> list[list
     return [run for run in runs if run]
 
 
-def run(spark: SparkSession, plan: Plan, shift: int, leaves: np.ndarray | None = None) -> DataFrame:
-    """The tasks' output (:data:`OUTPUT_SCHEMA`).  Given the differing ``leaves``
-    (sorted), only item rows, of those leaves."""
+def run(
+    spark: SparkSession,
+    plan: Plan,
+    shift: int,
+    missing: str,
+    leaves: np.ndarray | None = None,
+) -> DataFrame:
+    """The tasks' leaf rows (:data:`~sdsync.pipeline.arrow_leaves.LEAF_SCHEMA`); as a
+    side effect of running them, the missing rows in the directory ``missing`` (see
+    :func:`begin_missing`).  Given the differing ``leaves`` (sorted), the tasks only
+    write the missing rows of those leaves and emit no leaf rows but the malformed."""
 
     def tasks(ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in ids:
             for task in batch.column(0).to_pylist():
-                yield from task_output(plan, shift, task, leaves)
+                yield from task_output(plan, shift, task, missing, leaves)
 
     count = max(1, len(plan.tasks))
-    return spark.range(0, len(plan.tasks), 1, count).mapInArrow(tasks, spark_schema(OUTPUT_SCHEMA))
+    return spark.range(0, len(plan.tasks), 1, count).mapInArrow(tasks, spark_schema(LEAF_SCHEMA))
 
 
 def task_output(
-    plan: Plan, shift: int, task: int, leaves: np.ndarray | None = None
+    plan: Plan, shift: int, task: int, missing: str, leaves: np.ndarray | None = None
 ) -> Iterator[pa.RecordBatch]:
-    """What task number ``task`` of ``plan`` emits (run by :func:`run` in Spark)."""
-    return _Task(plan, shift, leaves).run(plan.tasks[task])
+    """Run task number ``task`` of ``plan`` (in Spark, :func:`run` does)."""
+    writers = [_MissingWriter(missing, task, number) for number in range(len(plan.sources))]
+    yield from _Task(plan, shift, leaves, writers).run(plan.tasks[task])
+    for writer in writers:
+        writer.close()
+
+
+def begin_missing(directory: str) -> None:
+    """Empty the output directory the tasks write their files into."""
+    shutil.rmtree(directory, ignore_errors=True)
+    os.makedirs(directory)
+
+
+def end_missing(directory: str) -> None:
+    """After the tasks: drop what failed attempts left, and make sure the directory
+    reads as a table even with no missing rows (readers infer the schema from a file)."""
+    for name in os.listdir(directory):
+        if name.startswith("."):
+            os.remove(os.path.join(directory, name))
+    if not os.listdir(directory):
+        pq.write_table(MISSING_SCHEMA.empty_table(), os.path.join(directory, "part-empty.parquet"))
+    open(os.path.join(directory, "_SUCCESS"), "wb").close()
+
+
+class _MissingWriter:
+    """One task's missing rows of one archive: a Parquet file in time order, written
+    under a hidden name and renamed when complete (a retried task replaces it)."""
+
+    def __init__(self, directory: str, task: int, source: int) -> None:
+        name = f"part-{task:05d}-{source:03d}.parquet"
+        self.path = os.path.join(directory, name)
+        self.partial = os.path.join(directory, f".{name}.{os.getpid()}")
+        self.buffered: list[pa.Table] = []
+        self.rows = 0
+        self.writer: pq.ParquetWriter | None = None
+
+    def add(self, rows: pa.Table) -> None:
+        self.buffered.append(rows)
+        self.rows += rows.num_rows
+        if self.rows >= FLUSH_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self.rows:
+            return
+        if self.writer is None:
+            self.writer = pq.ParquetWriter(self.partial, MISSING_SCHEMA)
+        self.writer.write_table(pa.concat_tables(self.buffered))
+        self.buffered, self.rows = [], 0
+
+    def close(self) -> None:
+        self._flush()
+        if self.writer is not None:
+            self.writer.close()
+            os.replace(self.partial, self.path)
 
 
 @dataclass(frozen=True)
@@ -235,14 +308,18 @@ class _Rows:
 
 
 class _Task:
-    def __init__(self, plan: Plan, shift: int, leaves: np.ndarray | None) -> None:
-        self.plan, self.shift, self.leaves = plan, shift, leaves
+    def __init__(
+        self,
+        plan: Plan,
+        shift: int,
+        leaves: np.ndarray | None,
+        writers: list[_MissingWriter],
+    ) -> None:
+        self.plan, self.shift, self.leaves, self.writers = plan, shift, leaves, writers
         self.loaded: dict[int, _Rows] = {}
-        everyone = 0
-        for source in plan.sources:
-            everyone |= source.bit
-        self.everyone = everyone
         self.bits = np.array([s.bit for s in plan.sources], dtype=np.int64)
+        self.everyone = int(np.bitwise_or.reduce(self.bits)) if len(self.bits) else 0
+        self.by_name = sorted(plan.sources, key=lambda source: source.name)
 
     def run(self, slices: list[Slice]) -> Iterator[pa.RecordBatch]:
         for s in slices:
@@ -257,13 +334,12 @@ class _Task:
         group = self.plan.groups[number]
         table = pq.ParquetFile(group.file).read_row_group(group.index, columns=COLUMNS)
         timestamps = table.column("timestamp").combine_chunks()
-        limbs = hash_limbs(table.column("message_hash").combine_chunks())
+        hashes = table.column("message_hash").combine_chunks()
+        limbs = hash_limbs(hashes)
         if timestamps.null_count or limbs is None:
             # The driver names the file and column; the rows count as absent meanwhile.
             self.loaded[number] = _Rows.concat([])
-            source = self.plan.sources[group.source].name
-            bad = bad_rows(table.column("timestamp"), table.column("message_hash"))
-            yield _bad_batch(source, bad)
+            yield bad_leaf_row(self.plan.sources[group.source].name, timestamps, hashes)
             return
         ts = timestamps.to_numpy()
         leaf = ts >> self.shift
@@ -281,70 +357,67 @@ class _Task:
             tables = [leaf_sums(r.timestamp, r.limbs, self.shift) for r in rows]
             for source, table in zip(self.plan.sources, tables, strict=True):
                 if len(table.leaf):
-                    yield _leaf_batch(source.name, table)
+                    yield leaf_rows(source.name, table)
             ranges = np.unique(np.concatenate([t.leaf for t in tables]))
             diff = differing(tables, ranges)[0]
         else:
             a, b = np.searchsorted(self.leaves, [s.lo, s.hi])
             diff = self.leaves[a:b]
         if len(diff):
-            picked = [r.where(_member(r.leaf, diff)) for r in rows]
-            yield self._missing(picked)
+            self._write_missing([r.where(_member(r.leaf, diff)) for r in rows])
 
-    def _missing(self, rows: list[_Rows]) -> pa.RecordBatch:
-        """Items in ``rows`` (per source) that some source lacks, with their masks."""
+    def _write_missing(self, rows: list[_Rows]) -> None:
+        """Group the items of ``rows`` (per source); hand each source's writer the
+        items it lacks, in (timestamp, message_hash) order."""
         # Big-endian bytes are the hashes (concatenate returns native byte order).
         limbs = np.ascontiguousarray(np.concatenate([r.limbs for r in rows]), dtype=">u4")
         hashes = pa.FixedSizeBinaryArray.from_buffers(
             pa.binary(HASH_SIZE), len(limbs), [None, pa.py_buffer(limbs.view(np.uint8))]
         )
-        source = np.repeat(np.arange(len(rows)), [len(r.leaf) for r in rows])
-        table = pa.table(
+        items = pa.table(
             {
                 "timestamp": np.concatenate([r.timestamp for r in rows]),
                 "message_hash": hashes,
-                "source": source,
+                "source": np.repeat(np.arange(len(rows)), [len(r.leaf) for r in rows]),
             }
         )
-        held = table.group_by(COLUMNS).aggregate([("source", "distinct")])
+        held = items.group_by(COLUMNS).aggregate([("source", "distinct")])
         holders = held["source_distinct"].combine_chunks()
-        bits = self.bits[holders.values.to_numpy()]
-        mask = np.bitwise_or.reduceat(bits, holders.offsets.to_numpy()[:-1])
-        lacking = mask != self.everyone
-        n = int(lacking.sum())
-        keep = pa.array(lacking)
-        return pa.RecordBatch.from_arrays(
-            [
-                *[pa.nulls(n, OUTPUT_SCHEMA.field(f).type) for f in LEAF_FIELDS],
-                held["timestamp"].filter(keep).combine_chunks(),
-                held["message_hash"].filter(keep).combine_chunks().cast(pa.binary()),
-                pa.array(mask[lacking], pa.int64()),
-            ],
-            schema=OUTPUT_SCHEMA,
+        mask = np.bitwise_or.reduceat(
+            self.bits[holders.values.to_numpy()], holders.offsets.to_numpy()[:-1]
         )
+        lacking = mask != self.everyone
+        if not lacking.any():
+            return
+        held = held.filter(pa.array(lacking))
+        mask = mask[lacking]
+        order = pc.sort_indices(held, sort_keys=[(c, "ascending") for c in COLUMNS])
+        held, mask = held.take(order), mask[order.to_numpy()]
+        held_by = self._held_by(mask)
+        for number, source in enumerate(self.plan.sources):
+            lacks = (mask & source.bit) == 0
+            if lacks.any():
+                keep = pa.array(lacks)
+                n = int(lacks.sum())
+                self.writers[number].add(
+                    pa.table(
+                        [
+                            pa.array([source.name] * n, pa.string()),
+                            held["message_hash"].filter(keep).cast(pa.binary()),
+                            held["timestamp"].filter(keep),
+                            held_by.filter(keep),
+                        ],
+                        schema=MISSING_SCHEMA,
+                    )
+                )
+
+    def _held_by(self, mask: np.ndarray) -> pa.Array:
+        """The sorted names of the archives in each mask."""
+        masks, inverse = np.unique(mask, return_inverse=True)
+        names = [[s.name for s in self.by_name if int(m) & s.bit] for m in masks]
+        return pa.array(names, pa.list_(pa.string())).take(pa.array(inverse))
 
 
 def _member(leaf: np.ndarray, sorted_leaves: np.ndarray) -> np.ndarray:
     at = np.minimum(np.searchsorted(sorted_leaves, leaf), len(sorted_leaves) - 1)
     return np.asarray(sorted_leaves[at] == leaf)
-
-
-def _leaf_batch(source: str, table: LeafTable) -> pa.RecordBatch:
-    n = len(table.leaf)
-    values = [table.leaf, table.n, *table.sums.T, np.zeros(n, np.int64)]
-    return _leaf_rows(source, n, values)
-
-
-def _bad_batch(source: str, bad: int) -> pa.RecordBatch:
-    return _leaf_rows(source, 1, [np.zeros(1, np.int64)] * (LIMBS + 2) + [np.array([bad])])
-
-
-def _leaf_rows(source: str, n: int, values: list[np.ndarray]) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.array([source] * n, pa.string()),
-            *[pa.array(v, pa.int64()) for v in values],
-            *[pa.nulls(n, OUTPUT_SCHEMA.field(f).type) for f in ITEM_FIELDS],
-        ],
-        schema=OUTPUT_SCHEMA,
-    )
