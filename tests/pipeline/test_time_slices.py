@@ -254,3 +254,17 @@ def test_reconcile_methods_agree_on_clustered_archives(spark: SparkSession, tmp_
     warm = run("warm", leaf_items=32, fingerprint_cache=True)
     assert warm["method"] == "one pass over the differing leaves"
     assert warm["missing_per_archive"] == one["missing_per_archive"]
+
+
+def test_missing_directory_keeps_only_complete_files(spark: SparkSession, tmp_path: Path) -> None:
+    directory = tmp_path / "missing"
+    directory.mkdir()
+    (directory / "part-00007-000.parquet").write_bytes(b"from an earlier run")
+    time_slices.begin_missing(str(directory))
+    assert not list(directory.iterdir())
+    (directory / ".part-00000-000.parquet.4242").write_bytes(b"a failed task attempt's")
+    time_slices.end_missing(str(directory))
+    assert sorted(p.name for p in directory.iterdir()) == ["_SUCCESS", "part-empty.parquet"]
+    table = spark.read.parquet(str(directory))
+    assert table.count() == 0
+    assert table.columns == ["archive", "message_hash", "timestamp", "held_by"]
