@@ -190,6 +190,9 @@ def reconcile(
         missing = _missing_per_archive(out, archives)
     summary: dict[str, Any] = {
         "archives": [a.name for a in archives],
+        "rows": plan.rows,
+        "missing": missing,
+        # The same two under the names of earlier releases.
         "rows_per_archive": plan.rows,
         "missing_per_archive": missing,
         "ranges_compared": sum(level["compared"] for level in levels),
