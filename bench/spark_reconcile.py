@@ -245,7 +245,9 @@ def main() -> int:
     same = all(
         identical(spark, out / "join", out / name) for name in ("reconcile", "two-passes", "cached")
     )
-    best = {name: min(runs[1:] if name == "cached" else runs) for name, runs in results.items()}
+    best = {
+        name: min((runs[1:] if name == "cached" else []) or runs) for name, runs in results.items()
+    }
     summary = summaries["reconcile"]
     join_t, join_b = best["join"]
     print(f"rows per archive:      {summary['rows_per_archive']}")
