@@ -252,3 +252,14 @@ def test_master_and_remote_are_exclusive(tmp_path: Path) -> None:
     )
     assert result.exit_code == 2
     assert "mutually exclusive" in result.output
+
+
+def test_leaf_table_stays_within_the_driver_budget(spark: SparkSession, tmp_path: Path) -> None:
+    rng = random.Random(16)
+    base = random_items(2000, rng)
+    sets = {"x": base, "y": [x for x in base if rng.random() > 0.05]}
+    summary, missing, archives = run(spark, tmp_path, sets, leaf_items=1, max_leaf_rows=64)
+    assertDataFrameEqual(missing, full_outer_join(spark, archives))
+    leaves = summary["levels"][-1]
+    assert leaves["level"] == 0
+    assert leaves["compared"] <= 2 * 32 + 1  # 64 leaf rows for two archives, within 2x

@@ -10,7 +10,8 @@ range-based reconciliation uses), and compare rows exactly only there:
 
 1. **Leaves.** Time is cut into aligned buckets ``leaf = timestamp >> shift``; ``shift``
    is chosen from the footers' row counts and time bounds so that a leaf holds about
-   ``leaf_items`` (256) items of the largest archive.  Per leaf and archive: the count
+   ``leaf_items`` (256) items of the largest archive (wider for archives so large that
+   the leaf table would not fit the driver).  Per leaf and archive: the count
    and the sums of the eight 32-bit limbs of the hashes (:mod:`sdsync.pipeline.leaves`).
 2. **Hierarchy.** A range at level ``L`` is ``leaf >> (4 L)`` (fanout 16).  Sums add, so
    every level is computed from the leaf table, never from the rows; being small, it is
@@ -98,6 +99,10 @@ class ReconcileOptions:
     leaf_items: int = 256
     """Target items per leaf in the largest archive: smaller leaves cost a bigger leaf
     table, larger ones make more rows land in differing leaves."""
+    max_leaf_rows: int = 1 << 22
+    """About this many leaf rows at most (all archives together, ~88 bytes each; within
+    a factor of two, leaf widths being powers of two) reach the driver: beyond, leaves
+    hold more than ``leaf_items``."""
     fanout_bits: int = 4
     """log2 of the fanout of the range hierarchy (16)."""
     fingerprint_cache: bool = False
@@ -241,7 +246,8 @@ def _choose_shift(spark: SparkSession, plan: _Plan, options: ReconcileOptions) -
     plan.min_ts = min(b[0] for b in bounds)
     plan.max_ts = max(b[1] for b in bounds)
     span = plan.max_ts - plan.min_ts + 1
-    leaves_wanted = max(1, largest // max(1, options.leaf_items))
+    per_archive = options.max_leaf_rows // len(plan.archives)
+    leaves_wanted = max(1, min(largest // max(1, options.leaf_items), per_archive))
     plan.shift = max(0, (span // leaves_wanted).bit_length() - 1)
 
 
