@@ -6,13 +6,23 @@ import asyncio
 import random
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
+from types import SimpleNamespace
 from typing import TypeVar
 
 import pytest
+import trio
+from libp2p.peer.id import ID
+from trio.testing import MockClock
 
 from sdsync.errors import LocalProtocolError
 from sdsync.transport import Envelope, Libp2pTransport, Received
-from sdsync.transport.libp2p import PEER_QUEUE_RPCS, new_identity_key
+from sdsync.transport.libp2p import (
+    _QUEUE_HIGH_WATER,
+    _STALL_S,
+    PEER_QUEUE_RPCS,
+    _TrioSide,
+    new_identity_key,
+)
 from sdsync.wire import WakuMessage, message_hash
 
 TOPIC = "/sds/1/test"
@@ -286,3 +296,71 @@ def test_a_port_in_use_fails_start_instead_of_hanging() -> None:
             await first.close()
 
     run(scenario)
+
+
+def stubbed_side(queues: dict[ID, list[None]]) -> tuple[_TrioSide, list[ID]]:
+    """A trio side with these outbound queues; records the peers whose connections it
+    closes."""
+    side = _TrioSide(Libp2pTransport())
+    side.pubsub.peer_queues = queues  # type: ignore[assignment]
+    closed: list[ID] = []
+
+    class Secured:
+        def __init__(self, peer: ID) -> None:
+            self.peer = peer
+
+        async def close(self) -> None:
+            closed.append(self.peer)
+
+    def connections(peer: ID) -> list[object]:
+        return [SimpleNamespace(muxed_conn=SimpleNamespace(secured_conn=Secured(peer)))]
+
+    network = SimpleNamespace(get_connections=connections)
+    side.host.get_network = lambda: network  # type: ignore[method-assign,assignment,return-value]
+    return side, closed
+
+
+def test_a_stuck_peer_holds_back_one_publication_at_most_and_is_disconnected() -> None:
+    # Seen under load: py-libp2p wedged a connection (its queue stayed full, nothing was
+    # written, it was never closed). When every publication waited out the stall afresh,
+    # the outbox filled, ReliableChannel stopped inside publish() holding its lock, and
+    # its syncs, resends and repairs stopped with it. A virtual clock counts the waiting.
+    wedged, healthy = ID(b"\x01" * 34), ID(b"\x02" * 34)
+    side, closed = stubbed_side({wedged: [None] * PEER_QUEUE_RPCS, healthy: []})
+    waited: list[float] = []
+
+    async def publishing() -> None:
+        async with trio.open_nursery() as nursery:
+            side.nursery = nursery
+            for _ in range(30):  # one a second
+                start = trio.current_time()
+                await side._room_to_send()
+                waited.append(trio.current_time() - start)
+                await trio.sleep(1)
+
+    trio.run(publishing, clock=MockClock(autojump_threshold=0))
+    # The first publication gives the queue its chance to drain; the others go ahead.
+    assert waited[0] >= _STALL_S
+    assert waited[1:] == [0.0] * 29
+    assert closed == [wedged]  # once, so that a redial gives it a fresh connection
+
+
+def test_a_slowly_draining_peer_still_holds_publications_back() -> None:
+    queue: list[None] = [None] * PEER_QUEUE_RPCS
+    side, closed = stubbed_side({ID(b"\x03" * 34): queue})
+
+    async def drain() -> None:
+        while queue:
+            await trio.sleep(_STALL_S / 2)  # slow, but never stuck
+            queue.pop()
+
+    async def publishing() -> None:
+        async with trio.open_nursery() as nursery:
+            side.nursery = nursery
+            nursery.start_soon(drain)
+            await side._room_to_send()
+            nursery.cancel_scope.cancel()
+
+    trio.run(publishing, clock=MockClock(autojump_threshold=0))
+    assert len(queue) < _QUEUE_HIGH_WATER  # it waited until there was room
+    assert closed == []

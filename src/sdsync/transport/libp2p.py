@@ -14,7 +14,8 @@ dedicated thread running ``trio.run``; the asyncio side never blocks on it:
 
 * asyncio → trio: publications go through an outbox — ``TrioToken.run_sync_soon``
   (thread-safe, non-blocking) puts the frame in a trio channel that one task publishes
-  from, in order, waiting for room in py-libp2p's per-peer queues (which drop when full);
+  from, in order, waiting for room in py-libp2p's per-peer queues (which drop when full)
+  — but not for a peer that stopped taking frames, whose connection is closed at length;
   other work (dialling, queries) runs as a task whose outcome comes back through an
   asyncio future settled with ``loop.call_soon_threadsafe``;
 * trio → asyncio: every frame that passes validation is handed to unbounded asyncio
@@ -45,7 +46,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence, Sized
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
@@ -75,6 +76,8 @@ _CLOSE_TIMEOUT_S = 10.0
 PEER_QUEUE_RPCS = 256
 _QUEUE_HIGH_WATER = PEER_QUEUE_RPCS * 3 // 4  # leaves room for relays and control
 _STALL_S = 5.0
+# A queue stuck this long is a wedged connection rather than a slow peer.
+_WEDGED_S = 20.0
 _POLL_S = 0.005
 _OUTBOX_LIMIT = 256
 _FLUSH_S = 2.0
@@ -426,6 +429,8 @@ class _TrioSide:
         self.token: trio.lowlevel.TrioToken | None = None
         self.nursery: trio.Nursery | None = None
         self._joined: set[str] = set()
+        self._drain = _DrainWatch(_QUEUE_HIGH_WATER, _STALL_S)
+        self._dropped: set[ID] = set()  # stuck peers we disconnected
         # Unbounded here: the asyncio side bounds what it puts in (_OUTBOX_LIMIT).
         self._outbox_in, self._outbox_out = trio.open_memory_channel[tuple[str, bytes]](math.inf)
 
@@ -522,25 +527,44 @@ class _TrioSide:
 
         Pubsub silently drops whole RPCs when a peer's queue is full, which under load
         turns into far more loss than the network has. So a publication waits, as TCP
-        would, for a slow peer — but not for a stuck one: a queue that has not shrunk for
-        ``_STALL_S`` no longer holds us back (pubsub drops for that peer alone).
+        would, for a slow peer — but not for a stuck one (see :class:`_DrainWatch`). One
+        stuck for ``_WEDGED_S`` is disconnected, so that a redial gives it a fresh
+        connection.
         """
-        seen: dict[ID, tuple[int, float]] = {}
         while True:
             now = trio.current_time()
-            blocking = False
-            for peer, queue in list(self.pubsub.peer_queues.items()):
-                length = len(queue)
-                if length < _QUEUE_HIGH_WATER:
-                    continue
-                last_length, since = seen.get(peer, (length + 1, now))
-                if length < last_length:
-                    last_length, since = length, now
-                seen[peer] = (last_length, since)
-                blocking = blocking or now - since < _STALL_S
+            blocking = self._drain.holding_back(self.pubsub.peer_queues, now)
+            stuck = self._drain.stuck(now, _WEDGED_S)
+            for peer in stuck - self._dropped:
+                self._drop_stuck(peer)
+            # Once one moves again (or is gone), it may be dropped again if it sticks.
+            self._dropped = stuck
             if not blocking:
                 return
             await trio.sleep(_POLL_S)
+
+    def _drop_stuck(self, peer: ID) -> None:
+        assert self.nursery is not None
+        logger.warning(
+            "%s: peer %s took no frame for %.0f s: disconnecting it",
+            self.transport.peer_id[-8:],
+            peer,
+            _WEDGED_S,
+        )
+
+        async def drop() -> None:
+            try:
+                with trio.move_on_after(self.transport.gossip.dial_timeout_s):
+                    for conn in self.host.get_network().get_connections(peer):
+                        # The muxer's own close() would queue its goodbye behind the very
+                        # write that is stuck; closing the secured connection beneath it
+                        # fails that write, and py-libp2p then clears the peer away.
+                        secured = getattr(conn.muxed_conn, "secured_conn", None)
+                        await (secured.close() if secured is not None else conn.close())
+            except Exception as exc:
+                logger.debug("disconnecting %s failed: %r", peer, exc)
+
+        self.nursery.start_soon(drop)
 
     async def dial(self, info: PeerInfo) -> None:
         with trio.fail_after(self.transport.gossip.dial_timeout_s):
@@ -556,6 +580,46 @@ class _TrioSide:
                     except (Exception, trio.TooSlowError) as exc:
                         logger.debug("dial %s failed: %s", peer_id, exc)
             await trio.sleep(self.transport.gossip.redial_interval_s)
+
+
+class _DrainWatch:
+    """Which peers' nearly full outbound queues should hold a publication back.
+
+    A queue at or above ``high_water`` holds publications back while it drains. One that
+    has not got shorter for ``stall_s`` is *stuck* — py-libp2p can wedge a connection so
+    that nothing is written to it again, yet never closes it — and holds nothing back
+    until it moves again. This is remembered across publications: judged afresh each
+    time, a stuck peer would cost every publication ``stall_s``, and a publisher would
+    fall that far behind its caller, who would then stop altogether (the outbox is
+    bounded) while its other peers are fine.
+    """
+
+    __slots__ = ("_progress", "high_water", "stall_s")
+
+    def __init__(self, high_water: int, stall_s: float) -> None:
+        self.high_water = high_water
+        self.stall_s = stall_s
+        # peer -> (shortest length seen while above high water, when it was seen)
+        self._progress: dict[ID, tuple[int, float]] = {}
+
+    def holding_back(self, queues: Mapping[ID, Sized], now: float) -> bool:
+        progress: dict[ID, tuple[int, float]] = {}
+        blocking = False
+        for peer, queue in list(queues.items()):
+            length = len(queue)
+            if length < self.high_water:
+                continue  # drained (or left): judged afresh when it fills up again
+            shortest, since = self._progress.get(peer, (length + 1, now))
+            if length < shortest:
+                shortest, since = length, now
+            progress[peer] = (shortest, since)
+            blocking = blocking or now - since < self.stall_s
+        self._progress = progress
+        return blocking
+
+    def stuck(self, now: float, for_s: float) -> set[ID]:
+        """Peers whose queue has not got shorter for ``for_s`` (no less than ``stall_s``)."""
+        return {p for p, (_, since) in self._progress.items() if now - since >= for_s}
 
 
 class _DeliveringPubsub(Pubsub):
