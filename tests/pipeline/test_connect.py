@@ -64,6 +64,8 @@ def server_command(home: Path, port: int) -> list[str]:
     conf = {
         "spark.connect.grpc.binding.address": "127.0.0.1",
         "spark.connect.grpc.binding.port": str(port),
+        "spark.driver.bindAddress": "127.0.0.1",  # the server's own driver ports too
+        "spark.driver.host": "127.0.0.1",
         "spark.ui.enabled": "false",
         "spark.sql.shuffle.partitions": "2",
         # Not UTC, unlike our local sessions: the server's own defaults must not change

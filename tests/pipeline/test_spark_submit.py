@@ -42,7 +42,9 @@ def test_spark_submit_master_is_used(tmp_path: Path) -> None:
     home = Path(pyspark.__file__).parent
     env = {**os.environ, "SPARK_HOME": str(home), "PYSPARK_PYTHON": sys.executable}
     submit = [str(home / "bin" / "spark-submit"), "--master", "local[1]"]
-    submit += ["--conf", "spark.ui.enabled=false"]
+    loopback = ("spark.driver.bindAddress=127.0.0.1", "spark.driver.host=127.0.0.1")
+    for conf in ("spark.ui.enabled=false", *loopback):
+        submit += ["--conf", conf]
     done = subprocess.run(
         [*submit, str(probe), str(a), str(b), str(tmp_path / "out")],
         env=env,

@@ -8,9 +8,10 @@ already active (under ``spark-submit``, in a notebook, in the tests) we reuse it
 leave it running: only a session we started is ours to stop.
 
 Local defaults are sized for small machines: few shuffle partitions (the default 200
-makes 200 tiny tasks per shuffle), no web UI (it costs start-up time and a port), no
-console progress bar (we draw our own), UTC session time, and JVM logging at error level
-only (``log4j2.properties`` beside this module: we print our own progress).
+makes 200 tiny tasks per shuffle), the driver on loopback only, no web UI (it costs
+start-up time and a port), no console progress bar (we draw our own), UTC session time,
+and JVM logging at error level only (``log4j2.properties`` beside this module: we print
+our own progress).
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ def _local_conf(options: SessionOptions) -> dict[str, str]:
         "spark.pyspark.python": sys.executable,
         "spark.pyspark.driver.python": sys.executable,
     }
+    if (options.master or "local").startswith("local"):
+        # Everything runs in this process: the driver's RPC and block manager ports (and
+        # the UI, if on) need no other interface than loopback.
+        conf["spark.driver.bindAddress"] = conf["spark.driver.host"] = "127.0.0.1"
     java = [f"-Dlog4j2.configurationFile={LOG4J2.as_uri()}"]
     if options.fast_start:
         # Compiler threads compete with the two task threads on a 2-core machine.
