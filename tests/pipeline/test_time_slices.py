@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from archives import Item, random_items
+from archives import Item, archive_table, random_items
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import SparkSession
@@ -22,7 +22,7 @@ from test_reconcile import full_outer_join
 
 from sdsync.pipeline import time_slices
 from sdsync.pipeline.arrow_leaves import LEAF_SCHEMA, hash_limbs
-from sdsync.pipeline.io import ARCHIVE_SCHEMA, list_data_files
+from sdsync.pipeline.io import list_data_files
 from sdsync.pipeline.leaves import leaf_sums
 from sdsync.pipeline.progress import Progress
 from sdsync.pipeline.reconcile import Archive, ReconcileOptions, reconcile
@@ -37,22 +37,9 @@ def write_in_groups(
     of that size."""
     directory.mkdir(parents=True, exist_ok=True)
     for number, part in enumerate(files):
-        rows = sorted(part) if in_order else part
-        table = pa.table(
-            {
-                "message_hash": pa.array([h for _, h in rows], pa.binary()),
-                "timestamp": pa.array([t for t, _ in rows], pa.int64()),
-                "pubsub_topic": pa.array(["/waku/2/rs/1/0"] * len(rows)),
-                "content_topic": pa.array(["/app/1/chat/proto"] * len(rows)),
-                "payload": pa.array([b"p"] * len(rows), pa.binary()),
-                "meta": pa.array([None] * len(rows), pa.binary()),
-                "version": pa.array([0] * len(rows), pa.int32()),
-            },
-            schema=ARCHIVE_SCHEMA,
-        )
-        pq.write_table(
-            table, directory / f"part-{number:03d}.parquet", row_group_size=row_group_size
-        )
+        table = archive_table(sorted(part) if in_order else part)
+        target = directory / f"part-{number:03d}.parquet"
+        pq.write_table(table, target, row_group_size=row_group_size)
     return directory
 
 

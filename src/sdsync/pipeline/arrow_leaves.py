@@ -38,8 +38,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
-from sdsync.pipeline.leaves import LeafTable, leaf_sums
-from sdsync.pipeline.spark_fingerprint import limb_names
+from sdsync.pipeline.leaves import LIMB_COLUMNS, LeafTable, leaf_sums
 from sdsync.reconcile.fingerprint import HASH_SIZE, LIMBS
 
 COLUMNS = ["timestamp", "message_hash"]
@@ -47,7 +46,7 @@ LEAF_SCHEMA = pa.schema(
     [
         ("archive", pa.string()),
         ("leaf", pa.int64()),
-        *[(name, pa.int64()) for name in ["n", *limb_names()]],
+        *[(name, pa.int64()) for name in ["n", *LIMB_COLUMNS]],
         ("bad", pa.int64()),
     ]
 )
@@ -104,9 +103,13 @@ def _per_unit(
     return spark.range(0, len(units), 1, max(1, tasks)).mapInArrow(run, spark_schema(schema))
 
 
+def read_row_group(file: str, index: int) -> pa.Table:
+    """``timestamp`` and ``message_hash`` of one row group, in that order."""
+    return pq.ParquetFile(file).read_row_group(index, columns=COLUMNS).select(COLUMNS)
+
+
 def _read(unit: Unit) -> Iterator[pa.RecordBatch]:
-    table = pq.ParquetFile(unit.file).read_row_group(unit.row_group, columns=COLUMNS)
-    return iter(table.select(COLUMNS).to_batches())
+    return iter(read_row_group(unit.file, unit.row_group).to_batches())
 
 
 def hash_limbs(hashes: pa.Array) -> np.ndarray | None:

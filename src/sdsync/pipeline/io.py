@@ -192,25 +192,35 @@ Bounds = tuple[int, int] | None
 """(min, max) of a column; None when there are no rows."""
 
 
-class _UnknownBoundsError(Exception):
+class UnknownBoundsError(Exception):
     """Some row group has no min/max statistics for the column."""
 
 
-def _column_min_max(meta: pq.FileMetaData, column: str) -> Bounds:
-    """(min, max) of an integer column in one file, from the row-group statistics."""
+def row_group_bounds(meta: pq.FileMetaData, column: str) -> list[tuple[int, int, int, int]]:
+    """(row group, rows, min, max) of an integer column for every non-empty row group of
+    one file, from the statistics; UnknownBoundsError if the column or some row group's
+    statistics are missing."""
     names = [meta.schema.column(i).name for i in range(meta.num_columns)]
     if column not in names:
-        raise _UnknownBoundsError(column)
+        raise UnknownBoundsError(column)
     index = names.index(column)
-    bounds: Bounds = None
+    found: list[tuple[int, int, int, int]] = []
     for g in range(meta.num_row_groups):
         group = meta.row_group(g)
         if group.num_rows == 0:
             continue
         stats = group.column(index).statistics
         if stats is None or not stats.has_min_max:
-            raise _UnknownBoundsError(column)
-        bounds = _merge_bounds(bounds, (int(stats.min), int(stats.max)))
+            raise UnknownBoundsError(column)
+        found.append((g, group.num_rows, int(stats.min), int(stats.max)))
+    return found
+
+
+def _column_min_max(meta: pq.FileMetaData, column: str) -> Bounds:
+    """(min, max) of an integer column in one file, from the row-group statistics."""
+    bounds: Bounds = None
+    for _, _, low, high in row_group_bounds(meta, column):
+        bounds = _merge_bounds(bounds, (low, high))
     return bounds
 
 
@@ -244,7 +254,7 @@ def inspect_parquet(
         for column in min_max:
             try:
                 bounds[column] = _merge_bounds(bounds[column], _column_min_max(meta, column))
-            except _UnknownBoundsError:
+            except UnknownBoundsError:
                 unknown.add(column)
     found.rows = rows
     found.min_max = {c: b for c, b in bounds.items() if c not in unknown}

@@ -54,6 +54,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +126,7 @@ class _Plan:
     cache_state: dict[str, str] = field(default_factory=dict)
     rows: dict[str, int] = field(default_factory=dict)
 
-    @property
+    @cached_property
     def bits(self) -> dict[str, int]:
         """Who holds an item is a bit mask over the archives, in name order."""
         return {name: 1 << i for i, name in enumerate(sorted(a.name for a in self.archives))}
@@ -544,8 +545,8 @@ def _exact(
     else:
         # A plain hash aggregation of the bits (a collect_set would fall back to sorting
         # after 128 keys per task).
-        rows_ = _rows_in_leaves(spark, plan, options, diff_leaves)
-        held = rows_.groupBy("timestamp", "message_hash").agg(sf.bit_or("bit").alias("mask"))
+        in_leaves = _rows_in_leaves(spark, plan, options, diff_leaves)
+        held = in_leaves.groupBy("timestamp", "message_hash").agg(sf.bit_or("bit").alias("mask"))
     _write_missing(held, plan, out)
 
 

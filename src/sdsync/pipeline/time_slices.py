@@ -52,16 +52,18 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
 from sdsync.pipeline.arrow_leaves import (
+    COLUMNS,
     LEAF_SCHEMA,
     bad_leaf_row,
     hash_limbs,
     leaf_rows,
+    read_row_group,
     spark_schema,
 )
+from sdsync.pipeline.io import UnknownBoundsError, row_group_bounds
 from sdsync.pipeline.leaves import differing, leaf_sums
 from sdsync.reconcile.fingerprint import HASH_SIZE, LIMBS
 
-COLUMNS = ["timestamp", "message_hash"]
 MISSING_SCHEMA = pa.schema(
     [
         ("archive", pa.string()),
@@ -135,20 +137,14 @@ def row_groups(sources: list[Source], shift: int) -> list[RowGroup] | None:
     groups: list[RowGroup] = []
     for number, source in enumerate(sources):
         for file in source.files:
-            meta = pq.read_metadata(file)
-            paths = [meta.schema.column(i).path for i in range(meta.num_columns)]
-            if "timestamp" not in paths:
+            try:
+                bounds = row_group_bounds(pq.read_metadata(file), "timestamp")
+            except UnknownBoundsError:
                 return None
-            column = paths.index("timestamp")
-            for index in range(meta.num_row_groups):
-                group = meta.row_group(index)
-                stats = group.column(column).statistics
-                if group.num_rows == 0:
-                    continue
-                if stats is None or not stats.has_min_max:
-                    return None
-                first, last = int(stats.min) >> shift, int(stats.max) >> shift
-                groups.append(RowGroup(number, file, index, group.num_rows, first, last))
+            groups += [
+                RowGroup(number, file, index, rows, low >> shift, high >> shift)
+                for index, rows, low, high in bounds
+            ]
     return groups
 
 
@@ -332,7 +328,7 @@ class _Task:
 
     def _load(self, number: int) -> Iterator[pa.RecordBatch]:
         group = self.plan.groups[number]
-        table = pq.ParquetFile(group.file).read_row_group(group.index, columns=COLUMNS)
+        table = read_row_group(group.file, group.index)
         timestamps = table.column("timestamp").combine_chunks()
         hashes = table.column("message_hash").combine_chunks()
         limbs = hash_limbs(hashes)
