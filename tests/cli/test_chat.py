@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 
 from sdsync.cli.chat import ChatSession, load_identity
 from sdsync.cli.main import app
-from sdsync.core import BloomParams, ChannelConfig
+from sdsync.core import BloomParams, ChannelConfig, MessageDelivered, MessageDeliveredEarly
 from sdsync.errors import LocalProtocolError
 from sdsync.runtime import ReliableChannel, RuntimeConfig
 from sdsync.transport import MemoryNetwork
@@ -134,6 +134,21 @@ def test_session_shows_statuses_early_deliveries_and_prints_the_log_in_order() -
 
 
 # ------------------------------------------------------------------ processes
+
+
+def test_a_message_arriving_after_a_later_one_shown_early_is_marked_as_earlier() -> None:
+    # The order the in-process test above can take when bob replies before alice's
+    # messages reach him: nothing but the early "second" is above "first" on screen.
+    screen = io.StringIO()
+    channel = ReliableChannel(MemoryNetwork(seed=1).transport("bob"), "0", "bob")
+    session = ChatSession(channel, Console(file=screen, width=200))
+    session.on_event(MessageDeliveredEarly("m2", "alice", 10, b"second", None, 1))
+    session.on_event(MessageDelivered("m1", "alice", 9, b"first", None))
+    session.on_event(MessageDelivered("m2", "alice", 10, b"second", None))
+    shown = screen.getvalue().splitlines()
+    assert shown[0] == "⚠ (1 earlier missing) alice: second"
+    assert shown[1] == "↑ (earlier in the log) alice: first"
+    assert shown[2].endswith("the messages before it arrived: in place")
 
 
 def test_interactive_lines_are_sent_and_commands_answered(tmp_path: Path) -> None:

@@ -240,6 +240,8 @@ class ChatSession:
             self.heard_from.add(event.sender_id)
         if isinstance(event, MessageDeliveredEarly):
             self.shown_early.add(mid)
+            # On screen now, so a missing message that arrives later lands above it.
+            self._shown_before(event.lamport_timestamp, mid)
             marker = f"⚠ ({event.missing_dependencies} earlier missing) "
             self._show(mid, event.sender_id, event.lamport_timestamp, event.content, marker)
         elif isinstance(event, MessageDelivered):
