@@ -80,7 +80,9 @@ def test_a_state_dir_of_someone_else_is_refused(tmp_path: Path) -> None:
 
 
 def test_session_shows_statuses_early_deliveries_and_prints_the_log_in_order() -> None:
-    fast = RuntimeConfig(sync_interval_ms=50, resend_interval_ms=50, incoming_sweep_ms=50)
+    # Resends and syncs 300 ms apart: "first" comes back only after "second" went out,
+    # even when a loaded machine stalls the loop between the two sends.
+    fast = RuntimeConfig(sync_interval_ms=300, resend_interval_ms=300, incoming_sweep_ms=50)
     config = ChannelConfig(bloom=BloomParams(1_000, 0.01), deliver_early=True)
 
     async def scenario() -> tuple[str, str, list[str], list[str]]:
