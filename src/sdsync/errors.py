@@ -32,3 +32,10 @@ class RemoteProtocolError(SdsError):
     """A remote peer sent data that violates the protocol; state is unchanged."""
 
     kind = "remote"
+
+
+class OutgoingBufferFullError(LocalProtocolError):
+    """The outgoing buffer holds as many unacknowledged messages as it may; nothing was sent.
+
+    Wait for acknowledgements (or give up on old messages) and send again.
+    """

@@ -16,6 +16,7 @@ from sdsync.core import (
     MessageDropped,
     MessageLost,
     MessageMissing,
+    MessageMissingEvicted,
     MessagePossiblyAcknowledged,
     RepairConfig,
     RepairRequestReceived,
@@ -24,8 +25,15 @@ from sdsync.core import (
     SendFailed,
     SyncReceived,
 )
-from sdsync.errors import LocalProtocolError, RemoteProtocolError
-from sdsync.wire import HistoryEntry, Message, decode, encode
+from sdsync.errors import LocalProtocolError, OutgoingBufferFullError, RemoteProtocolError
+from sdsync.wire import (
+    HistoryEntry,
+    Message,
+    decode,
+    encode,
+    message_id_for,
+    message_id_for_sender,
+)
 
 SMALL = ChannelConfig(bloom=BloomParams(100, 0.01), causal_history_size=3)
 
@@ -138,6 +146,7 @@ def test_acknowledged_by_causal_history() -> None:
 def test_possible_acks_count_distinct_senders_only() -> None:
     config = ChannelConfig(bloom=BloomParams(100, 0.01), causal_history_size=0)
     a, b, c = chan("a", config), chan("b", config), chan("c", config)
+    a.receive(c.send(b"c0", 0).data, 0)  # a knows of two peers: the threshold of 2 applies
     sent = a.send(b"x", 1)
     b.receive(sent.data, 2)
     c.receive(sent.data, 2)
@@ -219,7 +228,68 @@ def test_sync_messages_are_never_logged_buffered_or_filtered() -> None:
     assert b.bloom_bytes() == bloom_before and b.incoming_ids() == []
     assert sync.message_id not in a.log and sync.message_id not in b.log
     assert len(of(events, MessageMissing)) == 1  # but what it names is noticed
-    assert b.receive(sync.data, 5) == events  # no duplicate suppression for syncs
+    # No duplicate suppression for syncs; the gap is known already, so not news.
+    assert b.receive(sync.data, 5) == [SyncReceived(sync.message_id, "a")]
+    assert b.missing_ids() == of(events, MessageMissing)
+
+
+def test_gaps_named_only_by_sync_messages_are_reported_until_obtained() -> None:
+    """Seed 000: sync messages' causal histories are processed like content messages'."""
+    config = ChannelConfig(causal_history_size=2, repair=RepairConfig(t_min_ms=10, t_max_ms=20))
+    a, b = chan("a", config), chan("b", config)
+    lost = a.send(b"never arrives", 1)
+    sync = a.send_sync(2)
+    assert sync is not None
+    b.receive(sync.data, 3)
+    for now in (100, 1_000, 100_000):  # every sweep, not just the first
+        sweep = b.sweep_incoming(now)
+        assert [e.message_id for e in sweep.missing] == [lost.message_id]
+        assert of(sweep.events, MessageMissing) == [lost.message_id]
+    known = b.missing_dependency(lost.message_id)
+    assert known is not None and (known.named_by, known.first_seen_ms) == ("a", 3)
+    # SDS-R asks for it too: the request rides on b's next message.
+    out = b.send_sync(100_000)
+    assert out is not None and [r.message_id for r in out.message.repair_request] == [
+        lost.message_id
+    ]
+    b.receive(lost.data, 100_001)
+    assert b.missing_ids() == [] and b.sweep_incoming(100_002).missing == []
+
+
+def test_lost_timeout_applies_to_gaps_named_only_by_sync_messages() -> None:
+    a, b = chan("a"), chan("b", ChannelConfig(lost_timeout_ms=1_000))
+    gone = a.send(b"gone", 1)
+    sync = a.send_sync(2)
+    assert sync is not None
+    b.receive(sync.data, 10)
+    assert of(b.sweep_incoming(1_009).events, MessageLost) == []
+    sweep = b.sweep_incoming(1_010)
+    assert of(sweep.events, MessageLost) == [gone.message_id] and sweep.missing == []
+    assert b.missing_ids() == []
+
+
+def test_marking_met_ends_a_known_gap() -> None:
+    a, b = chan("a"), chan("b")
+    gap = a.send(b"gap", 1)
+    sync = a.send_sync(2)
+    assert sync is not None
+    b.receive(sync.data, 3)
+    b.mark_dependencies_met([gap.message_id])
+    assert b.missing_ids() == [] and b.sweep_incoming(4).missing == []
+
+
+def test_known_missing_is_bounded_and_evictions_are_reported() -> None:
+    """A peer naming junk ids costs bounded memory; what falls out is said, and counted."""
+    b = chan("b", ChannelConfig(max_known_missing=3))
+    junk = [HistoryEntry(f"junk{i}") for i in range(5)]
+    sync = Message("evil", "s1", "c", 10, tuple(junk), None)
+    events = b.receive(encode(sync), 10)
+    assert of(events, MessageMissingEvicted) == ["junk0", "junk1"]
+    assert b.missing_ids() == ["junk2", "junk3", "junk4"]
+    assert b.stats.missing_evicted == 2
+    # Named again later, an evicted gap is tracked again.
+    b.receive(encode(Message("evil", "s2", "c", 11, (junk[0],), None)), 11)
+    assert b.missing_ids() == ["junk3", "junk4", "junk0"]
 
 
 def test_ephemeral_messages_are_delivered_at_once_and_leave_no_trace() -> None:
@@ -233,12 +303,49 @@ def test_ephemeral_messages_are_delivered_at_once_and_leave_no_trace() -> None:
 
 def test_repeated_message_id_is_a_local_error() -> None:
     a = chan("a")
-    a.send(b"same", 1)
+    a.send(b"same", 1, message_id="custom-1")
+    lamport = a.lamport_timestamp
     with pytest.raises(LocalProtocolError, match="supply a unique message_id"):
-        a.send(b"same", 2)
+        a.send(b"other", 2, message_id="custom-1")
+    assert a.lamport_timestamp == lamport  # refused: state untouched
     assert a.send(b"same", 3, message_id="custom-2").message_id == "custom-2"
     with pytest.raises(LocalProtocolError):
         a.send(b"", 4)
+
+
+def test_default_ids_cover_sender_lamport_and_payload() -> None:
+    """The same bytes, twice or from two participants, are distinct messages."""
+    a, b, c = chan("a"), chan("b"), chan("c")
+    first, again = a.send(b"ok", 1), a.send(b"ok", 1)
+    theirs = b.send(b"ok", 1)
+    assert len({first.message_id, again.message_id, theirs.message_id}) == 3
+    assert first.message_id == message_id_for_sender(
+        "a", first.message.lamport_timestamp or 0, b"ok"
+    )
+    for out in (first, again, theirs):
+        assert of(c.receive(out.data, 2), MessageDelivered) == [out.message_id]
+    payload_ids = chan("d", ChannelConfig(message_id_scheme="payload"))
+    assert payload_ids.send(b"ok", 1).message_id == message_id_for(b"ok")
+
+
+def test_id_collision_is_dropped_and_acknowledges_nothing() -> None:
+    """js-waku derives ids from the payload alone: two senders' "ok" collide."""
+    config = ChannelConfig(message_id_scheme="payload", causal_history_size=3)
+    alice, bob, carol = chan("alice", config), chan("bob", config), chan("carol", config)
+    alices = alice.send(b"ok", 1)
+    carol.receive(alices.data, 2)
+    bobs = bob.send(b"ok", 3)
+    assert bobs.message_id == alices.message_id
+    events = carol.receive(bobs.data, 4)
+    assert [(e.message_id, e.reason) for e in events if isinstance(e, MessageDropped)] == [
+        (bobs.message_id, "id collision")
+    ]
+    assert carol.stats.dropped == {"id collision": 1}
+    assert carol.receive(alices.data, 5)[0] == MessageDropped(alices.message_id, "duplicate")
+    # A colliding message names nothing of ours: bob's own "ok" stays unacknowledged
+    # even when he receives alice's, whose id carol's history will name.
+    assert of(bob.receive(alices.data, 6), MessageAcknowledged) == []
+    assert bob.outgoing_ids() == [bobs.message_id]
 
 
 def test_resend_returns_identical_bytes_and_counts_attempts() -> None:
@@ -368,3 +475,45 @@ def test_timestamp_far_in_the_future_is_dropped_not_adopted() -> None:
     assert b.lamport_timestamp == 0 and b.log_ids() == []
     # Once our clock is within the skew, the same message is accepted.
     assert of(b.receive(encode(poison), 10**15 - 1_000), MessageDelivered) == ["p"]
+
+
+def test_two_member_channel_acknowledges_by_the_one_peers_bloom_filter() -> None:
+    """With one other member there can be only one filter: the threshold never exceeds it."""
+    config = ChannelConfig(causal_history_size=1)
+    alice, bob = chan("alice", config), chan("bob", config)
+    sent = [alice.send(f"m{i}".encode(), i) for i in range(5)]
+    for out in sent:
+        bob.receive(out.data, 10)
+    sync = bob.send_sync(11)
+    assert sync is not None
+    events = alice.receive(sync.data, 12)
+    assert sorted(of(events, MessageAcknowledged)) == sorted(o.message_id for o in sent)
+    assert alice.outgoing_ids() == [] and alice.peers_heard() == ["bob"]
+
+
+def test_outgoing_buffer_cap_refuses_sends_and_changes_nothing() -> None:
+    a = chan("a", ChannelConfig(max_outgoing_buffer=2))
+    a.send(b"1", 1)
+    a.send(b"2", 2)
+    before = (a.lamport_timestamp, a.log_ids(), a.outgoing_ids())
+    with pytest.raises(OutgoingBufferFullError, match="max_outgoing_buffer"):
+        a.send(b"3", 3)
+    assert (a.lamport_timestamp, a.log_ids(), a.outgoing_ids()) == before
+    assert a.stats.outgoing_full == 1
+    a.abandon(a.outgoing_ids()[0])
+    assert a.send(b"3", 4).message_id in a.outgoing_ids()
+
+
+def test_retrieval_hint_of_an_unacknowledged_message_enters_the_log_with_it() -> None:
+    """own_log_policy="on_ack": the hint is set while the message is only outgoing."""
+    config = ChannelConfig(own_log_policy="on_ack", causal_history_size=3)
+    a, b = chan("a", config), chan("b", config)
+    out = a.send(b"x", 1)
+    assert out.message_id not in a.log
+    a.set_retrieval_hint(out.message_id, b"\x01" * 32)
+    b.receive(out.data, 2)
+    assert of(a.receive(b.send(b"y", 3).data, 4), MessageAcknowledged) == [out.message_id]
+    entry = a.log.get(out.message_id)
+    assert entry is not None and entry.retrieval_hint == b"\x01" * 32
+    with pytest.raises(LocalProtocolError, match="neither in the outgoing buffer"):
+        a.set_retrieval_hint("unknown", b"\x02")

@@ -70,19 +70,21 @@ def test_journal_records_keys_touched_by_a_step() -> None:
 def test_restore_rebuilds_buffers_and_dependency_index() -> None:
     a = MessageChannel("c", "a", now_ms=START, config=CONFIG)
     first, second = a.send(b"1", START), a.send(b"2", START + 1)
+    own = MessageChannel("c", "b", now_ms=START, config=CONFIG).send(b"mine", START)
     b = MessageChannel("c", "b", now_ms=START, config=CONFIG)
     b.restore(
         ChannelSnapshot(
             lamport_timestamp=START + 5,
             incoming=[StoredIncoming(second.data, None, START)],
-            outgoing=[StoredOutgoing(first.data, START, START + 3, 4, frozenset({"x"}))],
+            outgoing=[StoredOutgoing(own.data, START, START + 3, 4, frozenset({"x"}), b"hint")],
         )
     )
     assert b.lamport_timestamp == START + 5
     assert b.unmet_dependencies(second.message_id) == [first.message_id]
     assert b.missing_ids() == [first.message_id]
-    entry = b.outgoing_entry(first.message_id)
+    entry = b.outgoing_entry(own.message_id)
     assert entry is not None and (entry.attempts, entry.possible_ackers) == (4, {"x"})
+    assert entry.retrieval_hint == b"hint" and b.resend(own.message_id, START) == own.data
     events = b.receive(first.data, START)  # the restored waiter is released
     assert [e.message_id for e in events if isinstance(e, MessageDelivered)] == [
         first.message_id,

@@ -197,8 +197,8 @@ class Sim:
         sweep = chan.sweep_outgoing()
         entries = sweep.unacknowledged + sweep.possibly_acknowledged
         for entry in entries:
-            data = chan.resend(entry.message.message_id, self.now_ms)
-            assert data == entry.data
+            data = chan.resend(entry.message_id, self.now_ms)
+            assert data == self.wire[entry.message_id]
             self.broadcast(pid, data)
         self.count("resends", len(entries))
         return len(entries)
@@ -206,7 +206,15 @@ class Sim:
     def sweep_incoming(self, pid: str) -> None:
         chan = self.chans[pid]
         waiting = set(chan.incoming_ids())
-        self.apply(pid, chan.sweep_incoming(self.now_ms).events, waiting=waiting)
+        sweep = chan.sweep_incoming(self.now_ms)
+        self.apply(pid, sweep.events, waiting=waiting)
+        # Every gap a content or sync message told it about is reported by every sweep
+        # until it is obtained or given up on; and nothing it was never told about.
+        reported = {entry.message_id for entry in sweep.missing}
+        obtained = self.present[pid] | self.lost[pid] | set(chan.incoming_ids())
+        untold = self.known[pid] - obtained - reported
+        assert not untold, f"{pid}: sweep forgot the known gaps {sorted(untold)}"
+        assert reported <= self.known[pid] - obtained, f"{pid}: sweep reported a non-gap"
 
     def sweep_repair(self, pid: str) -> None:
         sweep = self.chans[pid].sweep_repair(self.now_ms)

@@ -81,7 +81,14 @@ class PyPeer(Peer):
             ),
             bloom_rollover=options.get("bloom_rollover", True),
             possible_acks_threshold=options.get("possible_acks_threshold", 2),
-            repair=RepairConfig(enabled=options.get("repair", True)),
+            repair=RepairConfig(
+                enabled=options.get("repair", True),
+                t_min_ms=options.get("repair_t_min_ms", 30_000),
+                t_max_ms=options.get("repair_t_max_ms", 120_000),
+            ),
+            lost_timeout_ms=options.get("lost_timeout_ms"),
+            # The conformance peer's default, as `sdsync peer --stdio`'s: @waku/sds's ids.
+            message_id_scheme=options.get("message_id", "payload"),
         )
         self.session = PeerSession(options.get("channel", "0"), participant, config)
 

@@ -154,6 +154,11 @@ def test_acknowledgement_by_bloom_filter_from_two_peers(
         acks = [js_peer("r1", causal_history=1), js_peer("r2", causal_history=1)]
     for peer in [sender, *acks]:
         peer.ok("clock", now_ms=50)
+    # The sender hears from both receivers first: our threshold of 2 distinct peers never
+    # exceeds the peers heard from, so with one known peer a single filter would do.
+    hello = acks[1].ok("send", payload_hex="cc")["wire_hex"]
+    for peer in (sender, acks[0]):
+        peer.ok("receive", wire_hex=hello)
     target = sender.ok("send", payload_hex="aa")
     newer = sender.ok("send", payload_hex="bb")
     for peer in acks:

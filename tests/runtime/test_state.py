@@ -270,3 +270,53 @@ def test_reliable_channel_with_state_dir_restarts_where_it_stopped(tmp_path: Pat
         await b.close()
 
     asyncio.run(scenario())
+
+
+def test_gaps_named_only_by_sync_messages_survive_a_crash(tmp_path: Path) -> None:
+    """The known missing ids are durable: a restarted participant still asks for them."""
+    a = Node(tmp_path / "a.sqlite", "a", START)
+    b = Node(tmp_path / "b.sqlite", "b", START)
+    lost = a.run(a.driver.publish(b"never arrives", START + 1))
+    sync = a.channel.send_sync(START + 2)
+    assert lost and sync is not None
+    b.run(b.driver.receive(sync.data, START + 3))
+    gap = b.channel.missing_ids()
+    assert len(gap) == 1
+    b.crash()
+    b2 = Node(tmp_path / "b.sqlite", "b", START + 10)
+    assert b2.channel.missing_ids() == gap
+    known = b2.channel.missing_dependency(gap[0])
+    assert known is not None and (known.named_by, known.first_seen_ms) == ("a", START + 3)
+    assert [e.message_id for e in b2.channel.sweep_incoming(START + 20).missing] == gap
+    b2.run(b2.driver.receive(lost[0], START + 30))
+    b2.crash()
+    assert Node(tmp_path / "b.sqlite", "b", START + 40).channel.missing_ids() == []
+
+
+def test_unacknowledged_wires_stay_on_disk_and_resend_unchanged(tmp_path: Path) -> None:
+    """The outgoing buffer holds no wire bytes in memory once a step is committed."""
+    a = Node(tmp_path / "a.sqlite", "a", START)
+    sent = [a.run(a.driver.publish(f"m{i}".encode(), START + i))[0] for i in range(5)]
+    assert a.state._wires._uncommitted == {}
+    mid = a.channel.outgoing_ids()[2]
+    assert a.channel.resend(mid, START + 100) == sent[2]
+    a.crash()
+    a2 = Node(tmp_path / "a.sqlite", "a", START + 200)
+    assert a2.channel.resend(mid, START + 300) == sent[2]
+
+
+def test_a_version_1_database_is_migrated(tmp_path: Path) -> None:
+    path = tmp_path / "a.sqlite"
+    a = Node(path, "a", START)
+    a.run(a.driver.publish(b"kept", START + 1))
+    a.state.close()
+    db = sqlite3.connect(path)
+    db.executescript(
+        "ALTER TABLE outgoing DROP COLUMN retrieval_hint; DROP TABLE missing; DROP TABLE peers;"
+        " UPDATE channel SET schema_version = 1;"
+    )
+    db.close()
+    a2 = Node(path, "a", START + 10)
+    assert len(a2.channel.outgoing_ids()) == 1
+    version = a2.state._db.execute("SELECT schema_version FROM channel").fetchone()[0]
+    assert version == 2

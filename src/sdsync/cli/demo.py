@@ -96,7 +96,7 @@ class DemoNetwork:
             sweep = chan.sweep_outgoing()
             for entry in sweep.unacknowledged + sweep.possibly_acknowledged:
                 if now - entry.last_sent_ms >= RESEND_AFTER_MS:
-                    self.broadcast(index, chan.resend(entry.message.message_id, now), now)
+                    self.broadcast(index, chan.resend(entry.message_id, now), now)
             if now >= member.next_sync_ms:
                 member.next_sync_ms = now + self.rng.randint(SYNC_EVERY_MS // 2, SYNC_EVERY_MS)
                 sync = chan.send_sync(now)

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from sdsync.core import BloomParams, ChannelConfig, RepairConfig
+from sdsync.core.config import MESSAGE_ID_SCHEMES
 from sdsync.errors import LocalProtocolError
 
 app = typer.Typer(
@@ -68,6 +69,14 @@ def peer(
     repair_t_min_ms: Annotated[int, typer.Option(min=0)] = 30_000,
     repair_t_max_ms: Annotated[int, typer.Option(min=1)] = 120_000,
     repair_response_groups: Annotated[int, typer.Option(min=1)] = 1,
+    message_id: Annotated[
+        str,
+        typer.Option(
+            "--message-id",
+            help="Default message ids: 'payload' (sha256 of the payload, as @waku/sds) or"
+            " 'sender-lamport-payload' (sdsync's library default, never colliding).",
+        ),
+    ] = "payload",
 ) -> None:
     """Conformance peer: one JSON request per line in, one JSON reply per line out."""
     from sdsync.cli.peer import PeerSession, serve
@@ -75,6 +84,9 @@ def peer(
     if not stdio:
         raise typer.BadParameter("only --stdio is supported", param_hint="--stdio")
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
+    if message_id not in MESSAGE_ID_SCHEMES:
+        choices = " or ".join(MESSAGE_ID_SCHEMES)
+        raise typer.BadParameter(f"must be {choices}", param_hint="--message-id")
     try:
         config = ChannelConfig(
             causal_history_size=causal_history,
@@ -87,6 +99,7 @@ def peer(
                 t_max_ms=repair_t_max_ms,
                 response_groups=repair_response_groups,
             ),
+            message_id_scheme=message_id,  # checked above
         )
     except (ValueError, LocalProtocolError) as exc:
         raise typer.BadParameter(str(exc)) from None

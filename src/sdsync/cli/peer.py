@@ -132,7 +132,7 @@ class PeerSession:
         if message_id is not None and not isinstance(message_id, str):
             raise LocalProtocolError("message_id must be a string")
         out = self.channel.send(payload, self.now, message_id=message_id)
-        if hint is not None and out.message_id in self.channel.log:
+        if hint is not None:
             self.channel.set_retrieval_hint(out.message_id, hint)
         return {
             "ok": True,
@@ -173,8 +173,8 @@ class PeerSession:
         sweep = self.channel.sweep_outgoing()
         return {
             "ok": True,
-            "unacknowledged": [e.message.message_id for e in sweep.unacknowledged],
-            "possibly_acknowledged": [e.message.message_id for e in sweep.possibly_acknowledged],
+            "unacknowledged": [e.message_id for e in sweep.unacknowledged],
+            "possibly_acknowledged": [e.message_id for e in sweep.possibly_acknowledged],
         }
 
     def _op_repair_sweep(self, request: dict[str, Any]) -> Reply:

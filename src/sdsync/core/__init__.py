@@ -11,7 +11,7 @@ from sdsync.core.channel import (
     OutgoingSweep,
     RepairSweep,
 )
-from sdsync.core.config import ChannelConfig, OwnLogPolicy, RepairConfig
+from sdsync.core.config import ChannelConfig, MessageIdScheme, OwnLogPolicy, RepairConfig
 from sdsync.core.events import (
     EphemeralReceived,
     Event,
@@ -21,6 +21,7 @@ from sdsync.core.events import (
     MessageDropped,
     MessageLost,
     MessageMissing,
+    MessageMissingEvicted,
     MessagePossiblyAcknowledged,
     MessageReceived,
     MessageSent,
@@ -35,6 +36,8 @@ from sdsync.core.events import (
 from sdsync.core.journal import ChannelSnapshot, Journal, StoredIncoming, StoredOutgoing
 from sdsync.core.log import HistoryStore, LocalLog, LogEntry, MemoryHistoryStore
 from sdsync.core.manager import ReliabilityManager, UnwrapResult, system_clock_ms
+from sdsync.core.missing import MissingDependency
+from sdsync.core.outgoing import MemoryWireStore, WireStore
 
 __all__ = [
     "BloomFilter",
@@ -50,16 +53,20 @@ __all__ = [
     "LocalLog",
     "LogEntry",
     "MemoryHistoryStore",
+    "MemoryWireStore",
     "MessageAcknowledged",
     "MessageChannel",
     "MessageDelivered",
     "MessageDeliveredEarly",
     "MessageDropped",
+    "MessageIdScheme",
     "MessageLost",
     "MessageMissing",
+    "MessageMissingEvicted",
     "MessagePossiblyAcknowledged",
     "MessageReceived",
     "MessageSent",
+    "MissingDependency",
     "Outgoing",
     "OutgoingEntry",
     "OutgoingState",
@@ -79,5 +86,6 @@ __all__ = [
     "SyncSent",
     "SyncStatus",
     "UnwrapResult",
+    "WireStore",
     "system_clock_ms",
 ]

@@ -18,26 +18,33 @@ State, per the spec's *participant state*:
 * the **incoming buffer**: content messages whose causal dependencies are not all in the
   local log yet, indexed both ways (message -> unmet dependencies, dependency -> waiting
   messages) so an arriving dependency releases its dependents in O(their number);
+* the **known missing** ids: every id a processed causal history named — of a content or
+  a sync message — that we never received, reported by every incoming sweep until it
+  arrives, is marked met or is declared lost (see :mod:`.missing`);
+* the peers heard from (up to the ack threshold: the threshold never exceeds their number);
 * the **local log**, ordered by (Lamport timestamp, message id) — see :mod:`.log`;
 * the SDS-R buffers — see :mod:`.repair`.
 
 Receiving a message runs the spec's steps in order: drop our own, wrong-channel and
-duplicate messages; review ACK status (causal history = acknowledged, bloom hit from a
-*distinct* peer = possibly acknowledged, enough of them = acknowledged); add a content id
-to our bloom filter; deliver if every dependency is in the log — strictly: a dependency
-sitting in the incoming buffer is not met — or buffer it and report the dependencies we
-have never seen as missing. Delivery cascades to everything that was waiting on it.
+duplicate messages (and *id collisions*: an id we hold for a different message, which
+must not acknowledge anything of ours); review ACK status (causal history =
+acknowledged, bloom hit from a *distinct* peer = possibly acknowledged, enough of them =
+acknowledged); add a content id to our bloom filter; deliver if every dependency is in
+the log — strictly: a dependency sitting in the incoming buffer is not met — or buffer it
+and record the dependencies we have never seen as missing. Delivery cascades to
+everything that was waiting on it. A sync message goes through the same steps up to the
+buffer: its gaps are recorded too.
 
 Where js-waku differs we chose correctness: duplicates are never re-delivered, one peer
 repeating a bloom filter counts once, a saturated or mis-sized bloom filter gives no ack
 evidence (and never aborts processing), every buffer has an explicit cap, and after the
 lost timeout a waiting message is delivered with its missing dependencies reported lost
-rather than silently discarded.
+rather than silently discarded. Default message ids cover sender, Lamport timestamp and
+payload, so the same bytes sent twice are two messages.
 """
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import heapq
 import logging
@@ -55,6 +62,7 @@ from sdsync.core.events import (
     MessageDeliveredEarly,
     MessageDropped,
     MessageLost,
+    MessageMissingEvicted,
     MessagePossiblyAcknowledged,
     MessageReceived,
     MessageSent,
@@ -68,39 +76,37 @@ from sdsync.core.events import (
 )
 from sdsync.core.journal import ChannelSnapshot, Journal, StoredIncoming, StoredOutgoing
 from sdsync.core.log import HistoryStore, LocalLog, LogEntry
+from sdsync.core.missing import KnownMissing, MissingDependency
+from sdsync.core.outgoing import (
+    MemoryWireStore,
+    OutgoingEntry,
+    OutgoingState,
+    WireStore,
+)
 from sdsync.core.repair import RepairState
-from sdsync.errors import LocalProtocolError
-from sdsync.wire import HistoryEntry, Message, MessageKind, decode, encode, message_id_for
+from sdsync.errors import LocalProtocolError, OutgoingBufferFullError
+from sdsync.wire import (
+    HistoryEntry,
+    Message,
+    MessageKind,
+    decode,
+    encode,
+    message_id_for,
+    message_id_for_sender,
+)
+
+__all__ = [
+    "ChannelStats",
+    "IncomingSweep",
+    "MessageChannel",
+    "Outgoing",
+    "OutgoingEntry",
+    "OutgoingState",
+    "OutgoingSweep",
+    "RepairSweep",
+]
 
 logger = logging.getLogger("sdsync.core")
-
-
-class OutgoingState(enum.Enum):
-    UNACKNOWLEDGED = "unacknowledged"
-    POSSIBLY_ACKNOWLEDGED = "possibly_acknowledged"
-
-
-@dataclass(slots=True)
-class OutgoingEntry:
-    """One of our content messages awaiting acknowledgement."""
-
-    message: Message
-    data: bytes
-    positions: tuple[Position, ...]
-    first_sent_ms: int
-    last_sent_ms: int
-    attempts: int = 1
-    possible_ackers: set[str] = field(default_factory=set)
-
-    @property
-    def message_id(self) -> str:
-        return self.message.message_id
-
-    @property
-    def state(self) -> OutgoingState:
-        if self.possible_ackers:
-            return OutgoingState.POSSIBLY_ACKNOWLEDGED
-        return OutgoingState.UNACKNOWLEDGED
 
 
 @dataclass(slots=True)
@@ -129,6 +135,8 @@ class Outgoing:
 
 @dataclass(frozen=True, slots=True)
 class IncomingSweep:
+    """Every known missing dependency (with its retrieval hint), and what the sweep did."""
+
     missing: list[HistoryEntry]
     events: list[Event]
 
@@ -151,6 +159,10 @@ class ChannelStats:
 
     dropped: dict[str, int] = field(default_factory=dict)
     bloom_ignored: dict[str, int] = field(default_factory=dict)
+    # Known missing ids evicted from a full set (ChannelConfig.max_known_missing).
+    missing_evicted: int = 0
+    # Sends refused because the outgoing buffer was full.
+    outgoing_full: int = 0
 
     def count(self, table: dict[str, int], reason: str) -> None:
         table[reason] = table.get(reason, 0) + 1
@@ -167,6 +179,7 @@ class MessageChannel:
         now_ms: int,
         config: ChannelConfig | None = None,
         history_store: HistoryStore | None = None,
+        wire_store: WireStore | None = None,
     ) -> None:
         if not participant_id:
             raise LocalProtocolError("participant_id must be non-empty")
@@ -178,8 +191,12 @@ class MessageChannel:
         self._bloom = RollingBloomFilter(self.config.bloom, rollover=self.config.bloom_rollover)
         self._log = LocalLog(self.config.max_log_entries, history_store)
         self._outgoing: dict[str, OutgoingEntry] = {}
+        self._wires: WireStore = wire_store if wire_store is not None else MemoryWireStore()
         self._incoming: dict[str, _Waiting] = {}
-        self._waiters: dict[str, tuple[HistoryEntry, set[str]]] = {}
+        # Unmet dependency -> the waiting messages that need it.
+        self._waiters: dict[str, set[str]] = {}
+        self._missing = KnownMissing(self.config.max_known_missing)
+        self._heard: set[str] = set()
         self._lost: set[str] = set()
         self._met_elsewhere: set[str] = set()
         self._wire_cache: OrderedDict[str, bytes] = OrderedDict()
@@ -194,21 +211,17 @@ class MessageChannel:
         """Wrap ``payload`` in a content message and record it as handed to the transport."""
         if not payload:
             raise LocalProtocolError("content messages need a non-empty payload")
-        message_id = message_id if message_id is not None else message_id_for(payload)
-        if not message_id:
-            raise LocalProtocolError("message_id must be non-empty")
-        if message_id in self._outgoing or message_id in self._log:
-            raise LocalProtocolError(
-                f"message id {message_id} is already used in this channel; identical "
-                "payloads get identical default ids, so supply a unique message_id"
-            )
-        self._tick(now_ms)
+        lamport = self._next_lamport(now_ms)
+        if message_id is None:
+            message_id = self._default_message_id(payload, lamport)
+        self._check_sendable(message_id)
+        self.lamport_timestamp = lamport
         events: list[Event] = []
         message = Message(
             sender_id=self.participant_id,
             message_id=message_id,
             channel_id=self.channel_id,
-            lamport_timestamp=self.lamport_timestamp,
+            lamport_timestamp=lamport,
             causal_history=self._causal_history(),
             bloom_filter=self._bloom.to_bytes(),
             content=bytes(payload),
@@ -216,12 +229,37 @@ class MessageChannel:
         )
         data = encode(message)
         positions = self.config.bloom.positions(message_id)
-        self._outgoing[message_id] = OutgoingEntry(message, data, positions, now_ms, now_ms)
+        entry = OutgoingEntry(
+            message_id, lamport, message.content or b"", positions, now_ms, now_ms
+        )
+        self._outgoing[message_id] = entry
+        self._wires[message_id] = data
         self._touch_outgoing(message_id)
         if self.config.own_log_policy == "on_send":
-            self._enter_own_log(message, data, positions)
-        events.insert(0, MessageSent(message_id, message.lamport_timestamp or 0))
+            self._enter_own_log(entry, data)
+        events.insert(0, MessageSent(message_id, lamport))
         return Outgoing(message, data, events)
+
+    def _default_message_id(self, payload: bytes, lamport: int) -> str:
+        if self.config.message_id_scheme == "payload":
+            return message_id_for(payload)
+        return message_id_for_sender(self.participant_id, lamport, payload)
+
+    def _check_sendable(self, message_id: str) -> None:
+        if not message_id:
+            raise LocalProtocolError("message_id must be non-empty")
+        if message_id in self._outgoing or message_id in self._log:
+            raise LocalProtocolError(
+                f"message id {message_id} is already used in this channel; supply a unique "
+                "message_id (or use the default scheme, which never repeats one)"
+            )
+        cap = self.config.max_outgoing_buffer
+        if len(self._outgoing) >= cap:
+            self.stats.outgoing_full += 1
+            raise OutgoingBufferFullError(
+                f"channel {self.channel_id}: {cap} messages await acknowledgement "
+                "(max_outgoing_buffer); wait for acknowledgements or give up on some first"
+            )
 
     def send_sync(self, now_ms: int) -> Outgoing | None:
         """A sync message, or None when there is no history and no repair to ask for.
@@ -268,11 +306,22 @@ class MessageChannel:
         return Outgoing(message, encode(message), [])
 
     def set_retrieval_hint(self, message_id: str, retrieval_hint: bytes) -> None:
-        """Attach the transport's retrieval hint (e.g. a Waku message hash) to our message."""
-        if not self._log.set_retrieval_hint(message_id, retrieval_hint):
-            raise LocalProtocolError(f"message {message_id} is not in the local log window")
-        if self.journal is not None:
-            self.journal.hints[message_id] = retrieval_hint
+        """Attach the transport's retrieval hint (e.g. a Waku message hash) to our message.
+
+        The message may be in the log, the outgoing buffer or both; a message still
+        awaiting acknowledgement under ``on_ack`` carries the hint into the log with it.
+        """
+        entry = self._outgoing.get(message_id)
+        if entry is not None:
+            entry.retrieval_hint = retrieval_hint
+            self._touch_outgoing(message_id)
+        if self._log.set_retrieval_hint(message_id, retrieval_hint):
+            if self.journal is not None:
+                self.journal.hints[message_id] = retrieval_hint
+        elif entry is None:
+            raise LocalProtocolError(
+                f"message {message_id} is neither in the outgoing buffer nor in the log window"
+            )
 
     def resend(self, message_id: str, now_ms: int) -> bytes:
         """The unchanged bytes of an unacknowledged message, counted as another attempt."""
@@ -280,14 +329,19 @@ class MessageChannel:
         entry.attempts += 1
         entry.last_sent_ms = now_ms
         self._touch_outgoing(message_id)
-        return entry.data
+        return self._wires[message_id]
 
     def abandon(self, message_id: str) -> list[Event]:
         """Give up on an unacknowledged message (e.g. after the last retry)."""
         self._outgoing_entry(message_id)
-        del self._outgoing[message_id]
-        self._touch_outgoing(message_id)
+        self._leave_outgoing(message_id)
         return [SendFailed(message_id)]
+
+    def _leave_outgoing(self, message_id: str) -> OutgoingEntry:
+        entry = self._outgoing.pop(message_id)
+        del self._wires[message_id]
+        self._touch_outgoing(message_id)
+        return entry
 
     def _outgoing_entry(self, message_id: str) -> OutgoingEntry:
         entry = self._outgoing.get(message_id)
@@ -304,7 +358,10 @@ class MessageChannel:
             self.journal.incoming.add(message_id)
 
     def _tick(self, now_ms: int) -> None:
-        self.lamport_timestamp = max(self.lamport_timestamp + 1, now_ms)
+        self.lamport_timestamp = self._next_lamport(now_ms)
+
+    def _next_lamport(self, now_ms: int) -> int:
+        return max(self.lamport_timestamp + 1, now_ms)
 
     def _causal_history(self) -> tuple[HistoryEntry, ...]:
         tail = self._log.tail(self.config.causal_history_size)
@@ -319,14 +376,17 @@ class MessageChannel:
         events.extend(RepairRequestSent(r.message_id, carrier_id) for r in requests)
         return tuple(requests)
 
-    def _enter_own_log(
-        self, message: Message, data: bytes, positions: tuple[Position, ...]
-    ) -> None:
-        self._add_to_bloom(message.message_id, positions)
+    def _enter_own_log(self, entry: OutgoingEntry, data: bytes) -> None:
+        self._add_to_bloom(entry.message_id, entry.positions)
         self._insert_log(
-            LogEntry(message.message_id, message.lamport_timestamp or 0, self.participant_id),
+            LogEntry(
+                entry.message_id,
+                entry.lamport_timestamp,
+                self.participant_id,
+                entry.retrieval_hint,
+            ),
             data,
-            message.content,
+            entry.content,
         )
 
     def _add_to_bloom(self, message_id: str, positions: tuple[Position, ...] | None = None) -> None:
@@ -367,6 +427,7 @@ class MessageChannel:
         events: list[Event] = []
         if kind is MessageKind.SYNC:
             events.append(SyncReceived(message.message_id, message.sender_id))
+        self._hear(message.sender_id)
         self._process_repair(message, now_ms, events)
         # Acks first: with on_ack, a message naming ours may be what puts ours in the log.
         self._review_acks(message, events)
@@ -378,7 +439,7 @@ class MessageChannel:
             events.append(MessageDropped(message.message_id, "incoming buffer full"))
             return events
         if kind is MessageKind.SYNC:
-            self._report_missing(unmet, now_ms, events)
+            self._record_missing(unmet, message.sender_id, now_ms, events)
             return events
         self._add_to_bloom(message.message_id)
         events.append(
@@ -399,8 +460,10 @@ class MessageChannel:
             return "own message"
         if message.kind is not MessageKind.CONTENT:
             return None
+        if message.message_id in self._outgoing:
+            return "id collision"  # another sender used the id of one of ours
         if self._seen(message.message_id):
-            return "duplicate"
+            return "id collision" if self._collides(message) else "duplicate"
         skew = self.config.max_lamport_skew_ms
         if skew is not None and (message.lamport_timestamp or 0) > now_ms + skew:
             # Delivering it would drag our clock (and every later message) that far ahead.
@@ -413,6 +476,38 @@ class MessageChannel:
             or message_id in self._met_elsewhere
             or message_id in self._log
         )
+
+    def _collides(self, message: Message) -> bool:
+        """Whether a message with an id we hold is not the message we hold under it.
+
+        A copy of the same message has the same sender and Lamport timestamp (and content,
+        which we can compare while it waits); for entries that left the in-memory log
+        only the id is known, so they count as duplicates.
+        """
+        waiting = self._incoming.get(message.message_id)
+        if waiting is not None:
+            held = waiting.message
+            return (held.sender_id, held.lamport_timestamp, held.content) != (
+                message.sender_id,
+                message.lamport_timestamp,
+                message.content,
+            )
+        entry = self._log.get(message.message_id)
+        if entry is None:
+            return False
+        return (entry.sender_id, entry.lamport_timestamp) != (
+            message.sender_id,
+            message.lamport_timestamp or 0,
+        )
+
+    def _hear(self, sender_id: str) -> None:
+        # Only whether there are at least `threshold` peers matters, so no more are kept.
+        heard = self._heard
+        if sender_id in heard or len(heard) >= self.config.possible_acks_threshold:
+            return
+        heard.add(sender_id)
+        if self.journal is not None:
+            self.journal.peers.append(sender_id)
 
     def _met(self, message_id: str) -> bool:
         return (
@@ -444,7 +539,8 @@ class MessageChannel:
         events: list[Event],
     ) -> None:
         waiting_id = message.message_id
-        self._report_missing(unmet, now_ms, events)
+        self._forget_missing(waiting_id)  # it arrived: it waits, it is not missing
+        self._record_missing(unmet, message.sender_id, now_ms, events)
         if self.config.deliver_early:
             events.append(
                 MessageDeliveredEarly(
@@ -462,21 +558,44 @@ class MessageChannel:
         waiting_id = waiting.message.message_id
         self._incoming[waiting_id] = waiting
         self._touch_incoming(waiting_id)
-        for entry in waiting.message.causal_history:
-            if entry.message_id in waiting.unmet:
-                self._waiters.setdefault(entry.message_id, (entry, set()))[1].add(waiting_id)
+        for dep_id in waiting.unmet:
+            self._waiters.setdefault(dep_id, set()).add(waiting_id)
 
-    def _report_missing(
-        self, entries: Iterable[HistoryEntry], now_ms: int, events: list[Event]
+    def _record_missing(
+        self, entries: Iterable[HistoryEntry], named_by: str, now_ms: int, events: list[Event]
     ) -> None:
-        """Newly noticed dependencies that we never received (not merely waiting ones)."""
+        """Dependencies we never received (not merely waiting ones) join the known missing;
+        newly noticed ones are reported and asked for through SDS-R."""
         for entry in entries:
             mid = entry.message_id
-            if self._met(mid) or mid in self._incoming or mid in self._waiters:
+            if self._met(mid) or mid in self._incoming:
                 continue
-            events.append(missing_event(entry))
-            if self._repair is not None:
-                self._repair.mark_missing(entry, now_ms)
+            new, evicted = self._missing.add(entry, named_by, now_ms)
+            for gone in evicted:
+                self._evicted_missing(gone, events)
+            if new:
+                events.append(missing_event(entry))
+                if self._repair is not None:
+                    self._repair.mark_missing(entry, now_ms)
+
+    def _evicted_missing(self, gone: MissingDependency, events: list[Event]) -> None:
+        self.stats.missing_evicted += 1
+        if self._repair is not None:
+            self._repair.requests.remove(gone.message_id)
+        events.append(MessageMissingEvicted(gone.message_id))
+        logger.log(
+            logging.WARNING if self.stats.missing_evicted == 1 else logging.DEBUG,
+            "channel %s: known-missing set full (%d); stopped tracking %s, named by %s"
+            " (%d evicted so far)",
+            self.channel_id,
+            self.config.max_known_missing,
+            gone.message_id,
+            gone.named_by,
+            self.stats.missing_evicted,
+        )
+
+    def _forget_missing(self, message_id: str) -> None:
+        self._missing.remove(message_id)
 
     def _deliver(
         self,
@@ -493,6 +612,7 @@ class MessageChannel:
             lamport, mid, msg, hint, raw = heapq.heappop(ready)
             self.lamport_timestamp = max(self.lamport_timestamp, lamport)
             self._set_lost(mid, False)
+            self._forget_missing(mid)
             self._insert_log(LogEntry(mid, lamport, msg.sender_id, hint), raw, msg.content)
             events.append(MessageDelivered(mid, msg.sender_id, lamport, msg.content or b"", hint))
             for waiting in self._release(mid):
@@ -509,8 +629,7 @@ class MessageChannel:
 
     def _release(self, dependency_id: str) -> Iterator[_Waiting]:
         """Messages that became deliverable because ``dependency_id`` is now met."""
-        _, waiting_ids = self._waiters.pop(dependency_id, (None, set()))
-        for waiting_id in sorted(waiting_ids):
+        for waiting_id in sorted(self._waiters.pop(dependency_id, ())):
             waiting = self._incoming[waiting_id]
             waiting.unmet.discard(dependency_id)
             if not waiting.unmet:
@@ -556,8 +675,7 @@ class MessageChannel:
             return
         named = outgoing.keys() & message.history_ids
         for message_id in sorted(named):
-            acked = outgoing.pop(message_id)
-            self._touch_outgoing(message_id)
+            acked = outgoing[message_id]
             self._acknowledged(acked, message.sender_id, events, by_causal_history=True)
         if outgoing and message.bloom_filter is not None:
             self._review_bloom(message.bloom_filter, message.sender_id, events)
@@ -570,7 +688,9 @@ class MessageChannel:
         if params.false_positive_rate(bloom) > self.config.max_bloom_false_positive_rate:
             self._ignore_bloom("saturated", sender_id)
             return
-        threshold = self.config.possible_acks_threshold
+        # Never more peers than we have heard from: in a two-member channel, the other
+        # member's filter is all the evidence there can be.
+        threshold = min(self.config.possible_acks_threshold, len(self._heard))
         outgoing = self._outgoing
         for mid, entry in list(outgoing.items()):
             if sender_id in entry.possible_ackers or not contains(bloom, entry.positions):
@@ -579,7 +699,6 @@ class MessageChannel:
             self._touch_outgoing(mid)
             count = len(entry.possible_ackers)
             if count >= threshold:
-                del outgoing[mid]
                 self._acknowledged(entry, sender_id, events, by_causal_history=False)
             else:
                 events.append(MessagePossiblyAcknowledged(mid, count, sender_id))
@@ -602,10 +721,14 @@ class MessageChannel:
     def _acknowledged(
         self, entry: OutgoingEntry, acker_id: str, events: list[Event], *, by_causal_history: bool
     ) -> None:
-        events.append(MessageAcknowledged(entry.message.message_id, by_causal_history, acker_id))
-        if self.config.own_log_policy == "on_ack":
-            self._enter_own_log(entry.message, entry.data, entry.positions)
-            self._resolve_elsewhere(entry.message.message_id, events)
+        """Settle one of our messages; with ``on_ack`` it enters our log only now."""
+        mid = entry.message_id
+        data = self._wires[mid] if self.config.own_log_policy == "on_ack" else None
+        self._leave_outgoing(mid)
+        events.append(MessageAcknowledged(mid, by_causal_history, acker_id))
+        if data is not None:
+            self._enter_own_log(entry, data)
+            self._resolve_elsewhere(mid, events)
 
     # ---------------------------------------------------------------------- SDS-R
 
@@ -651,18 +774,33 @@ class MessageChannel:
     # ------------------------------------------------------------------- sweeps
 
     def sweep_incoming(self, now_ms: int) -> IncomingSweep:
-        """Report missing dependencies; past the lost timeout, stop waiting for them."""
+        """Report every known missing dependency; past the lost timeout, declare it lost.
+
+        A gap expires ``lost_timeout_ms`` after it was first seen, and a waiting message
+        that long after it arrived is delivered without whatever it still waits for.
+        Gaps that SDS-R stopped asking for (its buffer was full) are asked for again.
+        """
         events: list[Event] = []
         timeout = self.config.lost_timeout_ms
         if timeout is not None:
+            for gone in self._missing.expired(now_ms, timeout):
+                self._declare_lost(gone.message_id, events)
             expired = [w for w in self._incoming.values() if now_ms - w.received_ms >= timeout]
             for waiting in expired:
                 self._give_up_waiting(waiting, events)
-        missing = [
-            entry for dep_id, (entry, _) in self._waiters.items() if dep_id not in self._incoming
-        ]
+        missing = [known.entry for known in self._missing]
+        if self._repair is not None:
+            self._repair.request_again(missing, now_ms)
         events.extend(missing_event(entry) for entry in missing)
         return IncomingSweep(missing, events)
+
+    def _declare_lost(self, dependency_id: str, events: list[Event]) -> None:
+        self._set_lost(dependency_id, True)
+        self._forget_missing(dependency_id)
+        if self._repair is not None:
+            self._repair.requests.remove(dependency_id)
+        events.append(MessageLost(dependency_id))
+        self._resolve_elsewhere(dependency_id, events)
 
     def _give_up_waiting(self, waiting: _Waiting, events: list[Event]) -> None:
         mid = waiting.message.message_id
@@ -670,15 +808,12 @@ class MessageChannel:
             return  # released while handling an earlier expired message
         for dep_id in sorted(waiting.unmet):
             if dep_id in self._incoming:
-                self._waiters[dep_id][1].discard(mid)
-                if not self._waiters[dep_id][1]:
+                dependents = self._waiters[dep_id]
+                dependents.discard(mid)
+                if not dependents:
                     del self._waiters[dep_id]
                 continue
-            self._set_lost(dep_id, True)
-            if self._repair is not None:
-                self._repair.requests.remove(dep_id)
-            events.append(MessageLost(dep_id))
-            self._resolve_elsewhere(dep_id, events)
+            self._declare_lost(dep_id, events)
         if mid in self._incoming:  # only waiting on other buffered messages now
             waiting.unmet.clear()
             del self._incoming[mid]
@@ -705,6 +840,7 @@ class MessageChannel:
             if mid in self._log or mid in self._met_elsewhere:
                 continue
             self._met_elsewhere.add(mid)
+            self._forget_missing(mid)
             if self.journal is not None:
                 self.journal.met_elsewhere.append(mid)
             if self._repair is not None:
@@ -714,12 +850,13 @@ class MessageChannel:
 
     def drop_volatile_state(self) -> None:
         """Forget what a crash loses when only the log and outgoing buffer are durable:
-        the incoming buffer and the SDS-R schedules. What was lost is learnt again from
-        later causal histories, repairs and stores."""
+        the incoming buffer, the known missing ids and the SDS-R schedules. What was lost
+        is learnt again from later causal histories, repairs and stores."""
         for mid in self._incoming:
             self._touch_incoming(mid)
         self._incoming.clear()
         self._waiters.clear()
+        self._missing.clear()
         if self._repair is not None:
             old = self._repair
             self._repair = RepairState(old.config, self.participant_id)
@@ -734,9 +871,16 @@ class MessageChannel:
         """Record from now on what every step changes (see :mod:`.journal`)."""
         if self.journal is None:
             self.journal = Journal()
+            self._missing.touched = self.journal.missing
             if self._repair is not None:
                 self._repair.attach_journal(self.journal)
         return self.journal
+
+    def use_wire_store(self, store: WireStore) -> None:
+        """Keep the outgoing buffer's wire bytes in ``store`` (before anything is sent)."""
+        if self._outgoing:
+            raise LocalProtocolError("the wire store can only change while nothing is outgoing")
+        self._wires = store
 
     def restore(self, snapshot: ChannelSnapshot) -> None:
         """Carry on from stored state; only a channel that has done nothing yet may."""
@@ -749,14 +893,27 @@ class MessageChannel:
         self._lost = set(snapshot.lost)
         self._met_elsewhere = set(snapshot.met_elsewhere)
         self._wire_cache = OrderedDict(snapshot.wire_cache)
+        self._heard = set(list(snapshot.peers_heard)[: self.config.possible_acks_threshold])
+        self._missing.restore(snapshot.missing)
         for out in snapshot.outgoing:
             self._restore_outgoing(out)
         for stored in snapshot.incoming:
             message = decode(stored.data, limits)
-            unmet = {e.message_id for e in self._unmet(message)}
+            unmet = self._unmet(message)
+            for entry in unmet:  # state stored before gaps were kept knows them only here
+                if entry.message_id not in self._missing:
+                    self._missing.add(entry, message.sender_id, stored.received_ms)
             self._wait(
-                _Waiting(message, stored.data, stored.retrieval_hint, stored.received_ms, unmet)
+                _Waiting(
+                    message,
+                    stored.data,
+                    stored.retrieval_hint,
+                    stored.received_ms,
+                    {e.message_id for e in unmet},
+                )
             )
+        for waiting_id in self._incoming:  # it arrived, whatever else named it
+            self._missing.remove(waiting_id)
         if self._repair is not None:
             self._repair.restore(snapshot.repair_requests, snapshot.repair_responses)
         if self.journal is not None:
@@ -764,15 +921,20 @@ class MessageChannel:
 
     def _restore_outgoing(self, stored: StoredOutgoing) -> None:
         message = decode(stored.data, self.config.limits)
-        self._outgoing[message.message_id] = OutgoingEntry(
-            message,
-            stored.data,
-            self.config.bloom.positions(message.message_id),
+        mid = message.message_id
+        self._outgoing[mid] = OutgoingEntry(
+            mid,
+            message.lamport_timestamp or 0,
+            message.content or b"",
+            self.config.bloom.positions(mid),
             stored.first_sent_ms,
             stored.last_sent_ms,
             stored.attempts,
             set(stored.possible_ackers),
+            stored.retrieval_hint,
         )
+        if mid not in self._wires:  # a durable wire store holds them already
+            self._wires[mid] = stored.data
 
     def stored_incoming(self, message_id: str) -> StoredIncoming | None:
         """A waiting message as it must be stored (None once it left the buffer)."""
@@ -788,11 +950,12 @@ class MessageChannel:
         if entry is None:
             return None
         return StoredOutgoing(
-            entry.data,
+            self._wires[message_id],
             entry.first_sent_ms,
             entry.last_sent_ms,
             entry.attempts,
             frozenset(entry.possible_ackers),
+            entry.retrieval_hint,
         )
 
     def repair_schedule(
@@ -838,7 +1001,19 @@ class MessageChannel:
         return self._bloom.inserted
 
     def missing_ids(self) -> list[str]:
-        return [dep for dep in self._waiters if dep not in self._incoming]
+        """Known missing dependencies, oldest first sighting first."""
+        return [known.message_id for known in self._missing]
+
+    def missing_count(self) -> int:
+        return len(self._missing)
+
+    def missing_dependency(self, message_id: str) -> MissingDependency | None:
+        """What we know of a missing dependency (None if it is not known missing)."""
+        return self._missing.get(message_id)
+
+    def peers_heard(self) -> list[str]:
+        """Peers heard from in this channel, at most ``possible_acks_threshold`` of them."""
+        return sorted(self._heard)
 
     def wire_bytes(self, message_id: str) -> bytes | None:
         """Cached wire bytes of a recent log entry (what SDS-R would rebroadcast)."""

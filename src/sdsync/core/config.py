@@ -10,6 +10,8 @@ from sdsync.errors import LocalProtocolError
 from sdsync.wire import DEFAULT_LIMITS, WireLimits
 
 OwnLogPolicy = Literal["on_send", "on_ack"]
+MessageIdScheme = Literal["sender-lamport-payload", "payload"]
+MESSAGE_ID_SCHEMES: tuple[MessageIdScheme, ...] = ("sender-lamport-payload", "payload")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +42,9 @@ class ChannelConfig:
     causal_history_size: int = 200
     bloom: BloomParams = field(default_factory=BloomParams)
     bloom_rollover: bool = True
+    # Distinct peers whose bloom filters must hold a message before it counts as
+    # acknowledged; never more than the other participants the channel has heard from, so
+    # in a two-member channel the one other member's filter is enough.
     possible_acks_threshold: int = 2
     # A received filter whose fill implies a false-positive rate above this gives no ack
     # evidence (10x the agreed rate by default: such a filter is far past its capacity).
@@ -49,10 +54,19 @@ class ChannelConfig:
     # message would otherwise push every later timestamp of ours out of everyone's range.
     max_lamport_skew_ms: int | None = 24 * 3600 * 1000
     max_incoming_buffer: int = 10_000
+    # Ids named in causal histories that we never received, tracked until they arrive, are
+    # marked met or are declared lost; beyond this many the oldest is evicted (reported).
+    max_known_missing: int = 10_000
+    # Our unacknowledged messages; at the cap ``send`` raises OutgoingBufferFullError.
+    max_outgoing_buffer: int = 5_000
     # Entries beyond this many leave memory for the HistoryStore (which still answers
     # "have we seen it?"); causal histories only ever reference the newest entries.
     max_log_entries: int = 100_000
     own_log_policy: OwnLogPolicy = "on_send"
+    # How ``send`` derives an id when the caller gives none: "sender-lamport-payload" (see
+    # sdsync.wire.message_id_for_sender; the same bytes sent twice are two messages) or
+    # js-waku's "payload" (sha256 of the payload alone, which collides).
+    message_id_scheme: MessageIdScheme = "sender-lamport-payload"
     # Also report a message that must wait for its dependencies as soon as it arrives
     # (MessageDeliveredEarly), as the reliability API proposal suggests for chat UIs.
     deliver_early: bool = False
@@ -66,9 +80,17 @@ class ChannelConfig:
             raise LocalProtocolError("possible_acks_threshold must be >= 1")
         if self.lost_timeout_ms is not None and self.lost_timeout_ms <= 0:
             raise LocalProtocolError("lost_timeout_ms must be positive (or None to disable)")
-        if self.max_incoming_buffer < 1 or self.max_log_entries < 1:
+        caps = (
+            self.max_incoming_buffer,
+            self.max_log_entries,
+            self.max_known_missing,
+            self.max_outgoing_buffer,
+        )
+        if min(caps) < 1:
             raise LocalProtocolError("buffer and log caps must be positive")
         if self.causal_history_size > self.limits.max_causal_history:
             raise LocalProtocolError("causal_history_size exceeds what peers accept")
         if self.own_log_policy not in ("on_send", "on_ack"):
             raise LocalProtocolError(f"unknown own_log_policy {self.own_log_policy!r}")
+        if self.message_id_scheme not in MESSAGE_ID_SCHEMES:
+            raise LocalProtocolError(f"unknown message_id_scheme {self.message_id_scheme!r}")

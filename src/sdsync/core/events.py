@@ -107,6 +107,17 @@ class MessageMissing(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class MessageMissingEvicted(Event):
+    """A missing dependency we stopped tracking: the known-missing set was full.
+
+    It is no longer reported by incoming sweeps or asked for, unless a later causal
+    history names it again (see ``ChannelConfig.max_known_missing``).
+    """
+
+    type = "message_missing_evicted"
+
+
+@dataclass(frozen=True, slots=True)
 class MessageLost(Event):
     """A dependency given up on after the lost timeout; its dependents were delivered."""
 

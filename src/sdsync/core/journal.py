@@ -5,11 +5,12 @@ Theory of operation
 The core does no I/O, so it cannot persist itself; but only it knows what each protocol
 step changed. Once :meth:`MessageChannel.start_journal` is called the channel records, in
 a :class:`Journal`, the *keys* every step touched — ids that entered the bloom filter or the
-log, outgoing and incoming buffer entries, lost and "met elsewhere" ids, SDS-R schedules,
-the SDS-R wire cache. A storage layer reads the journal after a step, looks up the current
-value of each touched key (latest state wins, so an entry created and removed within one
-step simply disappears), writes it all in one transaction and clears the journal. The cost
-is proportional to what the step changed, never to the size of the state.
+log, outgoing and incoming buffer entries, known missing, lost and "met elsewhere" ids,
+peers heard from, SDS-R schedules, the SDS-R wire cache. A storage layer reads the
+journal after a step, looks up the current value of each touched key (latest state wins,
+so an entry created and removed within one step simply disappears), writes it all in one
+transaction and clears the journal. The cost is proportional to what the step changed,
+never to the size of the state.
 
 Starting again is the reverse: the storage layer hands a fresh channel a
 :class:`ChannelSnapshot` and :meth:`MessageChannel.restore` rebuilds everything derived
@@ -20,10 +21,11 @@ store keeps only facts, never a serialised data structure.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from sdsync.core.log import LogEntry
+from sdsync.core.missing import MissingDependency
 from sdsync.wire import HistoryEntry
 
 
@@ -44,10 +46,16 @@ class Journal:
     met_elsewhere: list[str] = field(default_factory=list)
     repair_requests: set[str] = field(default_factory=set)
     repair_responses: set[str] = field(default_factory=set)
+    # Known missing ids added, changed or removed.
+    missing: set[str] = field(default_factory=set)
+    # Peers heard from for the first time.
+    peers: list[str] = field(default_factory=list)
 
     def is_empty(self) -> bool:
         return not (
-            self.bloom
+            self.missing
+            or self.peers
+            or self.bloom
             or self.log
             or self.hints
             or self.wire
@@ -70,6 +78,8 @@ class Journal:
         self.met_elsewhere.clear()
         self.repair_requests.clear()
         self.repair_responses.clear()
+        self.missing.clear()
+        self.peers.clear()
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +91,7 @@ class StoredOutgoing:
     last_sent_ms: int
     attempts: int
     possible_ackers: frozenset[str] = frozenset()
+    retrieval_hint: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,10 +118,13 @@ class ChannelSnapshot:
     log_total: int = 0
     bloom_recent: Sequence[str] = ()
     bloom_total: int = 0
-    outgoing: Sequence[StoredOutgoing] = ()
+    # Iterated once: a storage layer may stream the rows rather than load them all.
+    outgoing: Iterable[StoredOutgoing] = ()
     incoming: Sequence[StoredIncoming] = ()
     lost: Collection[str] = ()
     met_elsewhere: Collection[str] = ()
     wire_cache: Sequence[tuple[str, bytes]] = ()
     repair_requests: Sequence[tuple[HistoryEntry, int]] = ()
     repair_responses: Sequence[tuple[HistoryEntry, int]] = ()
+    missing: Collection[MissingDependency] = ()
+    peers_heard: Collection[str] = ()

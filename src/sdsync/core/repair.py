@@ -156,6 +156,15 @@ class RepairState:
         due = request_time(self.config, self.participant_id, entry.message_id, now_ms)
         self.requests.add(entry, due)
 
+    def request_again(self, entries: Iterable[HistoryEntry], now_ms: int) -> None:
+        """Schedule requests for gaps that have none (dropped while the buffer was full)."""
+        requests = self.requests
+        for entry in entries:
+            if len(requests) >= requests.capacity:
+                return
+            if entry.message_id not in requests:
+                self.mark_missing(entry, now_ms)
+
     def mark_received(self, message_id: str) -> None:
         self.requests.remove(message_id)
         self.responses.remove(message_id)

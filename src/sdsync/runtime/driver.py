@@ -31,7 +31,6 @@ from typing import Literal
 from sdsync.core import (
     Event,
     MessageChannel,
-    MessageMissing,
     MessageReceived,
     SyncReceived,
     SyncStatus,
@@ -98,7 +97,6 @@ class ChannelDriver:
         self._rescheduled: set[str] | None = None  # recorded for durable storage
         self._next_sweep = now_ms + config.incoming_sweep_ms
         self._next_store_query = now_ms
-        self._heard_missing: dict[str, HistoryEntry] = {}
         self._status = (0, 0, 0)
 
     # ------------------------------------------------------------------ inputs
@@ -137,12 +135,7 @@ class ChannelDriver:
 
     def _after_receive(self, events: list[Event], now_ms: int) -> Step:
         for event in events:
-            if isinstance(event, MessageMissing):
-                # Includes gaps named only by sync messages, which wait in no buffer.
-                self._heard_missing[event.message_id] = HistoryEntry(
-                    event.message_id, event.retrieval_hint, event.sender_id
-                )
-            elif isinstance(event, MessageReceived):
+            if isinstance(event, MessageReceived):
                 self._sync.after_received_content(now_ms)
             elif isinstance(event, SyncReceived):
                 self._sync.after_received_sync(now_ms)
@@ -187,12 +180,8 @@ class ChannelDriver:
     # ----------------------------------------------------------------- status
 
     def sync_status(self) -> SyncStatus:
-        channel = self.channel
-        log = channel.log
-        missing = {mid for mid in self._heard_missing if mid not in log}
-        missing.update(channel.missing_ids())
-        waiting, outstanding = channel.buffer_sizes()
-        return SyncStatus("", len(missing), waiting, outstanding)
+        waiting, outstanding = self.channel.buffer_sizes()
+        return SyncStatus("", self.channel.missing_count(), waiting, outstanding)
 
     def _with_status(self, step: Step) -> Step:
         status = self.sync_status()
@@ -216,17 +205,12 @@ class ChannelDriver:
         step.events.extend(sync.events)
 
     def _sweep_incoming(self, now_ms: int, step: Step) -> None:
+        # The channel's known missing ids are the one record of gaps, however learnt.
         sweep = self.channel.sweep_incoming(now_ms)
         step.events.extend(sweep.events)
-        log = self.channel.log
-        for mid in [mid for mid in self._heard_missing if mid in log]:
-            del self._heard_missing[mid]
-        wanted = {e.message_id: e for e in sweep.missing}
-        for mid, entry in self._heard_missing.items():
-            wanted.setdefault(mid, entry)
-        if wanted and self.query_stores and now_ms >= self._next_store_query:
+        if sweep.missing and self.query_stores and now_ms >= self._next_store_query:
             self._next_store_query = now_ms + self.config.store_query_ms
-            step.actions.append(QueryStore(tuple(wanted.values())))
+            step.actions.append(QueryStore(tuple(sweep.missing)))
 
     # ---------------------------------------------------------------- resends
 

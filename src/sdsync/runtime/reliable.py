@@ -299,8 +299,13 @@ class ReliableChannel:
 
     async def _transmit(self, action: Transmit) -> None:
         hint = await self.transport.publish(self.topic, action.data)
-        if action.kind == "content" and hint is not None:
+        if action.kind == "content" and hint is not None and self._still_ours(action.message_id):
             self.channel.set_retrieval_hint(action.message_id, hint)
+
+    def _still_ours(self, message_id: str) -> bool:
+        # Outgoing (on_ack: not logged yet) or logged; given up on while publishing: no.
+        channel = self.channel
+        return channel.outgoing_entry(message_id) is not None or message_id in channel.log
 
     async def _query_store(self, store: StoreClient, query: QueryStore) -> None:
         try:

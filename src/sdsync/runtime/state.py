@@ -6,7 +6,8 @@ The driver and the channel under it stay in memory; the database is their write-
 record. After every driver step (a send, a received frame, a tick) :meth:`commit` reads
 the channel's :class:`~sdsync.core.Journal` and the driver's rescheduled resends and
 writes what changed in ONE transaction — log rows, bloom filter ids, outgoing and incoming
-buffer rows, lost and met ids, SDS-R schedules and wire cache, the Lamport timestamp — and
+buffer rows, known missing, lost and met ids, peers heard from, SDS-R schedules and wire
+cache, the Lamport timestamp — and
 only then are the step's events handed to the application and its bytes transmitted. So a
 kill -9 at any instant leaves either the state before the step (the frame was not
 processed; its sender resends it, or a store has it) or after it, never half of it, and
@@ -17,7 +18,10 @@ Nothing derived is stored: on open, the channel is rebuilt from facts (see
 :mod:`sdsync.core.journal`) — the log window is the newest rows by (Lamport timestamp,
 id), the rolling bloom filter is replayed from the ids that entered it and how many did,
 the outgoing buffer comes back with its attempts and planned resend times. Log entries
-beyond the in-memory window stay in SQLite, which answers "have we seen it?" for them.
+beyond the in-memory window stay in SQLite, which answers "have we seen it?" for them, and
+the wire bytes of the outgoing buffer stay in its rows, read back only for a resend (see
+:mod:`sdsync.core.outgoing`): a long run of unacknowledged messages costs memory per
+message, not per byte.
 
 Deliveries reach the application exactly once. Each :class:`MessageDelivered` and
 :class:`MessageDeliveredEarly` gets a number in the step that creates it; the *delivered
@@ -48,6 +52,7 @@ from sdsync.core import (
     LogEntry,
     MessageDelivered,
     MessageDeliveredEarly,
+    MissingDependency,
     StoredIncoming,
     StoredOutgoing,
 )
@@ -56,7 +61,12 @@ from sdsync.runtime.driver import ChannelDriver, Step
 from sdsync.wire import HistoryEntry, decode
 
 Synchronous = Literal["NORMAL", "FULL"]
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# What each older schema needs to become the current one (new tables are created by
+# _SCHEMA itself).
+_MIGRATIONS = {
+    1: "ALTER TABLE outgoing ADD COLUMN retrieval_hint BLOB;",
+}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS channel (
@@ -94,7 +104,8 @@ CREATE TABLE IF NOT EXISTS outgoing (
     last_sent_ms INTEGER NOT NULL,
     attempts INTEGER NOT NULL,
     possible_ackers TEXT NOT NULL,
-    next_due_ms INTEGER
+    next_due_ms INTEGER,
+    retrieval_hint BLOB
 );
 CREATE TABLE IF NOT EXISTS incoming (
     seq INTEGER PRIMARY KEY,
@@ -106,6 +117,14 @@ CREATE TABLE IF NOT EXISTS incoming (
 );
 CREATE TABLE IF NOT EXISTS lost (message_id TEXT PRIMARY KEY) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS met_elsewhere (message_id TEXT PRIMARY KEY) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS missing (
+    message_id TEXT PRIMARY KEY,
+    retrieval_hint BLOB,
+    sender_id TEXT,
+    named_by TEXT NOT NULL,
+    first_seen_ms INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS peers (participant_id TEXT PRIMARY KEY) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS repair (
     kind TEXT NOT NULL,
     message_id TEXT NOT NULL,
@@ -116,15 +135,15 @@ CREATE TABLE IF NOT EXISTS repair (
 ) WITHOUT ROWID;
 """
 
-_UPSERT_OUTGOING = """
-INSERT INTO outgoing (message_id, data, first_sent_ms, last_sent_ms, attempts,
-                      possible_ackers, next_due_ms)
-VALUES (?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT (message_id) DO UPDATE SET
-    last_sent_ms = excluded.last_sent_ms,
-    attempts = excluded.attempts,
-    possible_ackers = excluded.possible_ackers,
-    next_due_ms = excluded.next_due_ms
+_INSERT_OUTGOING = """
+INSERT INTO outgoing (first_sent_ms, last_sent_ms, attempts, possible_ackers, next_due_ms,
+                      retrieval_hint, message_id, data)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+"""
+_UPDATE_OUTGOING = """
+UPDATE outgoing SET first_sent_ms = ?, last_sent_ms = ?, attempts = ?, possible_ackers = ?,
+                    next_due_ms = ?, retrieval_hint = ?
+WHERE message_id = ?
 """
 
 
@@ -180,6 +199,48 @@ class _StoredHistory:
         self._uncommitted.clear()
 
 
+class _StoredWires:
+    """The WireStore of a stored channel: outgoing rows hold the bytes already.
+
+    Bytes of messages sent during a step are kept until the step is committed, because
+    that commit writes their rows; after that they are read back only for a resend.
+    """
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+        self._uncommitted: dict[str, bytes] = {}
+
+    def __getitem__(self, message_id: str) -> bytes:
+        data = self._uncommitted.get(message_id)
+        if data is not None:
+            return data
+        row = self._db.execute("SELECT data FROM outgoing WHERE message_id = ?", (message_id,))
+        found = row.fetchone()
+        if found is None:
+            raise KeyError(message_id)
+        return bytes(found[0])
+
+    def __setitem__(self, message_id: str, data: bytes) -> None:
+        self._uncommitted[message_id] = data
+
+    def __delitem__(self, message_id: str) -> None:
+        # The row goes with the commit that writes the outgoing buffer's change.
+        self._uncommitted.pop(message_id, None)
+
+    def __contains__(self, message_id: object) -> bool:
+        if message_id in self._uncommitted:
+            return True
+        row = self._db.execute("SELECT 1 FROM outgoing WHERE message_id = ?", (message_id,))
+        return row.fetchone() is not None
+
+    def uncommitted(self, message_id: str) -> bytes | None:
+        """The bytes of a message whose row is not written yet (None if it is)."""
+        return self._uncommitted.get(message_id)
+
+    def committed(self) -> None:
+        self._uncommitted.clear()
+
+
 class ChannelState:
     """The stored state of ``driver``'s channel; restores it on open."""
 
@@ -214,8 +275,7 @@ class ChannelState:
             row += (channel.lamport_timestamp, 0, 0, 0)
             db.execute("INSERT INTO channel VALUES (0, ?, ?, ?, ?, ?, ?, ?)", row)
         version, channel_id, participant_id, lamport, bloom_total, event_seq, cursor = row
-        if version != SCHEMA_VERSION:
-            raise LocalProtocolError(f"{self.path}: schema version {version} is not supported")
+        self._migrate(version)
         if (channel_id, participant_id) != (channel.channel_id, channel.participant_id):
             raise LocalProtocolError(
                 f"{self.path} holds channel {channel_id!r} of participant {participant_id!r},"
@@ -228,6 +288,8 @@ class ChannelState:
         window = channel.config.max_log_entries
         self._history = _StoredHistory(db, max(0, log_total - window))
         channel.log.history_store = self._history
+        self._wires = _StoredWires(db)
+        channel.use_wire_store(self._wires)
         self.driver.start_journal()
         self._journal = channel.start_journal()
         channel.restore(self._snapshot(lamport, log_total, bloom_total))
@@ -236,6 +298,18 @@ class ChannelState:
         )
         self.driver.take_rescheduled()  # what was restored is stored already
         self.pending = self._undelivered()
+
+    def _migrate(self, version: int) -> None:
+        if version == SCHEMA_VERSION:
+            return
+        if version not in _MIGRATIONS:
+            raise LocalProtocolError(f"{self.path}: schema version {version} is not supported")
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        for step in range(version, SCHEMA_VERSION):
+            db.execute(_MIGRATIONS[step])
+        db.execute("UPDATE channel SET schema_version = ?", (SCHEMA_VERSION,))
+        db.execute("COMMIT")
 
     def _snapshot(self, lamport: int, log_total: int, bloom_total: int) -> ChannelSnapshot:
         db = self._db
@@ -259,13 +333,14 @@ class ChannelState:
             log_total=log_total,
             bloom_recent=bloom,
             bloom_total=bloom_total,
-            outgoing=[
-                StoredOutgoing(data, first, last, attempts, frozenset(json.loads(ackers)))
-                for data, first, last, attempts, ackers in db.execute(
-                    "SELECT data, first_sent_ms, last_sent_ms, attempts, possible_ackers"
-                    " FROM outgoing ORDER BY seq"
+            # Streamed: the bytes of one message at a time are in memory while restoring.
+            outgoing=(
+                StoredOutgoing(data, first, last, attempts, frozenset(json.loads(ackers)), hint)
+                for data, first, last, attempts, ackers, hint in db.execute(
+                    "SELECT data, first_sent_ms, last_sent_ms, attempts, possible_ackers,"
+                    " retrieval_hint FROM outgoing ORDER BY seq"
                 )
-            ],
+            ),
             incoming=[
                 StoredIncoming(data, hint, received)
                 for data, hint, received in db.execute(
@@ -277,6 +352,14 @@ class ChannelState:
             wire_cache=list(db.execute("SELECT message_id, data FROM wire ORDER BY seq")),
             repair_requests=self._repairs("request"),
             repair_responses=self._repairs("response"),
+            missing=[
+                MissingDependency(HistoryEntry(mid, hint, sender), named_by, first_seen)
+                for mid, hint, sender, named_by, first_seen in db.execute(
+                    "SELECT message_id, retrieval_hint, sender_id, named_by, first_seen_ms"
+                    " FROM missing ORDER BY first_seen_ms"
+                )
+            ],
+            peers_heard=[pid for (pid,) in db.execute("SELECT participant_id FROM peers")],
         )
 
     def _repairs(self, kind: str) -> list[tuple[HistoryEntry, int]]:
@@ -343,6 +426,7 @@ class ChannelState:
             raise
         self._journal.clear()
         self._history.committed()
+        self._wires.committed()
         self._lamport = lamport
         return deliveries
 
@@ -421,23 +505,55 @@ class ChannelState:
             )
         self._write_repairs("request", journal.repair_requests, 0)
         self._write_repairs("response", journal.repair_responses, 1)
+        self._write_missing(journal.missing)
+        if journal.peers:
+            db.executemany(
+                "INSERT OR IGNORE INTO peers VALUES (?)", ((pid,) for pid in journal.peers)
+            )
 
     def _write_outgoing(self, ids: set[str]) -> None:
         db = self._db
-        rows = []
+        inserts: list[tuple[object, ...]] = []
+        updates: list[tuple[object, ...]] = []
         for mid in ids:
-            out = self.channel.stored_outgoing(mid)
-            if out is None:
+            entry = self.channel.outgoing_entry(mid)
+            if entry is None:
                 db.execute("DELETE FROM outgoing WHERE message_id = ?", (mid,))
                 continue
-            ackers = json.dumps(sorted(out.possible_ackers))
+            ackers = json.dumps(sorted(entry.possible_ackers))
             due = self.driver.resend_at(mid)
-            rows.append(
-                (mid, out.data, out.first_sent_ms, out.last_sent_ms, out.attempts, ackers, due)
+            row = (
+                entry.first_sent_ms,
+                entry.last_sent_ms,
+                entry.attempts,
+                ackers,
+                due,
+                entry.retrieval_hint,
+                mid,
             )
-        if rows:
-            rows.sort(key=lambda row: (row[2], row[0]))  # rows keep the order of sending
-            db.executemany(_UPSERT_OUTGOING, rows)
+            data = self._wires.uncommitted(mid)
+            if data is None:
+                updates.append(row)
+            else:
+                inserts.append((*row, data))
+        if inserts:
+            inserts.sort(key=lambda row: (row[0], row[6]))  # sent order
+            db.executemany(_INSERT_OUTGOING, inserts)
+        if updates:
+            db.executemany(_UPDATE_OUTGOING, updates)
+
+    def _write_missing(self, ids: set[str]) -> None:
+        db = self._db
+        for mid in ids:
+            known = self.channel.missing_dependency(mid)
+            if known is None:
+                db.execute("DELETE FROM missing WHERE message_id = ?", (mid,))
+                continue
+            entry = known.entry
+            db.execute(
+                "INSERT OR REPLACE INTO missing VALUES (?, ?, ?, ?, ?)",
+                (mid, entry.retrieval_hint, entry.sender_id, known.named_by, known.first_seen_ms),
+            )
 
     def _write_incoming(self, ids: set[str], early: dict[str, int]) -> None:
         db = self._db

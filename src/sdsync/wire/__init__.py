@@ -10,6 +10,7 @@ from sdsync.wire.codec import (
     decode,
     encode,
     message_id_for,
+    message_id_for_sender,
 )
 from sdsync.wire.waku import WakuMessage, decode_waku_message, message_hash
 
@@ -26,4 +27,5 @@ __all__ = [
     "encode",
     "message_hash",
     "message_id_for",
+    "message_id_for_sender",
 ]

@@ -125,8 +125,26 @@ DEFAULT_LIMITS = WireLimits()
 
 
 def message_id_for(payload: bytes) -> str:
-    """The js-compatible default message id: lowercase hex sha256 of the payload."""
+    """js-waku's message id: lowercase hex sha256 of the payload (identical bytes collide)."""
     return hashlib.sha256(payload).hexdigest()
+
+
+def message_id_for_sender(sender_id: str, lamport_timestamp: int, payload: bytes) -> str:
+    """sdsync's default message id: lowercase hex sha256 over sender, timestamp and payload.
+
+    The hashed bytes are ``len(sender) (4 bytes, big-endian) || sender (UTF-8) ||
+    lamport_timestamp (8 bytes, big-endian) || payload``: the length prefix keeps the
+    sender/timestamp boundary unambiguous, so no two different triples hash the same
+    bytes, and one participant's Lamport timestamps never repeat, so the same payload sent
+    twice, or by two participants, gets two ids.
+    """
+    sender = sender_id.encode()
+    if not 0 <= lamport_timestamp <= MAX_UINT64:
+        raise LocalProtocolError(f"lamport timestamp {lamport_timestamp} is not a uint64")
+    digest = hashlib.sha256(len(sender).to_bytes(4, "big") + sender)
+    digest.update(lamport_timestamp.to_bytes(8, "big"))
+    digest.update(payload)
+    return digest.hexdigest()
 
 
 def encode(message: Message) -> bytes:
@@ -258,4 +276,5 @@ __all__ = [
     "decode",
     "encode",
     "message_id_for",
+    "message_id_for_sender",
 ]
