@@ -60,7 +60,7 @@ from sdsync.core import (
     SyncReceived,
     SyncSent,
 )
-from sdsync.errors import LocalProtocolError
+from sdsync.errors import LocalProtocolError, OutgoingBufferFullError
 from sdsync.runtime import LogRecord, ReliableChannel, RuntimeConfig
 
 if TYPE_CHECKING:
@@ -457,7 +457,10 @@ async def _interact(session: ChatSession, transport: Libp2pTransport) -> None:
             session._say(f"{len(peers)} peer(s) in the channel: {', '.join(peers) or '-'}")
             continue
         if command:
-            await session.send(command)
+            try:
+                await session.send(command)
+            except OutgoingBufferFullError as exc:  # the user may wait and type it again
+                session._say(f"[red]not sent:[/red] {escape(str(exc))}")
 
 
 async def _stdin_lines() -> AsyncIterator[str]:

@@ -59,6 +59,9 @@ class Verdict:
     ordered_logs: bool = True
     duplicates: int = 0
     missing_pairs: int = 0
+    # Missing pairs whose id reached the participant in a causal history (content or
+    # sync): it was told about the message and still did not get it.
+    told_missing_pairs: int = 0
     problems: list[str] = field(default_factory=list)
     # Up to EXAMPLES missing pairs, each with the likeliest reason, so a failure is readable.
     missing_examples: list[dict[str, Any]] = field(default_factory=list)
@@ -258,6 +261,8 @@ class Recorder:
                 lost = self.lost[index][c]
                 missing = expected - {mid for _, mid in log} - lost
                 verdict.missing_pairs += len(missing)
+                told = sim.participants[index].drivers[c].channel.missing_ids()
+                verdict.told_missing_pairs += len(missing.intersection(told))
                 for mid in sorted(missing)[: EXAMPLES - len(verdict.missing_examples)]:
                     verdict.missing_examples.append(
                         {
@@ -285,7 +290,10 @@ class Recorder:
             return "received but never delivered (engine fault)"
         if (channel, mid) in self.abandoned:
             return "never received; its sender gave up after max_attempts"
-        return "never received"
+        chan = sim.participants[participant].drivers[channel].channel
+        if chan.missing_dependency(mid) is not None:
+            return "never received, although a causal history named it"
+        return "never received; no message it got named it"
 
     def summary(self) -> dict[str, Any]:
         n = self.config.participants
@@ -322,6 +330,7 @@ class Recorder:
             "duplicates": verdict.duplicates,
             "irretrievably_lost": irretrievably_lost,
             "missing_pairs": verdict.missing_pairs,
+            "told_missing_pairs": verdict.told_missing_pairs,
             "time_to_consistency_ms": _percentiles(ttc),
             "unconverged_messages": messages - len(ttc),
             "bytes_on_wire": self.bytes_on_wire,
