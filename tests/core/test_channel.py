@@ -18,6 +18,7 @@ from sdsync.core import (
     MessageMissing,
     MessageMissingEvicted,
     MessagePossiblyAcknowledged,
+    Outgoing,
     RepairConfig,
     RepairRequestReceived,
     RepairRequestSent,
@@ -517,3 +518,48 @@ def test_retrieval_hint_of_an_unacknowledged_message_enters_the_log_with_it() ->
     assert entry is not None and entry.retrieval_hint == b"\x01" * 32
     with pytest.raises(LocalProtocolError, match="neither in the outgoing buffer"):
         a.set_retrieval_hint("unknown", b"\x02")
+
+
+def implied_request_scene(window: int) -> tuple[MessageChannel, MessageChannel, Outgoing]:
+    """c missed a's m1, and no message it got names m1: b sent m2 before it had m1, so the
+    causal histories c sees (1 id each) never reach back to m1. Returns a, c and m1."""
+    config = ChannelConfig(
+        causal_history_size=1,
+        bloom=BloomParams(100, 0.01),
+        repair=RepairConfig(t_min_ms=1_000, t_max_ms=5_000, sync_repair_window=window),
+    )
+    a, b, c = chan("a", config), chan("b", config), chan("c", config)
+    m1 = a.send(b"m1", 0)
+    m2 = b.send(b"m2", 5)
+    b.receive(m1.data, 10)
+    a.receive(m2.data, 10)
+    c.receive(m2.data, 10)
+    assert c.missing_ids() == [] and m1.message_id not in c.log  # c cannot know of m1
+    b_sync = b.send_sync(2_000)
+    assert b_sync is not None
+    a.receive(b_sync.data, 2_000)  # b's filter has m1: it asks for nothing
+    return a, c, m1
+
+
+def test_a_gap_nobody_names_is_rebroadcast_when_a_sync_shows_it() -> None:
+    a, c, m1 = implied_request_scene(window=128)
+    early = c.send_sync(500)  # too soon: m1 may still be on its way to c
+    assert early is not None
+    a.receive(early.data, 510)
+    assert a.sweep_repair(10_000).data == []
+    sync = c.send_sync(2_000)
+    assert sync is not None
+    a.receive(sync.data, 2_010)
+    assert a.sweep_repair(2_010).data == [m1.data]  # the original sender answers at once
+    assert of(c.receive(m1.data, 2_100), MessageDelivered) == [m1.message_id]
+    # Answered once per t_min: c's sync sent before m1 arrived triggers nothing more.
+    a.receive(sync.data, 2_500)
+    assert a.sweep_repair(100_000).data == []
+
+
+def test_sync_repair_window_zero_turns_implied_requests_off() -> None:
+    a, c, _ = implied_request_scene(window=0)
+    sync = c.send_sync(2_000)
+    assert sync is not None
+    a.receive(sync.data, 2_010)
+    assert a.sweep_repair(100_000).data == []

@@ -21,12 +21,11 @@ anything, every id a participant ever saw in a causal history must be in its log
 outgoing buffer must be empty, and every log must hold every message ever sent, in the
 same order.
 
-That last property needs a causal history covering the whole log (the default 200 here).
-With the spec's recommended 2-3 ids it does not follow from the protocol: a message that
-two peers' bloom filters acknowledge, or that only a since-lost sync message named, is
-never named to the participants that missed it, so they cannot ask for it (hypothesis
-finds such runs in about 6% of examples). The short-history machines therefore end with
-the application re-publishing its messages once, and then require identical logs.
+That last property holds with the spec's recommended 2-3 ids too, although then a message
+that two peers' bloom filters acknowledge, or that only a since-lost sync message named,
+may never be named to a participant that missed it (hypothesis found such runs in about 6%
+of examples before): the gap shows in that participant's sync messages as an id missing
+from its bloom filter, which holders answer with an SDS-R rebroadcast (implied requests).
 """
 
 from __future__ import annotations
@@ -77,8 +76,6 @@ class Sim:
 
     n: int
     config: ChannelConfig
-    # Whether the protocol alone must make every log complete (causal history >= log size).
-    expect_full: bool = True
     now_ms: int = START_MS
     ids: list[str] = field(default_factory=list)
     chans: dict[str, MessageChannel] = field(default_factory=dict)
@@ -257,12 +254,12 @@ class Sim:
             self.deliver(0)
             self.check()
 
-    def quiesce(self, *, full: bool, max_rounds: int = 10) -> int:
+    def quiesce(self, *, max_rounds: int = 10) -> int:
         """Stop losses; sync, repair and resend until settled. Returns the rounds used."""
         t_max = self.config.repair.t_max_ms
         for rounds in range(max_rounds):
             self.flush()
-            if self.settled(full=full):
+            if self.settled():
                 return rounds
             for pid in self.ids:
                 self.sweep_incoming(pid)
@@ -287,37 +284,24 @@ class Sim:
             self.advance(1_000)
         return max_rounds
 
-    def settled(self, *, full: bool) -> bool:
-        """Nothing buffered, everything anyone heard of obtained (or given up on), and
-        with ``full`` every log complete and every outgoing buffer empty."""
+    def settled(self) -> bool:
+        """Nothing buffered, everything anyone heard of obtained (or given up on), every
+        log complete and every outgoing buffer empty."""
         for pid, chan in self.chans.items():
             if chan.incoming_ids() or not self.known[pid] <= self.present[pid] | self.lost[pid]:
                 return False
-            if full and chan.outgoing_ids():
+            if chan.outgoing_ids():
                 return False
-        return not full or self.converged()
-
-    def republish(self) -> None:
-        """The application re-publishes every message it ever sent (lossless)."""
-        for mid, message in self.sent.items():
-            self.broadcast(message.sender_id, self.wire[mid])
-        self.flush()
+        return self.converged()
 
     def assert_quiescent(self) -> None:
-        rounds = self.quiesce(full=self.expect_full)
+        rounds = self.quiesce()
         for pid, chan in self.chans.items():
             assert not chan.incoming_ids(), f"{pid}: incoming buffer never drained"
             # Every id a participant heard of, it eventually obtained (SDS-R), unless the
             # lost timeout made it give up on it.
             unobtained = self.known[pid] - self.present[pid] - self.lost[pid]
             assert not unobtained, f"{pid}: heard of {sorted(unobtained)} but never got them"
-        if not self.expect_full:
-            # With a causal history shorter than the log, a message acknowledged by bloom
-            # hits (or by a sync message that was then lost) and named by no retained
-            # message cannot be discovered by those who missed it: nothing names it to
-            # them. The application re-publishing its messages closes such gaps.
-            self.republish()
-            rounds = self.quiesce(full=True)
         missing = {pid: sorted(set(self.sent) - self.present[pid]) for pid in self.ids}
         assert self.converged(), f"logs differ after {rounds} rounds; missing: {missing}"
         for pid in self.ids:
@@ -335,14 +319,12 @@ class SdsNetwork(RuleBasedStateMachine):
         super().__init__()
         self.sim: Sim | None = None
 
-    expect_full = False
-
     def make_config(self, history: int) -> ChannelConfig:
         raise NotImplementedError
 
     @initialize(n=st.integers(3, 5), history=st.integers(2, 5))
     def setup(self, n: int, history: int) -> None:
-        self.sim = Sim(n, self.make_config(history), expect_full=self.expect_full)
+        self.sim = Sim(n, self.make_config(history))
 
     @property
     def s(self) -> Sim:
@@ -431,8 +413,6 @@ class SmallHistoryNetwork(SdsNetwork):
 
 class DefaultConfigNetwork(SdsNetwork):
     """The shipped defaults: 200-id causal history, js-sized bloom, 30-120 s SDS-R."""
-
-    expect_full = True  # at most 120 messages: every sync names the whole log
 
     def make_config(self, history: int) -> ChannelConfig:
         return ChannelConfig()
@@ -580,7 +560,7 @@ def test_repair_request_suppressed_by_a_peer_is_retried() -> None:
     _route(sim, dst=d, deliver=False)  # the rebroadcasts never reach d
     assert m1 in sim.present[c]
     assert m2 in sim.chans[d].incoming_ids()
-    rounds = sim.quiesce(full=True)
+    rounds = sim.quiesce()
     assert m1 in sim.present[d], (
         f"after {rounds} rounds of syncs, repairs and resends d still waits for m1: "
         f"incoming={sim.chans[d].incoming_ids()}, missing={sim.chans[d].missing_ids()}"

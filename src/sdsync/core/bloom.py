@@ -23,6 +23,7 @@ false-positive rate far above the agreed one would "acknowledge" almost anything
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -32,9 +33,6 @@ import mmh3
 from sdsync.errors import LocalProtocolError
 
 Position = tuple[int, int]  # (byte index in the serialised filter, bit mask)
-
-_POSITIONS: dict[tuple[int, int, str], tuple[Position, ...]] = {}
-_POSITIONS_MAX = 1 << 17
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,31 +57,27 @@ class BloomParams:
         object.__setattr__(self, "n_bytes", (1 + m_bits // 64) * 8)
 
     def positions(self, item: str) -> tuple[Position, ...]:
-        """Where ``item``'s k bits live in the serialised filter (memoised: every
-        participant hashes the same ids)."""
-        key = (self.m_bits, self.k, item)
-        cached = _POSITIONS.get(key)
-        if cached is None:
-            if len(_POSITIONS) >= _POSITIONS_MAX:
-                _POSITIONS.clear()
-            cached = _POSITIONS[key] = self._compute_positions(item)
-        return cached
-
-    def _compute_positions(self, item: str) -> tuple[Position, ...]:
-        m = self.m_bits
-        data = item.encode()
-        hash_a = abs(mmh3.hash(data, 0, signed=True)) % m
-        hash_b = abs(mmh3.hash(data + b" b", 0, signed=True)) % m
-        out = []
-        for i in range(self.k):
-            pos = (hash_a + i * hash_b) % m
-            out.append(((pos >> 6) * 8 + 7 - ((pos & 63) >> 3), 1 << (pos & 7)))
-        return tuple(out)
+        """Where ``item``'s k bits live in the serialised filter."""
+        return _positions(self.m_bits, self.k, item)
 
     def false_positive_rate(self, data: bytes) -> float:
         """The false-positive rate a filter with these bits would have."""
         fill = int.from_bytes(data, "big").bit_count() / self.m_bits
         return float(fill**self.k)
+
+
+# Memoised for the recent ids only: every participant hashes the same ids at about the
+# same time (receiving, then checking filters), but a long stream must not grow memory.
+@functools.lru_cache(maxsize=1 << 14)
+def _positions(m_bits: int, k: int, item: str) -> tuple[Position, ...]:
+    data = item.encode()
+    hash_a = abs(mmh3.hash(data, 0, signed=True)) % m_bits
+    hash_b = abs(mmh3.hash(data + b" b", 0, signed=True)) % m_bits
+    out = []
+    for i in range(k):
+        pos = (hash_a + i * hash_b) % m_bits
+        out.append(((pos >> 6) * 8 + 7 - ((pos & 63) >> 3), 1 << (pos & 7)))
+    return tuple(out)
 
 
 def contains(data: bytes | bytearray, positions: tuple[Position, ...]) -> bool:

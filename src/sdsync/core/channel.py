@@ -430,7 +430,7 @@ class MessageChannel:
         self._hear(message.sender_id)
         self._process_repair(message, now_ms, events)
         # Acks first: with on_ack, a message naming ours may be what puts ours in the log.
-        self._review_acks(message, events)
+        self._review_acks(message, now_ms, events)
         unmet = self._unmet(message)
         full = len(self._incoming) >= self.config.max_incoming_buffer
         if unmet and full and kind is MessageKind.CONTENT:
@@ -669,25 +669,36 @@ class MessageChannel:
 
     # ------------------------------------------------------------ acknowledgement
 
-    def _review_acks(self, message: Message, events: list[Event]) -> None:
+    def _bloom_evidence(self, message: Message) -> bytes | None:
+        """The message's bloom filter if it is needed and may be trusted, else None."""
+        bloom = message.bloom_filter
+        if bloom is None or not (self._outgoing or self._answers_implied(message)):
+            return None
+        params = self.config.bloom
+        if len(bloom) != params.n_bytes:
+            self._ignore_bloom(f"{len(bloom)} bytes, expected {params.n_bytes}", message.sender_id)
+            return None
+        if params.false_positive_rate(bloom) > self.config.max_bloom_false_positive_rate:
+            self._ignore_bloom("saturated", message.sender_id)
+            return None
+        return bloom
+
+    def _review_acks(self, message: Message, now_ms: int, events: list[Event]) -> None:
         outgoing = self._outgoing
-        if not outgoing:
-            return
-        named = outgoing.keys() & message.history_ids
+        named = outgoing.keys() & message.history_ids if outgoing else ()
         for message_id in sorted(named):
             acked = outgoing[message_id]
             self._acknowledged(acked, message.sender_id, events, by_causal_history=True)
-        if outgoing and message.bloom_filter is not None:
-            self._review_bloom(message.bloom_filter, message.sender_id, events)
+        # The filter is checked (and distrusted, counted) only when something will read it.
+        bloom = self._bloom_evidence(message)
+        if bloom is None:
+            return
+        if outgoing:
+            self._review_bloom(bloom, message.sender_id, events)
+        if self._answers_implied(message):
+            self._answer_implied_requests(message, bloom, now_ms)
 
     def _review_bloom(self, bloom: bytes, sender_id: str, events: list[Event]) -> None:
-        params = self.config.bloom
-        if len(bloom) != params.n_bytes:
-            self._ignore_bloom(f"{len(bloom)} bytes, expected {params.n_bytes}", sender_id)
-            return
-        if params.false_positive_rate(bloom) > self.config.max_bloom_false_positive_rate:
-            self._ignore_bloom("saturated", sender_id)
-            return
         # Never more peers than we have heard from: in a two-member channel, the other
         # member's filter is all the evidence there can be.
         threshold = min(self.config.possible_acks_threshold, len(self._heard))
@@ -742,6 +753,29 @@ class MessageChannel:
             repair.defer_request(request.message_id, now_ms)
             if request.message_id in self._wire_cache:
                 repair.schedule_response(request, now_ms)
+
+    def _answers_implied(self, message: Message) -> bool:
+        return (
+            message.kind is MessageKind.SYNC
+            and self._repair is not None
+            and self.config.repair.sync_repair_window > 0
+        )
+
+    def _answer_implied_requests(self, sync: Message, bloom: bytes, now_ms: int) -> None:
+        """Rebroadcast (SDS-R style) what the sync's sender shows it lacks, of what it
+        has had ``t_min_ms`` to receive; see :mod:`.repair`."""
+        repair = self._repair
+        assert repair is not None  # see _answers_implied
+        settled = min(sync.lamport_timestamp or 0, now_ms) - repair.config.t_min_ms
+        positions = self.config.bloom.positions
+        lacking = [
+            entry.history_entry
+            for entry in self._log.newest_before(settled, repair.config.sync_repair_window)
+            if entry.sender_id != sync.sender_id
+            and entry.message_id in self._wire_cache
+            and not contains(bloom, positions(entry.message_id))
+        ]
+        repair.answer_implied(lacking, now_ms)
 
     def sweep_repair(self, now_ms: int) -> RepairSweep:
         """Rebroadcasts whose response time has come (original bytes, unchanged)."""

@@ -27,12 +27,19 @@ class RepairConfig:
     # Full wire bytes are kept for this many of the most recent log entries so that we
     # can answer repair requests; older messages are left to store nodes.
     cache_size: int = 1_000
+    # A received sync message's bloom filter is checked against this many of our newest
+    # log entries older than t_min_ms (by the sync's Lamport timestamp); the ones it lacks
+    # are rebroadcast like SDS-R responses, since nothing may ever name them to that peer
+    # again (0: off).
+    sync_repair_window: int = 128
 
     def __post_init__(self) -> None:
         if not 0 <= self.t_min_ms < self.t_max_ms:
             raise LocalProtocolError("repair needs 0 <= t_min_ms < t_max_ms")
         if self.response_groups < 1 or self.buffer_size < 1 or self.cache_size < 0:
             raise LocalProtocolError("repair response groups and buffer size must be positive")
+        if self.sync_repair_window < 0:
+            raise LocalProtocolError("sync_repair_window must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +67,9 @@ class ChannelConfig:
     # Our unacknowledged messages; at the cap ``send`` raises OutgoingBufferFullError.
     max_outgoing_buffer: int = 5_000
     # Entries beyond this many leave memory for the HistoryStore (which still answers
-    # "have we seen it?"); causal histories only ever reference the newest entries.
-    max_log_entries: int = 100_000
+    # "have we seen it?"); causal histories, repairs and id-collision checks only ever
+    # need the newest entries, and memory stays flat however long the log grows.
+    max_log_entries: int = 10_000
     own_log_policy: OwnLogPolicy = "on_send"
     # How ``send`` derives an id when the caller gives none: "sender-lamport-payload" (see
     # sdsync.wire.message_id_for_sender; the same bytes sent twice are two messages) or

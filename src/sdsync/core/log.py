@@ -16,6 +16,8 @@ arrives again is still recognised as a duplicate.
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -48,19 +50,28 @@ class HistoryStore(Protocol):
 
 
 class MemoryHistoryStore:
-    """Keeps only the ids of evicted entries: enough to recognise duplicates."""
+    """Keeps a 64-bit digest of each evicted id: enough to recognise duplicates.
+
+    About 70 bytes an id instead of 140 for a 64-character id. Two ids share a digest
+    with probability 2^-64 per pair (a message would then be taken for a duplicate): at
+    ten million evicted ids, one new id in 2 * 10^12 is.
+    """
 
     def __init__(self) -> None:
-        self._ids: set[str] = set()
+        self._digests: set[int] = set()
 
     def append(self, entry: LogEntry) -> None:
-        self._ids.add(entry.message_id)
+        self._digests.add(_digest(entry.message_id))
 
     def __contains__(self, message_id: object) -> bool:
-        return message_id in self._ids
+        return isinstance(message_id, str) and _digest(message_id) in self._digests
 
     def __len__(self) -> int:
-        return len(self._ids)
+        return len(self._digests)
+
+
+def _digest(message_id: str) -> int:
+    return int.from_bytes(hashlib.blake2b(message_id.encode(), digest_size=8).digest(), "big")
 
 
 class LocalLog:
@@ -127,6 +138,13 @@ class LocalLog:
         if n <= 0:
             return []
         return [key[2] for key in self._keys[-n:]]
+
+    def newest_before(self, lamport_timestamp: int, n: int) -> list[LogEntry]:
+        """Up to ``n`` entries with an earlier Lamport timestamp, newest first."""
+        keys = self._keys.irange(
+            maximum=(lamport_timestamp,), inclusive=(True, False), reverse=True
+        )
+        return [key[2] for key in itertools.islice(keys, n)]
 
     def __iter__(self) -> Iterator[LogEntry]:
         return (key[2] for key in self._keys)

@@ -13,14 +13,23 @@ Two time-ordered buffers, both O(log n) per operation:
   so the original sender answers first and others only if nobody did.
 
 Seeing the message cancels both our request and our response; seeing someone else's
-request for it defers ours by ``T_max`` (in case their repair fails too). The hash is the
-first 8 bytes of sha256 as a big-endian integer, as in js-waku, so mixed groups agree on
-who answers when.
+request for it defers ours by ``T_max`` (in case their repair fails too).
+
+A peer can also ask without knowing it: a gap that no message it received ever named —
+with a causal history of 2-3 ids, one lost message and the few that named it — is never
+requested. Its sync messages still show the gap, as an id missing from their bloom
+filter. Such *implied requests* are answered exactly like explicit ones (response groups,
+``T_resp``, cancelled by anyone's rebroadcast), at most once per ``T_min`` per message,
+so a peer's next sync, sent before the rebroadcast reached it, does not trigger another.
+
+The hash is the first 8 bytes of sha256 as a big-endian integer, as in js-waku, so mixed
+groups agree on who answers when.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
@@ -137,6 +146,8 @@ class RepairState:
         self.participant_id = participant_id
         self.requests = _TimedBuffer(config.buffer_size)
         self.responses = _TimedBuffer(config.buffer_size)
+        # When we last rebroadcast each message (recent ones; not worth storing).
+        self._answered: OrderedDict[str, int] = OrderedDict()
 
     def attach_journal(self, journal: Journal) -> None:
         self.requests.touched = journal.repair_requests
@@ -196,8 +207,21 @@ class RepairState:
         due = response_time(self.config, self.participant_id, sender, request.message_id, now_ms)
         return self.responses.add(request, due)
 
+    def answer_implied(self, entries: Iterable[HistoryEntry], now_ms: int) -> None:
+        """Schedule rebroadcasts of messages a peer's bloom filter shows it lacks."""
+        for entry in entries:
+            answered = self._answered.get(entry.message_id)
+            if answered is None or now_ms - answered >= self.config.t_min_ms:
+                self.schedule_response(entry, now_ms)
+
     def take_responses(self, now_ms: int) -> list[HistoryEntry]:
-        return self.responses.pop_due(now_ms)
+        due = self.responses.pop_due(now_ms)
+        for entry in due:
+            self._answered[entry.message_id] = now_ms
+            self._answered.move_to_end(entry.message_id)
+        while len(self._answered) > self.config.buffer_size:
+            self._answered.popitem(last=False)
+        return due
 
     def set_participant_count(self, participants: int) -> RepairConfig:
         self.config = replace(self.config, response_groups=max(1, participants // 128))

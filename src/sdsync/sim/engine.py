@@ -109,6 +109,8 @@ class Simulation:
             bloom=BloomParams(proto.bloom_capacity, proto.bloom_error_rate),
             possible_acks_threshold=proto.possible_acks_threshold,
             lost_timeout_ms=proto.lost_timeout_ms,
+            # The checker reads every log from memory: the whole run must fit the window.
+            max_log_entries=max(ChannelConfig().max_log_entries, config.workload.messages),
             repair=RepairConfig(
                 enabled=proto.repair,
                 t_min_ms=proto.repair_t_min_ms,
