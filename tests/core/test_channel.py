@@ -563,3 +563,20 @@ def test_sync_repair_window_zero_turns_implied_requests_off() -> None:
     assert sync is not None
     a.receive(sync.data, 2_010)
     assert a.sweep_repair(100_000).data == []
+
+
+def test_an_id_a_small_filter_no_longer_holds_is_not_taken_for_a_gap() -> None:
+    """A rolling filter keeps only its newest capacity // 2 ids: older ones missing from a
+    peer's filter are no evidence, or tiny filters would trigger rebroadcasts of everything."""
+    config = ChannelConfig(
+        causal_history_size=1,
+        bloom=BloomParams(4, 0.01),
+        repair=RepairConfig(t_min_ms=1_000, t_max_ms=5_000),
+    )
+    a, c = chan("a", config), chan("c", config)
+    for i in range(6):  # c has them all; its filter remembers the newest few
+        c.receive(a.send(f"m{i}".encode(), i).data, i)
+    sync = c.send_sync(5_000)
+    assert sync is not None
+    a.receive(sync.data, 5_000)
+    assert a.sweep_repair(100_000).data == []

@@ -763,14 +763,20 @@ class MessageChannel:
 
     def _answer_implied_requests(self, sync: Message, bloom: bytes, now_ms: int) -> None:
         """Rebroadcast (SDS-R style) what the sync's sender shows it lacks, of what it
-        has had ``t_min_ms`` to receive; see :mod:`.repair`."""
+        has had ``t_min_ms`` to receive and its filter still holds; see :mod:`.repair`."""
         repair = self._repair
         assert repair is not None  # see _answers_implied
         settled = min(sync.lamport_timestamp or 0, now_ms) - repair.config.t_min_ms
+        # A rolling filter keeps at least the newest capacity // 2 ids it took in: an
+        # older id missing from it says nothing (tiny filters would "lack" everything).
+        remembered = self.config.bloom.capacity // 2 - self._log.count_since(settled)
+        window = min(repair.config.sync_repair_window, remembered)
+        if window <= 0:
+            return
         positions = self.config.bloom.positions
         lacking = [
             entry.history_entry
-            for entry in self._log.newest_before(settled, repair.config.sync_repair_window)
+            for entry in self._log.newest_before(settled, window)
             if entry.sender_id != sync.sender_id
             and entry.message_id in self._wire_cache
             and not contains(bloom, positions(entry.message_id))

@@ -139,6 +139,11 @@ class LocalLog:
             return []
         return [key[2] for key in self._keys[-n:]]
 
+    def count_since(self, lamport_timestamp: int) -> int:
+        """How many entries have a Lamport timestamp of at least ``lamport_timestamp``."""
+        older: int = self._keys.bisect_left((lamport_timestamp,))
+        return len(self._keys) - older
+
     def newest_before(self, lamport_timestamp: int, n: int) -> list[LogEntry]:
         """Up to ``n`` entries with an earlier Lamport timestamp, newest first."""
         keys = self._keys.irange(
