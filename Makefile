@@ -8,7 +8,7 @@ JS     := tests/interop/js
 JSSTAMP := $(JS)/node_modules/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint typecheck proto bench bench-reconcile fuzz clean postgres
+.PHONY: demo test lint typecheck proto bench bench-memory bench-reconcile fuzz clean postgres
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,10 @@ proto: $(STAMP)
 
 bench: $(STAMP) $(JSSTAMP)
 	$(PY) bench/core_vs_js.py
+
+# Core memory on a 10k / 100k / 300k message stream, beside @waku/sds at 10k (~8 min).
+bench-memory: $(STAMP) $(JSSTAMP)
+	$(PY) bench/core_memory.py
 
 # RBSR and Prolly-tree sync vs negentropy (nostr-tools), N = 1M; a few minutes.
 bench-reconcile: $(STAMP)

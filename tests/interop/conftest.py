@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from peers import ProcessPeer, SessionPeer
 
 from sdsync.cli.peer import PeerSession
 from sdsync.core import BloomParams, ChannelConfig, RepairConfig
@@ -18,62 +17,10 @@ from sdsync.core import BloomParams, ChannelConfig, RepairConfig
 JS_DIR = Path(__file__).parent / "js"
 
 
-class Peer:
-    """Anything that answers our JSON-lines peer protocol."""
-
-    name: str
-
-    def call(self, op: str, **fields: Any) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def ok(self, op: str, **fields: Any) -> dict[str, Any]:
-        reply = self.call(op, **fields)
-        assert reply["ok"], f"{self.name} {op} failed: {reply}"
-        return reply
-
-
-class ProcessPeer(Peer):
-    def __init__(self, name: str, argv: list[str]) -> None:
-        self.name = name
-        self.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            bufsize=1,
-        )
-
-    def call(self, op: str, **fields: Any) -> dict[str, Any]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps({"op": op, **fields}) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        assert line, f"{self.name} exited (code {self.proc.poll()})"
-        reply: dict[str, Any] = json.loads(line)
-        return reply
-
-    def raw(self, line: str) -> dict[str, Any]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-        reply: dict[str, Any] = json.loads(self.proc.stdout.readline())
-        return reply
-
-    def close(self) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-
-
-class PyPeer(Peer):
-    """Our peer in-process (the subprocess CLI is tested separately)."""
+class PyPeer(SessionPeer):
+    """Our peer in-process, configured by the same options as the processes' flags."""
 
     def __init__(self, participant: str, **options: Any) -> None:
-        self.name = f"py:{participant}"
         config = ChannelConfig(
             causal_history_size=options.get("causal_history", 200),
             bloom=BloomParams(
@@ -90,11 +37,8 @@ class PyPeer(Peer):
             # The conformance peer's default, as `sdsync peer --stdio`'s: @waku/sds's ids.
             message_id_scheme=options.get("message_id", "payload"),
         )
-        self.session = PeerSession(options.get("channel", "0"), participant, config)
-
-    def call(self, op: str, **fields: Any) -> dict[str, Any]:
-        # Round-trip through JSON so both peers see exactly the same request text.
-        return self.session.handle(json.dumps({"op": op, **fields}))
+        session = PeerSession(options.get("channel", "0"), participant, config)
+        super().__init__(f"py:{participant}", session)
 
 
 def js_argv(participant: str, **options: Any) -> list[str]:

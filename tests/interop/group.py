@@ -19,9 +19,7 @@ from __future__ import annotations
 import enum
 import functools
 import hashlib
-import json
 import random
-import subprocess
 import sys
 from collections.abc import Collection, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +27,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from peers import Peer, ProcessPeer, SessionPeer
 
 from sdsync.cli.peer import PeerSession
 from sdsync.core import ChannelConfig, RepairConfig
@@ -91,78 +91,6 @@ class GroupKind(enum.Enum):
         }[self]
 
 
-class PeerError(AssertionError):
-    """A peer answered ok=false or died: an interop failure, not a network event."""
-
-
-class Peer:
-    """Anything answering the `peer --stdio` contract: one JSON reply per JSON request."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def exchange(self, line: str) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def ok(self, op: str, **fields: Any) -> dict[str, Any]:
-        reply = self.exchange(json.dumps({"op": op, **fields}))
-        if not reply.get("ok"):
-            raise PeerError(f"{self.name} {op} failed: {reply.get('error')}")
-        return reply
-
-    def close(self) -> None:
-        pass
-
-
-class StdioPeer(Peer):
-    """A peer process: the JS driver, or `python -m sdsync.cli peer --stdio`."""
-
-    def __init__(self, name: str, argv: list[str]) -> None:
-        super().__init__(name)
-        self.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            bufsize=1,
-        )
-
-    def exchange(self, line: str) -> dict[str, Any]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-        answer = self.proc.stdout.readline()
-        if not answer:
-            raise PeerError(f"{self.name} exited (code {self.proc.poll()}) on {line[:80]}")
-        reply: dict[str, Any] = json.loads(answer)
-        return reply
-
-    def close(self) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-class SessionPeer(Peer):
-    """Our peer in this process: the same request lines, handled by the CLI's PeerSession.
-
-    Starting an interpreter per peer would dominate the run time of most scenarios; the
-    scenarios marked ``cli`` still use real processes.
-    """
-
-    def __init__(self, name: str, participant: str, config: ChannelConfig) -> None:
-        super().__init__(name)
-        self.session = PeerSession("0", participant, config)
-
-    def exchange(self, line: str) -> dict[str, Any]:
-        return self.session.handle(line)
-
-
 def start_peer(implementation: str, index: int, scenario: Scenario, pacing: Pacing) -> Peer:
     name = f"{implementation}:{NAMES[index]}"
     options = {
@@ -176,14 +104,14 @@ def start_peer(implementation: str, index: int, scenario: Scenario, pacing: Paci
         # Only the driver's Math.random (sync-message ids) depends on it; peers sharing a
         # seed would all send the same sync ids, which no real group does.
         seed = scenario.seed * len(NAMES) + index + 1
-        return StdioPeer(name, ["node", str(JS_DRIVER), *argv, f"--seed={seed}"])
+        return ProcessPeer(name, ["node", str(JS_DRIVER), *argv, f"--seed={seed}"])
     if scenario.cli:
-        return StdioPeer(name, [sys.executable, "-m", "sdsync.cli", "peer", "--stdio", *argv])
+        return ProcessPeer(name, [sys.executable, "-m", "sdsync.cli", "peer", "--stdio", *argv])
     # What `sdsync peer` builds from the same options (ids are always given on send, so
     # the default id scheme does not matter).
     repair = RepairConfig(t_min_ms=pacing.repair_t_min_ms, t_max_ms=pacing.repair_t_max_ms)
     config = ChannelConfig(causal_history_size=scenario.causal_history, repair=repair)
-    return SessionPeer(name, NAMES[index], config)
+    return SessionPeer(name, PeerSession("0", NAMES[index], config))
 
 
 @dataclass(frozen=True)

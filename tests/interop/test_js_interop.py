@@ -269,7 +269,7 @@ def test_cli_peer_process_matches_js(js_peer: Any, cli_peer: Any) -> None:
     both(peers, "clock", now_ms=77)
     sends = both(peers, "send", payload_hex="0c11")
     assert sends[0]["wire_hex"] == sends[1]["wire_hex"]
-    bad = peers[1].raw("{not json")
+    bad = peers[1].exchange("{not json")
     assert bad["ok"] is False and bad["error"]["kind"] == "local"
     unknown = peers[1].call("frobnicate")
     assert unknown["error"]["kind"] == "local"

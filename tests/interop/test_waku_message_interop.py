@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import ProcessPeer
+from peers import ProcessPeer
 
 from sdsync.wire.waku import WakuMessage, decode_waku_message
 
