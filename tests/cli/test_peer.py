@@ -1,12 +1,15 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 from typer.testing import CliRunner
 
 from sdsync.cli.main import app
 from sdsync.cli.peer import PeerSession
 from sdsync.core import BloomParams, ChannelConfig
+from sdsync.wire import message_id_for, message_id_for_sender
 
 CONFIG = ChannelConfig(bloom=BloomParams(100, 0.01))
 
@@ -72,3 +75,30 @@ def test_demo_converges_and_prints_the_table() -> None:
 def test_peer_requires_stdio() -> None:
     result = CliRunner().invoke(app, ["peer", "--participant", "a"])
     assert result.exit_code == 2
+
+
+def peer_process(*flags: str, requests: list[dict[str, object]]) -> list[dict[str, object]]:
+    argv = [sys.executable, "-m", "sdsync.cli", "peer", "--stdio", "--participant", "p"]
+    lines = "".join(json.dumps(r) + "\n" for r in requests)
+    done = subprocess.run(
+        [*argv, *flags], input=lines, capture_output=True, text=True, timeout=60, check=True
+    )
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def test_message_id_flag_chooses_the_default_id_derivation() -> None:
+    """The conformance peer derives ids as @waku/sds does unless told otherwise."""
+    requests: list[dict[str, object]] = [
+        {"op": "clock", "now_ms": 5},
+        {"op": "send", "payload_hex": "6f6b"},
+        {"op": "send", "payload_hex": "6f6b"},
+    ]
+    _, first, second = peer_process(requests=requests)
+    assert first["message_id"] == message_id_for(b"ok")
+    assert second["ok"] is False  # the same payload twice is the same id
+    assert "already used" in second["error"]["message"]  # type: ignore[index]
+    _, first, second = peer_process("--message-id", "sender-lamport-payload", requests=requests)
+    assert first["message_id"] == message_id_for_sender("p", 6, b"ok")
+    assert second["ok"] and second["message_id"] != first["message_id"]
+    bad = CliRunner().invoke(app, ["peer", "--stdio", "--participant", "p", "--message-id", "x"])
+    assert bad.exit_code == 2 and "--message-id" in bad.output

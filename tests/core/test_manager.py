@@ -101,3 +101,14 @@ def test_periodic_sync_signal_for_quiet_channels() -> None:
 def test_bad_bytes_raise_remote_error() -> None:
     with pytest.raises(RemoteProtocolError):
         manager("x", Clock()).unwrap_received_message(b"\x00\x01garbage")
+
+
+def test_wrapping_the_same_payload_twice_gives_two_messages() -> None:
+    """The default id covers sender and Lamport timestamp: "ok" twice is two messages."""
+    clock = Clock()
+    alice, bob = manager("alice", clock), manager("bob", clock)
+    ready: list[str] = []
+    bob.on_message_ready = lambda ch, mid: ready.append(mid)
+    for _ in range(2):
+        bob.unwrap_received_message(alice.wrap_outgoing_message(b"ok", "general"))
+    assert len(set(ready)) == 2
