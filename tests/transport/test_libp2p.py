@@ -12,6 +12,7 @@ from typing import TypeVar
 import pytest
 import trio
 from libp2p.peer.id import ID
+from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
 from trio.testing import MockClock
 
 from sdsync.errors import LocalProtocolError
@@ -364,3 +365,33 @@ def test_a_slowly_draining_peer_still_holds_publications_back() -> None:
     trio.run(publishing, clock=MockClock(autojump_threshold=0))
     assert len(queue) < _QUEUE_HIGH_WATER  # it waited until there was room
     assert closed == []
+
+
+def test_a_peer_sending_undecodable_rpcs_loses_its_stream_not_our_node() -> None:
+    """py-libp2p let one corrupt pubsub RPC end the whole pubsub service (seen in CI: the
+    chat's transport closed after a peer's stream desynchronised)."""
+
+    async def scenario() -> None:
+        receiver = await started()
+        honest = await started(*receiver.listen_addrs)
+        raw = await started(*receiver.listen_addrs)
+        try:
+            inbox = receiver.subscribe(TOPIC)
+            honest.subscribe(TOPIC)
+            await meshed([receiver, honest], 1)
+            victim = receiver._running()
+            attacker = raw._running()
+
+            async def garbage() -> None:
+                stream = await attacker.host.new_stream(victim.host.get_id(), [PROTOCOL_ID_V11])
+                await stream.write(b"\x06\xff\xff\xff\xff\xff\xff")  # varint length, no RPC
+
+            await raw._call(garbage)
+            await until(lambda: victim.pubsub.corrupt_rpcs == 1)
+            await honest.publish(TOPIC, b"still served")
+            assert (await take(inbox, 1))[0].data == b"still served"
+        finally:
+            for t in (receiver, honest, raw):
+                await t.close()
+
+    run(scenario)

@@ -53,8 +53,9 @@ from typing import Any, TypeVar
 
 import multiaddr
 import trio
+from google.protobuf.message import DecodeError
 from libp2p import new_host
-from libp2p.abc import IHost
+from libp2p.abc import IHost, INetStream
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
@@ -631,6 +632,7 @@ class _DeliveringPubsub(Pubsub):
     ) -> None:
         super().__init__(*args, **kwargs)
         self._deliver = deliver
+        self.corrupt_rpcs = 0
         self.peer_queues = _RoomyQueues()
         # Sequence numbers start at the time in seconds, and peers remember (sender, seqno)
         # forever to catch equivocation: a host restarted with the same identity within
@@ -640,6 +642,26 @@ class _DeliveringPubsub(Pubsub):
     def notify_subscriptions(self, publish_message: rpc_pb2.Message) -> None:
         own = publish_message.from_id == self.my_id.to_bytes()
         self._deliver(publish_message, own)
+
+    async def continuously_read_stream(self, stream: INetStream) -> None:
+        """Read a peer's RPCs; one that does not decode costs that peer its stream.
+
+        py-libp2p lets the DecodeError end the whole pubsub service — every channel on
+        this host, for one peer's corrupt (or hostile) bytes. It is treated as py-libp2p
+        treats an oversized RPC: the stream is reset and the peer dropped, and it may
+        connect again.
+        """
+        try:
+            await super().continuously_read_stream(stream)
+        except DecodeError as exc:
+            peer_id = stream.muxed_conn.peer_id
+            self.corrupt_rpcs += 1
+            logger.warning(
+                "pubsub RPC from %s does not decode (%s): dropping the peer", peer_id, exc
+            )
+            with contextlib.suppress(Exception):
+                await stream.reset()
+            self._handle_dead_peer(peer_id)
 
 
 class _RoomyQueues(dict[ID, RpcQueue]):
