@@ -16,6 +16,9 @@ from sdsync.wire.waku import WakuMessage
 PUBSUB = "/waku/2/rs/1/0"
 T0 = 1_700_000_000 * 10**9
 HOUR = 3_600 * 10**9
+# A node clock at which the default Store Sync window is exactly [T0, T0 + HOUR): the
+# window a responder serves is the recent past, so nodes syncing T0 data run at this time.
+SYNC_NOW = T0 + HOUR + 20 * 10**9
 TOKEN = "test-token"
 
 
@@ -74,3 +77,7 @@ async def running(
         yield node
     finally:
         await node.stop()
+
+
+def sync_now() -> int:
+    return SYNC_NOW

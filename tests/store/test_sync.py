@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from storetest import HOUR, T0, make_message, make_messages, running
+from storetest import HOUR, T0, make_message, make_messages, running, sync_now
 
 from sdsync.reconcile import Method
 from sdsync.store import SqlArchive, StoredMessage, open_archive
@@ -92,7 +92,10 @@ def test_two_nodes_end_with_identical_windows(
     ours_h, theirs_h = hashes(ours), hashes(theirs)
 
     async def scenario() -> None:
-        async with running(a, tmp_path / "a") as node_a, running(b, tmp_path / "b") as node_b:
+        async with (
+            running(a, tmp_path / "a", clock_ns=sync_now) as node_a,
+            running(b, tmp_path / "b", clock_ns=sync_now) as node_b,
+        ):
             report = await sync_with_peer(node_a, node_b.url, WINDOW, method=method)
             again = await sync_with_peer(node_a, node_b.url, WINDOW, method=method)
             assert (report.have, report.need) == (len(ours_h - theirs_h), len(theirs_h - ours_h))

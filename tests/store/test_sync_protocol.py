@@ -15,7 +15,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from storetest import HOUR, T0, make_messages, running
+from storetest import HOUR, T0, make_messages, running, sync_now
 
 from sdsync.reconcile import MemoryItemStore, RbsrSession
 from sdsync.store import SqlArchive, StoredMessage, open_archive
@@ -76,7 +76,10 @@ def test_a_push_may_carry_only_what_the_session_found_missing(
     stranger = make_messages(1, seed=23, span=HOUR)[0]
 
     async def scenario() -> None:
-        async with running(sqlite_archive, tmp_path) as node, aiohttp.ClientSession() as http:
+        async with (
+            running(sqlite_archive, tmp_path, clock_ns=sync_now) as node,
+            aiohttp.ClientSession() as http,
+        ):
             session_id, initiator = await reconcile_by_hand(http, node.url, [*SHARED, *EXTRA])
             assert {h for _, h in initiator.have} == {m.message_hash for m in EXTRA}
             push = node.url + messages_path(session_id)
@@ -103,7 +106,10 @@ def test_pulls_page_through_what_the_initiator_lacks(
     sqlite_archive.insert(big)
 
     async def scenario() -> None:
-        async with running(sqlite_archive, tmp_path) as node, aiohttp.ClientSession() as http:
+        async with (
+            running(sqlite_archive, tmp_path, clock_ns=sync_now) as node,
+            aiohttp.ClientSession() as http,
+        ):
             session_id, initiator = await reconcile_by_hand(http, node.url, [])
             assert len(initiator.need) == 40
             url = node.url + messages_path(session_id)
@@ -128,7 +134,10 @@ def test_bad_frames_unknown_sessions_and_early_transfers(
     sqlite_archive.insert(SHARED)
 
     async def scenario() -> None:
-        async with running(sqlite_archive, tmp_path) as node, aiohttp.ClientSession() as http:
+        async with (
+            running(sqlite_archive, tmp_path, clock_ns=sync_now) as node,
+            aiohttp.ClientSession() as http,
+        ):
             opening = node.url + open_path("rbsr")
             first = RbsrSession(items(EXTRA), initiator=True, window=WINDOW).initiate()
             assert (await post(http, opening, b"\x07garbage", **WINDOW_PARAMS))[0] == 400
@@ -158,10 +167,11 @@ def test_sessions_are_bounded_and_idle_ones_expire(
     sqlite_archive.insert(SHARED)  # 200 items in the window
     now = [0.0]
     config = SyncConfig(max_sessions=2, max_items=300, idle_timeout_s=10.0)
-    first = RbsrSession(items(SHARED), initiator=True, window=WINDOW).initiate()
+    # The initiator lacks some: sessions stay open for the pull (a complete one is closed).
+    first = RbsrSession(items(SHARED[:150]), initiator=True, window=WINDOW).initiate()
 
     async def scenario() -> None:
-        mounts = {"/sync/": responder_app(config, clock=lambda: now[0])}
+        mounts = {"/sync/": responder_app(config, clock=lambda: now[0], wall_clock_ns=sync_now)}
         async with (
             running(sqlite_archive, tmp_path, mounts=mounts) as node,
             aiohttp.ClientSession() as http,
@@ -173,13 +183,18 @@ def test_sessions_are_bounded_and_idle_ones_expire(
             # 200 + 200 items would exceed the budget of 300.
             async with http.post(opening, data=first, params=WINDOW_PARAMS) as response:
                 assert response.status == 503 and response.headers["Retry-After"]
+            # Nothing to transfer: the session is over at once and holds no slot.
             assert (await post(http, opening, _empty_first(), **tiny))[0] == 200
-            assert (await post(http, opening, _empty_first(), **tiny))[0] == 503  # 2 open
+            part = (T0, T0 + HOUR // 10)  # a few items to pull
+            empty = RbsrSession(MemoryItemStore(), initiator=True, window=part).initiate()
+            bounds = {"start": str(part[0]), "end": str(part[1])}
+            assert (await post(http, opening, empty, **bounds))[0] == 200
+            assert (await post(http, opening, empty, **bounds))[0] == 503  # 2 open
             now[0] += 11.0
             assert (await post(http, opening, first, **WINDOW_PARAMS))[0] == 200
             assert (await post(http, node.url + session_path(one[2] or ""), first))[0] == 404
 
-        small = {"/sync/": responder_app(SyncConfig(max_items=100))}
+        small = {"/sync/": responder_app(SyncConfig(max_items=100), wall_clock_ns=sync_now)}
         async with (
             running(sqlite_archive, tmp_path, mounts=small) as node,
             aiohttp.ClientSession() as http,
@@ -204,8 +219,8 @@ def test_peers_without_store_sync_are_skipped_and_remembered(
 
     async def scenario() -> None:
         async with (
-            running(sqlite_archive, tmp_path / "a") as node,
-            running(other, tmp_path / "b") as good,
+            running(sqlite_archive, tmp_path / "a", clock_ns=sync_now) as node,
+            running(other, tmp_path / "b", clock_ns=sync_now) as good,
             running(plain, tmp_path / "c", sync=SyncConfig(serve=False)) as bad,
         ):
             with pytest.raises(SyncUnsupportedError):
@@ -254,8 +269,8 @@ def test_metrics_count_rounds_bytes_and_differences(
 
     async def scenario() -> None:
         async with (
-            running(sqlite_archive, tmp_path / "a") as a,
-            running(other, tmp_path / "b") as b,
+            running(sqlite_archive, tmp_path / "a", clock_ns=sync_now) as a,
+            running(other, tmp_path / "b", clock_ns=sync_now) as b,
             aiohttp.ClientSession() as http,
         ):
             report = await sync_with_peer(a, b.url, WINDOW, method="prolly")

@@ -109,8 +109,27 @@ def serve(
     ] = 3600.0,
     pubsub_topic: Annotated[
         list[str] | None,
-        typer.Option(help="Archive this pubsub topic from the libp2p relay; repeatable."),
+        typer.Option(
+            help="Archive this pubsub topic from the libp2p relay; repeatable. Store Sync then"
+            " accepts only these topics (without: only topics the archive already holds)."
+        ),
     ] = None,
+    sync_token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="SDSYNC_SYNC_TOKEN",
+            help="Shared secret of the federation: required of every Store Sync peer, and sent"
+            " to the peers this node syncs with.",
+        ),
+    ] = None,
+    timestamp_variance: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="Seconds a message's timestamp may lie ahead of this node's clock; later ones"
+            " are refused (nwaku: 20).",
+        ),
+    ] = 20.0,
     relay_listen: Annotated[
         str, typer.Option(help="libp2p listen multiaddr (with --pubsub-topic).")
     ] = "/ip4/127.0.0.1/tcp/0",
@@ -148,10 +167,13 @@ def serve(
         retention_interval_s=retention_interval,
         peers=tuple(peer or ()),
         relay_topics=tuple(pubsub_topic or ()),
+        timestamp_variance_s=timestamp_variance,
         sync=SyncConfig(
             interval_s=sync_interval or None,
             method=sync_method.value,
             window_s=sync_window,
+            pubsub_topics=tuple(pubsub_topic or ()),
+            token=sync_token,
         ),
     )
 
@@ -207,6 +229,12 @@ def sync(
     db: Db = None,
     data_dir: DataDir = DEFAULT_DATA_DIR,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    sync_token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="SDSYNC_SYNC_TOKEN", help="The peer's Store Sync token, if it has one."
+        ),
+    ] = None,
 ) -> None:
     """Sync the local archive with PEER once (Store Sync: reconcile, then transfer)."""
     from sdsync.errors import RemoteProtocolError
@@ -222,7 +250,9 @@ def sync(
         raise _fail(f"cannot open the archive {url}: {exc}") from None
     span = SyncConfig(window_s=window).window(time.time_ns())
     try:
-        report = asyncio.run(sync_with_peer(ArchiveHost(archive), peer, span, method=method.value))
+        report = asyncio.run(
+            sync_with_peer(ArchiveHost(archive), peer, span, method=method.value, token=sync_token)
+        )
     except (StoreUnavailableError, RemoteProtocolError, *DATABASE_ERRORS) as exc:
         raise _fail(f"sync with {peer} failed: {exc}", code=1) from None
     finally:

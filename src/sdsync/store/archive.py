@@ -6,9 +6,26 @@ Two backends, one contract (:class:`Archive`): SQLite, embedded and the default,
 PostgreSQL, time-partitioned by hour of timestamp for large stores.  Both keep one
 table ``messages`` with the columns of a WakuMessage archive (``message_hash``,
 ``timestamp``, ``pubsub_topic``, ``content_topic``, ``payload``, ``meta``,
-``version``) and two indexes that serve every query in key order:
-``(timestamp, message_hash)`` and ``(pubsub_topic, content_topic, timestamp,
-message_hash)``, plus a unique lookup by ``message_hash``.
+``version``) and one index per query shape, so that every v3 query is an index range
+scan that returns its rows in result order (a page reads about a page of rows, never
+the whole match, and nothing is sorted):
+
+=====================================  ================================================
+query                                  index
+=====================================  ================================================
+no filter (time bounds, cursor)        ``(timestamp, message_hash)``
+``pubsubTopic`` only                   ``(pubsub_topic, timestamp, message_hash)``
+``pubsubTopic`` + one content topic    ``(pubsub_topic, content_topic, timestamp,
+                                       message_hash)``
+``pubsubTopic`` + n content topics     the same, n range scans merged in order
+``hashes``                             unique ``message_hash`` (at most 100 lookups,
+                                       ordered in memory)
+=====================================  ================================================
+
+in both directions, with or without time bounds and cursor.  The archive opens with
+``CREATE INDEX IF NOT EXISTS``, so an archive made by an older version gains a new
+index on its first open.  ``tests/store/test_query_plans.py`` checks every shape's plan
+on both backends.
 
 Everything both backends can say in the same SQL lives in :class:`SqlArchive`: v3
 queries with keyset pagination (``(timestamp, message_hash) > (cursor row)``, never
@@ -50,6 +67,11 @@ SCAN_BATCH = 10_000
 ARRAY_BATCH = 65_536
 _INT64_MAX = (1 << 63) - 1
 _ABOVE_EVERY_HASH = b"\xff" * 33
+# The index of each query shape (both backends create them under these names).
+TIME_INDEX = "messages_time"  # PostgreSQL: the primary key
+PUBSUB_INDEX = "messages_pubsub_time"
+TOPICS_INDEX = "messages_topics"
+HASH_INDEX = "messages_hash"
 Key = tuple[int, bytes]
 """A position in archive order: (timestamp ns, message hash)."""
 ItemArrays = tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]
@@ -86,6 +108,10 @@ class Archive(Protocol):
         ...
 
     def count(self) -> int: ...
+
+    def count_items(self, start: int, end: int) -> int:
+        """How many messages have ``start <= timestamp < end`` (an index range count)."""
+        ...
 
     def size_bytes(self) -> int:
         """Bytes the archive occupies on disk."""
@@ -170,16 +196,15 @@ class SqlArchive(ABC):
     def count(self) -> int:
         return int(self._fetch("SELECT count(*) FROM messages", [])[0][0])
 
+    def count_items(self, start: int, end: int) -> int:
+        sql = "SELECT count(*) FROM messages WHERE timestamp >= ? AND timestamp < ?"
+        return int(self._fetch(sql, [start, end])[0][0])
+
     def query(self, query: StoreQuery) -> Page:
         after = self._cursor_key(query.cursor) if query.cursor is not None else None
-        columns = COLUMNS if query.include_data else COLUMNS[:2]
-        where, args = _filters(query, after)
-        order = "ASC" if query.forward else "DESC"
-        rows = self._fetch(
-            f"SELECT {', '.join(columns)} FROM messages {_where(where)} "
-            f"ORDER BY timestamp {order}, message_hash {order} LIMIT ?",
-            [*args, query.page_size + 1],
-        )
+        rows = self._fetch(*self._page_statement(query, after))
+        if query.message_hashes:  # every row found (at most MAX_HASHES): paged here
+            rows = _hash_page(rows, query, after)
         cursor = bytes(rows[query.page_size - 1][0]) if len(rows) > query.page_size else None
         rows = rows[: query.page_size]
         if not query.forward:
@@ -189,6 +214,52 @@ class SqlArchive(ABC):
             messages=[_message(r) for r in rows] if query.include_data else [],
             cursor=cursor,
         )
+
+    def _page_statement(self, query: StoreQuery, after: Key | None) -> tuple[str, list[Any]]:
+        """The statement answering one page of ``query`` after the cursor row ``after``.
+
+        Each shape is an index range scan returning rows in result order (the module doc
+        lists the indexes), so a page reads ``page_size + 1`` rows however many match.
+        Hashes are unique-index lookups only: the at most
+        :data:`~sdsync.store.model.MAX_HASHES` rows found are ordered and paged by
+        :meth:`query`.  Several content topics are one range scan per topic, merged in
+        order (:meth:`_merge`): no index returns ``content_topic IN (...)`` in time order.
+        """
+        columns = ", ".join(COLUMNS if query.include_data else COLUMNS[:2])
+        if query.message_hashes:
+            lookup = f"message_hash IN ({', '.join('?' * len(query.message_hashes))})"
+            sql = f"SELECT {columns} FROM {self._table(HASH_INDEX)} WHERE {lookup}"
+            return sql, list(query.message_hashes)
+        direction = "ASC" if query.forward else "DESC"
+        order = f"ORDER BY timestamp {direction}, message_hash {direction}"
+        if query.content_topics:
+            index = TOPICS_INDEX
+        else:
+            index = PUBSUB_INDEX if query.pubsub_topic is not None else TIME_INDEX
+        arms = []
+        for topic in dict.fromkeys(query.content_topics) or (None,):  # a topic twice: once
+            where, args = _filters(query, after, topic)
+            arms.append((f"SELECT {columns} FROM {self._table(index)} {_where(where)}", args))
+        limit = query.page_size + 1
+        if len(arms) == 1:
+            arm, args = arms[0]
+            return f"{arm} {order} LIMIT ?", [*args, limit]
+        return self._merge(arms, order, limit)
+
+    def _table(self, index: str) -> str:
+        """``messages`` read through ``index`` (SQLite names it; PostgreSQL's planner picks)."""
+        return "messages"
+
+    def _merge(
+        self, arms: Sequence[tuple[str, list[Any]]], order: str, limit: int
+    ) -> tuple[str, list[Any]]:
+        """The first ``limit`` rows, in ``order``, of several ordered ``SELECT``s.
+
+        SQLite merges the arms of a compound ``SELECT`` under one ``ORDER BY`` (``MERGE
+        (UNION ALL)``), each arm read in index order.
+        """
+        args = [a for _, arm_args in arms for a in arm_args]
+        return f"{' UNION ALL '.join(sql for sql, _ in arms)} {order} LIMIT ?", [*args, limit]
 
     def get(self, hashes: Sequence[bytes]) -> list[StoredMessage]:
         found: list[StoredMessage] = []
@@ -253,7 +324,9 @@ class SqlArchive(ABC):
     def _cursor_key(self, cursor: bytes) -> Key:
         rows = self._fetch("SELECT timestamp FROM messages WHERE message_hash = ?", [cursor])
         if not rows:
-            raise QueryError(StatusCode.BAD_REQUEST, f"unknown cursor {cursor.hex()}")
+            raise QueryError(
+                StatusCode.BAD_REQUEST, f"unknown cursor {cursor.hex()}", "unknown_cursor"
+            )
         return int(rows[0][0]), cursor
 
     def _fetch(self, sql: str, args: Sequence[Any]) -> list[Any]:
@@ -261,8 +334,11 @@ class SqlArchive(ABC):
             return list(conn.execute(self._sql(sql), args).fetchall())
 
 
-def _filters(query: StoreQuery, after: Key | None) -> tuple[list[str], list[Any]]:
-    """SQL conditions of ``query``, resuming after the cursor row ``after``.
+def _filters(
+    query: StoreQuery, after: Key | None, content_topic: str | None
+) -> tuple[list[str], list[Any]]:
+    """SQL conditions of ``query`` on ``content_topic`` (None: any), resuming after the
+    cursor row ``after``.
 
     The time bound in the direction of travel is tightened to the cursor's timestamp:
     given a looser one, SQLite seeks the index with it and walks every row up to the
@@ -271,15 +347,12 @@ def _filters(query: StoreQuery, after: Key | None) -> tuple[list[str], list[Any]
     """
     where: list[str] = []
     args: list[Any] = []
-    if query.message_hashes:
-        where.append(f"message_hash IN ({', '.join('?' * len(query.message_hashes))})")
-        args.extend(query.message_hashes)
     if query.pubsub_topic is not None:
         where.append("pubsub_topic = ?")
         args.append(query.pubsub_topic)
-    if query.content_topics:
-        where.append(f"content_topic IN ({', '.join('?' * len(query.content_topics))})")
-        args.extend(query.content_topics)
+    if content_topic is not None:
+        where.append("content_topic = ?")
+        args.append(content_topic)
     start, end = query.time_start, query.time_end
     if after is not None and query.forward:
         where.append("(timestamp, message_hash) > (?, ?)")
@@ -296,6 +369,18 @@ def _filters(query: StoreQuery, after: Key | None) -> tuple[list[str], list[Any]
         where.append("timestamp <= ?")
         args.append(end)
     return where, args
+
+
+def _hash_page(rows: list[Any], query: StoreQuery, after: Key | None) -> list[Any]:
+    """The ``page_size + 1`` rows of a hash query's page, from all the rows it found."""
+
+    def key(row: Any) -> Key:
+        return int(row[1]), bytes(row[0])
+
+    if after is not None:
+        rows = [r for r in rows if (key(r) > after if query.forward else key(r) < after)]
+    rows.sort(key=key, reverse=not query.forward)
+    return rows[: query.page_size + 1]
 
 
 def item_arrays(stamps: Sequence[npt.NDArray[np.int64]], hashes: Sequence[bytes]) -> ItemArrays:

@@ -37,6 +37,14 @@ class StoreMetrics:
             ["source"],
             registry=r,
         )
+        self.refused = Counter(
+            "sdsync_store_refused",
+            "Input refused: requests answered with a 4xx, by route (METHOD /path/template) "
+            "and reason; messages from the relay or Store Resume dropped (route relay, "
+            "resume).",
+            ["route", "reason"],
+            registry=r,
+        )
         self.queries = Counter(
             "sdsync_store_queries",
             "Store v3 queries answered, by status code.",
@@ -70,3 +78,10 @@ class StoreMetrics:
             ["side"],
             registry=r,
         )
+
+    def refuse(self, route: str, reason: str) -> None:
+        """Count one refusal: ``route`` is where (``METHOD /path/template`` of an HTTP
+        route, or ``relay``, ``resume``, ``sync``...), ``reason`` a short fixed word
+        (``bad_time``, ``timestamp_in_future``...).  Both are labels: never put request
+        data in them."""
+        self.refused.labels(route=route, reason=reason).inc()

@@ -13,6 +13,16 @@ A :class:`StoreQuery` is one 13/WAKU2-STORE v3 query: either a list of message h
 or a content filter (pubsub topic, content topics, time range), plus pagination.  Its
 constructor enforces the protocol's rules, so a query that exists is a valid one;
 :class:`QueryError` carries the v3 status code of a query that cannot be answered.
+
+What is refused carries a *reason*, a short fixed word (``bad_time``,
+``timestamp_in_future``, ...) that the node counts in
+``sdsync_store_refused_total{route, reason}``: :class:`QueryError` for queries,
+:class:`InvalidMessageError` for messages.  :func:`check_ingestible` is what every
+ingestion path (HTTP, relay, Store Resume, Store Sync) checks beyond the hash: topics a
+backend can store and index, a size nwaku would relay, and a plausible timestamp —
+positive and at most :data:`DEFAULT_TIMESTAMP_VARIANCE_S` ahead of the node's clock
+(nwaku's ``MaxMessageTimestampVariance``).  Old messages are fine: Store Resume and
+Store Sync exist to bring them.
 """
 
 from __future__ import annotations
@@ -21,12 +31,20 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from sdsync.errors import LocalProtocolError, RemoteProtocolError
-from sdsync.wire.waku import HASH_SIZE, WakuMessage
+from sdsync.wire.waku import HASH_SIZE, MAX_WAKU_MESSAGE_BYTES, WakuMessage
 
 DEFAULT_PAGE_SIZE = 20
 MAX_PAGE_SIZE = 100
 MAX_CONTENT_TOPICS = 100
 MAX_HASHES = 100
+MAX_TOPIC_BYTES = 1024
+"""Of a pubsub or a content topic, in UTF-8: both go into PostgreSQL index entries,
+which may not exceed 2,704 bytes."""
+DEFAULT_TIMESTAMP_VARIANCE_S = 20.0
+"""How far ahead of the node's clock a message timestamp may be (nwaku's
+``MaxMessageTimestampVariance``)."""
+INT64_MIN = -(1 << 63)
+INT64_MAX = (1 << 63) - 1
 
 
 class StatusCode(IntEnum):
@@ -40,12 +58,23 @@ class StatusCode(IntEnum):
 
 
 class QueryError(LocalProtocolError):
-    """A query the store cannot answer, with the v3 status code to answer it with."""
+    """A query the store cannot answer, with the v3 status code to answer it with and
+    the ``reason`` it is counted under."""
 
-    def __init__(self, status: StatusCode, description: str) -> None:
+    def __init__(self, status: StatusCode, description: str, reason: str = "bad_request") -> None:
         super().__init__(description)
         self.status = status
         self.description = description
+        self.reason = reason
+
+
+class InvalidMessageError(RemoteProtocolError):
+    """A message (or an ingestion request) refused, with the ``reason`` it is counted
+    under (a metrics label: a short fixed word, never data from the request)."""
+
+    def __init__(self, reason: str, description: str) -> None:
+        super().__init__(description)
+        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,12 +87,19 @@ class StoredMessage:
 
     def __post_init__(self) -> None:
         if self.message.timestamp is None:
-            raise RemoteProtocolError("a message without a timestamp cannot be archived")
+            raise InvalidMessageError(
+                "no_timestamp", "a message without a timestamp cannot be archived"
+            )
         if self.message.ephemeral:
-            raise RemoteProtocolError("ephemeral messages are not archived")
-        if self.message.hash(self.pubsub_topic) != self.message_hash:
-            raise RemoteProtocolError(
-                f"message hash {self.message_hash.hex()} does not match the message content"
+            raise InvalidMessageError("ephemeral", "ephemeral messages are not archived")
+        try:
+            actual = self.message.hash(self.pubsub_topic)
+        except UnicodeEncodeError:  # a lone surrogate, as JSON can spell it
+            raise InvalidMessageError("bad_topic", "a topic is not valid UTF-8 text") from None
+        if actual != self.message_hash:
+            raise InvalidMessageError(
+                "hash_mismatch",
+                f"message hash {self.message_hash.hex()} does not match the message content",
             )
 
     @classmethod
@@ -97,12 +133,68 @@ class StoredMessage:
         return self.message.timestamp  # type: ignore[return-value]  # checked on creation
 
 
-def check_hash(value: bytes) -> bytes:
+def check_hash(value: bytes, reason: str = "bad_hash") -> bytes:
     if len(value) != HASH_SIZE:
         raise QueryError(
-            StatusCode.BAD_REQUEST, f"a message hash has {HASH_SIZE} bytes, not {len(value)}"
+            StatusCode.BAD_REQUEST,
+            f"a message hash has {HASH_SIZE} bytes, not {len(value)}",
+            reason,
         )
     return value
+
+
+def topic_problem(topic: str) -> str | None:
+    """Why ``topic`` cannot be archived and indexed on every backend, or None."""
+    try:
+        size = len(topic.encode())
+    except UnicodeEncodeError:
+        return "is not valid UTF-8 text"
+    if "\x00" in topic:
+        return "contains a NUL character"
+    if size > MAX_TOPIC_BYTES:
+        return f"has {size} bytes (at most {MAX_TOPIC_BYTES})"
+    return None
+
+
+def check_timestamp(timestamp: int, now_ns: int, max_future_ns: int) -> None:
+    """Refuse a timestamp that is not positive, or more than ``max_future_ns`` ahead of
+    ``now_ns``: :class:`InvalidMessageError` with reason ``timestamp_not_positive`` or
+    ``timestamp_in_future``.  Old timestamps pass."""
+    if timestamp <= 0:
+        raise InvalidMessageError(
+            "timestamp_not_positive", f"message timestamp {timestamp} is not positive"
+        )
+    if timestamp > now_ns + max_future_ns:
+        raise InvalidMessageError(
+            "timestamp_in_future",
+            f"message timestamp {timestamp} is {(timestamp - now_ns) / 1e9:.3g} s ahead of "
+            f"this node's clock (at most {max_future_ns / 1e9:g} s)",
+        )
+
+
+def check_ingestible(
+    message: StoredMessage,
+    now_ns: int,
+    max_future_ns: int = int(DEFAULT_TIMESTAMP_VARIANCE_S * 1e9),
+) -> None:
+    """What every ingestion path checks before archiving ``message`` (its hash is checked
+    already): storable topics (reason ``bad_topic``), nwaku's maximum message size
+    (``too_large``) and a plausible timestamp (:func:`check_timestamp`).  Raises
+    :class:`InvalidMessageError`."""
+    for what, topic in (
+        ("pubsub topic", message.pubsub_topic),
+        ("content topic", message.message.content_topic),
+    ):
+        problem = topic_problem(topic)
+        if problem is not None:
+            raise InvalidMessageError("bad_topic", f"the {what} {problem}")
+    msg = message.message
+    size = len(msg.payload) + len(msg.meta) + len(msg.content_topic.encode())
+    if size > MAX_WAKU_MESSAGE_BYTES:
+        raise InvalidMessageError(
+            "too_large", f"a message of {size} bytes exceeds {MAX_WAKU_MESSAGE_BYTES}"
+        )
+    check_timestamp(message.timestamp, now_ns, max_future_ns)
 
 
 @dataclass(frozen=True)
@@ -122,24 +214,37 @@ class StoreQuery:
     def __post_init__(self) -> None:
         bad = StatusCode.BAD_REQUEST
         if self.content_topics and self.pubsub_topic is None:
-            raise QueryError(bad, "content topics need a pubsub topic")
+            raise QueryError(
+                bad, "content topics need a pubsub topic", "content_topics_without_pubsub"
+            )
         if self.message_hashes and (
             self.pubsub_topic is not None
             or self.content_topics
             or self.time_start is not None
             or self.time_end is not None
         ):
-            raise QueryError(bad, "a query by message hashes takes no content filter")
+            raise QueryError(
+                bad, "a query by message hashes takes no content filter", "hashes_with_filter"
+            )
         if len(self.content_topics) > MAX_CONTENT_TOPICS:
-            raise QueryError(bad, f"at most {MAX_CONTENT_TOPICS} content topics per query")
+            raise QueryError(
+                bad,
+                f"at most {MAX_CONTENT_TOPICS} content topics per query",
+                "too_many_content_topics",
+            )
         if len(self.message_hashes) > MAX_HASHES:
-            raise QueryError(bad, f"at most {MAX_HASHES} message hashes per query")
+            raise QueryError(
+                bad, f"at most {MAX_HASHES} message hashes per query", "too_many_hashes"
+            )
         for value in self.message_hashes:
             check_hash(value)
         if self.cursor is not None:
-            check_hash(self.cursor)
+            check_hash(self.cursor, "bad_cursor")
+        for name, time in (("startTime", self.time_start), ("endTime", self.time_end)):
+            if time is not None and not INT64_MIN <= time <= INT64_MAX:
+                raise QueryError(bad, f"{name} does not fit a signed 64-bit integer", "bad_time")
         if self.page_size < 1:
-            raise QueryError(bad, "the page size must be positive")
+            raise QueryError(bad, "the page size must be positive", "bad_page_size")
         # The store, not the client, bounds the work of one query (nwaku clamps too).
         object.__setattr__(self, "page_size", min(self.page_size, MAX_PAGE_SIZE))
 

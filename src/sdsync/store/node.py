@@ -18,9 +18,15 @@ calls, the aiohttp server and its background tasks:
 
 Every path that adds messages — HTTP ingestion, Store Resume, a relay subscription and
 Store Sync — goes through :meth:`StoreNode.ingest`, which counts what was new
-per source.  :func:`serve` runs a node until SIGINT or SIGTERM and then stops it
-cleanly: the server stops accepting, tasks are cancelled, the last-online time is
-written a final time, the archive is closed.
+per source.  Before that, each checks its messages with :meth:`StoreNode.check_ingestible`
+(:func:`~sdsync.store.model.check_ingestible` at the node's clock): a timestamp that is
+not positive or more than ``timestamp_variance_s`` (20 s) ahead of the clock is refused,
+old ones are fine.  HTTP refuses the whole request, the relay and Store Resume drop the
+message; each refusal is counted in ``sdsync_store_refused_total{route, reason}``.
+
+:func:`serve` runs a node until SIGINT or SIGTERM and then stops it cleanly: the server
+stops accepting, tasks are cancelled, the last-online time is written a final time, the
+archive is closed.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import random
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +49,12 @@ from aiohttp import web
 from sdsync.errors import RemoteProtocolError
 from sdsync.store.archive import Archive
 from sdsync.store.metrics import StoreMetrics
-from sdsync.store.model import StoredMessage
+from sdsync.store.model import (
+    DEFAULT_TIMESTAMP_VARIANCE_S,
+    InvalidMessageError,
+    StoredMessage,
+    check_ingestible,
+)
 from sdsync.store.resume import LastOnline, ResumeReport, resume, resume_window
 from sdsync.store.retention import DEFAULT_POLICY, RetentionPolicy
 from sdsync.store.server import DATABASE_ERRORS, create_app
@@ -75,6 +86,8 @@ class NodeConfig:
     sync: SyncConfig = field(default_factory=SyncConfig)
     relay_topics: tuple[str, ...] = ()
     """Pubsub topics to archive from the relay, when the node has one."""
+    timestamp_variance_s: float = DEFAULT_TIMESTAMP_VARIANCE_S
+    """How far ahead of the node's clock an ingested message's timestamp may be."""
 
 
 class Envelope(Protocol):
@@ -135,7 +148,7 @@ class StoreNode:
         window = resume_window(self.last_online.read(), self._clock_ns())
         mounts = dict(config.mounts)
         if config.sync.serve:
-            mounts.setdefault(SYNC_PREFIX, responder_app(config.sync))
+            mounts.setdefault(SYNC_PREFIX, responder_app(config.sync, wall_clock_ns=self._clock_ns))
         self._runner = web.AppRunner(create_app(self, mounts=mounts))
         await self._runner.setup()
         # Bound here, not by aiohttp, so that port 0 tells us which port we got.
@@ -197,6 +210,35 @@ class StoreNode:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
 
+    def now_ns(self) -> int:
+        """The node's clock (Unix ns)."""
+        return self._clock_ns()
+
+    @property
+    def max_future_ns(self) -> int:
+        return int(self.config.timestamp_variance_s * 1e9)
+
+    def check_ingestible(self, message: StoredMessage) -> None:
+        """Refuse ``message`` if no ingestion path may archive it now: an implausible
+        timestamp, or a topic or size a backend cannot take (raises
+        :class:`~sdsync.store.model.InvalidMessageError`, with its ``reason``)."""
+        check_ingestible(message, self._clock_ns(), self.max_future_ns)
+
+    def plausible(self, messages: Iterable[StoredMessage], *, route: str) -> list[StoredMessage]:
+        """``messages`` without those :meth:`check_ingestible` refuses, each counted in
+        ``sdsync_store_refused_total{route, reason}`` (for paths that drop, not refuse)."""
+        now, future = self._clock_ns(), self.max_future_ns
+        kept = []
+        for message in messages:
+            try:
+                check_ingestible(message, now, future)
+            except InvalidMessageError as exc:
+                self.metrics.refuse(route, exc.reason)
+                logger.debug("%s message not archived: %s", route, exc)
+            else:
+                kept.append(message)
+        return kept
+
     async def ingest(self, messages: Sequence[StoredMessage], *, source: str) -> int:
         """Archive ``messages`` heard from ``source``; returns how many were new."""
         new = await self.in_archive(self.archive.insert, messages)
@@ -223,8 +265,11 @@ class StoreNode:
         async for envelope in envelopes:
             try:
                 stored = StoredMessage.of(envelope.pubsub_topic, envelope.message)
-            except RemoteProtocolError as exc:  # no timestamp, or ephemeral: not archived
+                self.check_ingestible(stored)
+            except RemoteProtocolError as exc:  # no timestamp, ephemeral, implausible...
                 self.metrics.rejected.labels(source="relay").inc()
+                reason = exc.reason if isinstance(exc, InvalidMessageError) else "malformed"
+                self.metrics.refuse("relay", reason)
                 logger.debug("relay message not archived: %s", exc)
                 continue
             try:
@@ -234,7 +279,8 @@ class StoreNode:
 
     async def resume(self, window: tuple[int, int]) -> None:
         async def archive(messages: list[StoredMessage]) -> int:
-            return await self.ingest(messages, source="resume")
+            # Old messages are what resume is for; only implausible ones are dropped.
+            return await self.ingest(self.plausible(messages, route="resume"), source="resume")
 
         report = await resume(self.config.peers, window, archive, rng=self._rng)
         self.resume_report = report

@@ -21,7 +21,7 @@ or other processes) never race on the same ``CREATE TABLE``.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -48,6 +48,8 @@ CREATE TABLE IF NOT EXISTS messages (
     PRIMARY KEY (timestamp, message_hash)
 ) PARTITION BY RANGE (timestamp);
 CREATE INDEX IF NOT EXISTS messages_hash ON messages (message_hash);
+CREATE INDEX IF NOT EXISTS messages_pubsub_time
+    ON messages (pubsub_topic, timestamp, message_hash);
 CREATE INDEX IF NOT EXISTS messages_topics
     ON messages (pubsub_topic, content_topic, timestamp, message_hash);
 """
@@ -101,6 +103,15 @@ class PostgresArchive(SqlArchive):
                 )
         with self._partitions_lock:
             self._partitions.update(needed)
+
+    def _merge(
+        self, arms: Sequence[tuple[str, list[Any]]], order: str, limit: int
+    ) -> tuple[str, list[Any]]:
+        # PostgreSQL merges ordered subqueries (Merge Append), but not the partition
+        # appends of a flattened UNION ALL: each arm is ordered and limited on its own.
+        sql = " UNION ALL ".join(f"({arm} {order} LIMIT ?)" for arm, _ in arms)
+        args = [a for _, arm_args in arms for a in [*arm_args, limit]]
+        return f"{sql} {order} LIMIT ?", [*args, limit]
 
     def _existing_partitions(self, conn: psycopg.Connection[Any] | None = None) -> list[int]:
         query = (

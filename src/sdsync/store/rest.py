@@ -13,32 +13,72 @@ message?, pubsubTopic?}], paginationCursor?}`` with hashes as ``0x`` hex and byt
 as base64; a message carries ``payload``, ``contentTopic``, ``meta`` (when not empty),
 ``version``, ``timestamp`` and ``ephemeral``.
 
+Every parameter is checked before the archive sees it: integers (times, page size) are
+ASCII decimal within a signed 64-bit range, topics are storable (UTF-8, no NUL, at most
+:data:`~sdsync.store.model.MAX_TOPIC_BYTES`).  A bad one is a
+:class:`~sdsync.store.model.QueryError` (400) with the reason it is counted under.
+
 Messages posted to a store for ingestion use the same entry shape (``{"messages":
 [...]}``), so a page read from one store can be posted to another as it is.  Anything
 read from the network is checked here: a malformed body or a hash that does not match
-its message is a :class:`~sdsync.errors.RemoteProtocolError`.
+its message is a :class:`~sdsync.errors.RemoteProtocolError` (an
+:class:`~sdsync.store.model.InvalidMessageError` when it has a reason more precise than
+``malformed``).  :func:`parse_ingestion` reads a POSTed body and is meant to run on a
+worker thread: before ``json.loads`` sees a JSON body, one pass (numpy, a megabyte at a
+time) bounds its nesting to :data:`MAX_JSON_DEPTH` and its values to
+:data:`MAX_JSON_VALUES`, so no body can make the decoder recurse or allocate without
+bound.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import json
+import re
 from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 from sdsync.errors import LocalProtocolError, RemoteProtocolError
 from sdsync.store.model import (
     DEFAULT_PAGE_SIZE,
+    INT64_MAX,
+    INT64_MIN,
+    InvalidMessageError,
     Page,
     QueryError,
     StatusCode,
     StoredMessage,
     StoreQuery,
+    topic_problem,
 )
-from sdsync.wire.waku import WakuMessage
+from sdsync.wire.waku import WakuMessage, decode_waku_message
 
 _TRUE = {"true", "1", "yes", "y", "on"}
 _FALSE = {"false", "0", "no", "n", "off"}
+_INTEGER = re.compile(r"[+-]?[0-9]{1,20}")  # ASCII only: int() would take any Unicode digit
+MAX_JSON_DEPTH = 8
+"""Nesting of arrays and objects in an ingestion body (``{"messages": [{"message":
+{}}]}`` is 4 deep)."""
+MAX_JSON_VALUES = 2_000_000
+"""Values (counted by their separating commas) in an ingestion body: a bound on what
+``json.loads`` allocates.  A realistic entry has about 8, so about 250,000 entries."""
+_JSON_CHUNK = 1 << 20
+_QUOTE_CLASS, _OPEN_CLASS, _CLOSE_CLASS, _COMMA_CLASS = 1, 2, 3, 4
+_JSON_CLASS = bytes(  # a translate table: every byte to its class, 0 for all others
+    _QUOTE_CLASS
+    if byte == ord('"')
+    else _OPEN_CLASS
+    if byte in b"[{"
+    else _CLOSE_CLASS
+    if byte in b"]}"
+    else _COMMA_CLASS
+    if byte == ord(",")
+    else 0
+    for byte in range(256)
+)
 
 
 # -- query parameters
@@ -49,22 +89,28 @@ def parse_query(params: Mapping[str, str]) -> StoreQuery:
     bad = StatusCode.BAD_REQUEST
     include = params.get("includeData", "").strip().lower()
     if include and include not in _TRUE | _FALSE:
-        raise QueryError(bad, f"includeData must be true or false, not {include!r}")
-    content_topics = params.get("contentTopics", "")
-    try:
-        page_size = int(params.get("pageSize") or DEFAULT_PAGE_SIZE)
-    except ValueError:
-        raise QueryError(bad, "pageSize must be an integer") from None
-    if page_size <= 0:  # nwaku's reading of a zero or negative page size
+        raise QueryError(
+            bad, f"includeData must be true or false, not {include[:40]!r}", "bad_include_data"
+        )
+    pubsub_topic = params.get("pubsubTopic") or None
+    content_topics = tuple(t for t in params.get("contentTopics", "").split(",") if t)
+    for topic in filter(None, (pubsub_topic, *content_topics)):
+        problem = topic_problem(topic)
+        if problem is not None:
+            raise QueryError(bad, f"a topic {problem}", "bad_topic")
+    page_size = _integer(params, "pageSize", "bad_page_size")
+    if page_size is None or page_size <= 0:  # nwaku's reading of a zero or negative size
         page_size = DEFAULT_PAGE_SIZE
     return StoreQuery(
         include_data=include in _TRUE,
-        pubsub_topic=params.get("pubsubTopic") or None,
-        content_topics=tuple(t for t in content_topics.split(",") if t),
+        pubsub_topic=pubsub_topic,
+        content_topics=content_topics,
         time_start=_time(params, "startTime"),
         time_end=_time(params, "endTime"),
-        message_hashes=tuple(_hex(h, "hashes") for h in params.get("hashes", "").split(",") if h),
-        cursor=_hex(params["cursor"], "cursor") if params.get("cursor") else None,
+        message_hashes=tuple(
+            _hex(h, "hashes", "bad_hash") for h in params.get("hashes", "").split(",") if h
+        ),
+        cursor=_hex(params["cursor"], "cursor", "bad_cursor") if params.get("cursor") else None,
         forward=params.get("ascending", "true").strip().lower() not in _FALSE,
         page_size=page_size,
     )
@@ -92,23 +138,33 @@ def query_params(query: StoreQuery) -> dict[str, str]:
     return params
 
 
-def _time(params: Mapping[str, str], name: str) -> int | None:
+def _integer(params: Mapping[str, str], name: str, reason: str) -> int | None:
+    """The signed 64-bit decimal integer ``name``, None when absent."""
     text = params.get(name, "").strip()
     if not text:
         return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise QueryError(StatusCode.BAD_REQUEST, f"{name} must be Unix nanoseconds") from None
-    return value if value > 0 else None
+    if not _INTEGER.fullmatch(text) or not INT64_MIN <= (value := int(text)) <= INT64_MAX:
+        raise QueryError(
+            StatusCode.BAD_REQUEST,
+            f"{name} must be a decimal integer from -2^63 to 2^63-1, not {text[:40]!r}",
+            reason,
+        )
+    return value
 
 
-def _hex(text: str, name: str) -> bytes:
+def _time(params: Mapping[str, str], name: str) -> int | None:
+    value = _integer(params, name, "bad_time")  # in Unix nanoseconds
+    return value if value is not None and value > 0 else None  # <= 0: no bound (nwaku)
+
+
+def _hex(text: str, name: str, reason: str) -> bytes:
     text = text.strip().removeprefix("0x").removeprefix("0X")
     try:
         return bytes.fromhex(text)
     except ValueError:
-        raise QueryError(StatusCode.BAD_REQUEST, f"{name}: {text!r} is not hex") from None
+        raise QueryError(
+            StatusCode.BAD_REQUEST, f"{name}: {text[:80]!r} is not hex", reason
+        ) from None
 
 
 def _bool(value: bool) -> str:
@@ -187,6 +243,89 @@ def read_page(body: Any, *, include_data: bool) -> Page:
     )
 
 
+def parse_ingestion(
+    body: bytes, content_type: str, params: Mapping[str, str]
+) -> list[StoredMessage]:
+    """The messages of a POSTed ingestion body, their hashes checked.
+
+    JSON (``{"messages": [entry, ...]}``) or, with ``application/x-protobuf``, one
+    WakuMessage with ``?pubsubTopic=`` and optionally ``&hash=``.  CPU-bound (a large
+    body takes a fraction of a second): run it on a worker thread.  Raises only
+    :class:`~sdsync.errors.RemoteProtocolError`.
+    """
+    if content_type == "application/x-protobuf":
+        pubsub_topic = params.get("pubsubTopic")
+        if not pubsub_topic:
+            raise RemoteProtocolError("a protobuf WakuMessage needs ?pubsubTopic=")
+        stored = StoredMessage.of(pubsub_topic, decode_waku_message(body))
+        claimed = params.get("hash", "").removeprefix("0x")
+        if claimed and claimed.lower() != stored.message_hash.hex():
+            raise InvalidMessageError(
+                "hash_mismatch", f"message hash {claimed[:80]} does not match the message"
+            )
+        return [stored]
+    return read_entries(load_json(body))
+
+
+def load_json(body: bytes) -> Any:
+    """``body`` as JSON (UTF-8, RFC 8259), within :data:`MAX_JSON_DEPTH` and
+    :data:`MAX_JSON_VALUES`; :class:`InvalidMessageError` otherwise."""
+    check_json_structure(body)
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidMessageError("body_not_json", f"body is not UTF-8: {exc}") from None
+    try:
+        # The hook is a Python call per object: the decoder, a single C call otherwise,
+        # then lets other threads (the event loop) run while it decodes a large body.
+        return json.loads(text, object_hook=_same)
+    except RecursionError:  # unreachable within MAX_JSON_DEPTH; never a 500 all the same
+        raise InvalidMessageError("json_too_deep", "body is nested too deep") from None
+    except ValueError as exc:
+        raise InvalidMessageError("body_not_json", f"body is not JSON: {exc}") from None
+
+
+def _same(obj: dict[str, Any]) -> dict[str, Any]:
+    return obj
+
+
+def check_json_structure(body: bytes) -> None:
+    """Refuse a JSON body nested deeper than :data:`MAX_JSON_DEPTH` (reason
+    ``json_too_deep``) or with more than :data:`MAX_JSON_VALUES` values
+    (``json_too_large``), as ``json.loads`` would read it, without decoding it.
+
+    Brackets and commas count only outside strings.  Inside strings, escaped backslashes
+    and quotes are dropped first, so every remaining quote opens or closes one.  Where
+    the body is not JSON the count may be off, but only past the point where the decoder
+    stops anyway.  A megabyte at a time, only the bytes that matter become numpy arrays.
+    """
+    if b"\\" in body:
+        body = body.replace(b"\\\\", b"").replace(b'\\"', b"")
+    depth = values = 0
+    in_string = 0
+    for start in range(0, len(body), _JSON_CHUNK):
+        classes = np.frombuffer(body[start : start + _JSON_CHUNK].translate(_JSON_CLASS), np.uint8)
+        kinds = classes[np.flatnonzero(classes)]  # quotes, brackets and commas, in order
+        if not kinds.size:
+            continue
+        parity = (np.cumsum(kinds == _QUOTE_CLASS, dtype=np.int64) + in_string) & 1
+        outside = parity == 0  # an opening quote counts as inside, its closing one outside
+        levels = depth + np.cumsum(
+            (outside & (kinds == _OPEN_CLASS)).astype(np.int64)
+            - (outside & (kinds == _CLOSE_CLASS))
+        )
+        values += int(np.count_nonzero(outside & (kinds == _COMMA_CLASS)))
+        if int(levels.max()) > MAX_JSON_DEPTH:
+            raise InvalidMessageError(
+                "json_too_deep", f"body is nested too deep (more than {MAX_JSON_DEPTH} levels)"
+            )
+        if values >= MAX_JSON_VALUES:
+            raise InvalidMessageError(
+                "json_too_large", f"body holds more than {MAX_JSON_VALUES} JSON values"
+            )
+        depth, in_string = int(levels[-1]), int(parity[-1])
+
+
 def read_entries(body: Any) -> list[StoredMessage]:
     """The messages of an ingestion request ``{"messages": [entry, ...]}``."""
     entries = _object(body, "request").get("messages")
@@ -204,7 +343,7 @@ def read_entry(entry: Any) -> StoredMessage:
     timestamp = message.get("timestamp")
     version = message.get("version", 0)
     content_topic = message.get("contentTopic")
-    if not isinstance(timestamp, int) or not isinstance(version, int):
+    if not _is_int(timestamp) or not _is_int(version):
         raise RemoteProtocolError("timestamp and version must be integers")
     if not isinstance(content_topic, str):
         raise RemoteProtocolError("contentTopic must be a string")
@@ -220,6 +359,10 @@ def read_entry(entry: Any) -> StoredMessage:
     except LocalProtocolError as exc:  # the sender's values, not our call
         raise RemoteProtocolError(f"bad message: {exc}") from None
     return StoredMessage(_remote_hash(obj.get("messageHash")), pubsub_topic, waku)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # JSON true is no number
 
 
 def _object(value: Any, what: str) -> dict[str, Any]:

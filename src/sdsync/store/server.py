@@ -18,6 +18,16 @@ Routes, and who may call them:
 The token is sent as ``Authorization: Bearer <token>`` and compared in constant time;
 a node started without a token refuses every write (403).
 
+Hostile input never makes a 500.  Every refusal is a 4xx with a one-line reason, and is
+counted in ``sdsync_store_refused_total{route, reason}``: ``route`` is the method and
+the route's path template (``POST /store/v3/messages``), ``reason`` a fixed word
+(:func:`refuse`, :meth:`~sdsync.store.metrics.StoreMetrics.refuse`).  A text answer
+ends with the reason in brackets (``... [timestamp_in_future]``); a v3 query answer
+keeps nwaku's shape, the description in ``statusDesc``.  An ingestion body is parsed,
+its hashes and timestamps checked, on a worker thread
+(:func:`~sdsync.store.rest.parse_ingestion`), so a 30 MB POST does not hold up the
+other requests.
+
 Other protocols attach their own routes as sub-applications under a prefix of their
 own (``mounts``), e.g. Store Sync under ``/sync/``: they share the node's archive,
 metrics and token check through ``request.app[NODE]``.
@@ -27,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import sqlite3
 import time
 import uuid
@@ -40,8 +49,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from sdsync.errors import RemoteProtocolError
 from sdsync.store import rest
-from sdsync.store.model import QueryError, StatusCode, StoredMessage
-from sdsync.wire.waku import decode_waku_message
+from sdsync.store.model import (
+    InvalidMessageError,
+    QueryError,
+    StatusCode,
+    StoredMessage,
+    check_ingestible,
+)
 
 if TYPE_CHECKING:
     from sdsync.store.node import StoreNode
@@ -49,6 +63,7 @@ if TYPE_CHECKING:
 NODE: web.AppKey[StoreNode] = web.AppKey("node")
 MAX_BODY_BYTES = 32 * 1024 * 1024
 DATABASE_ERRORS = (sqlite3.Error, psycopg.Error)
+MAX_REASON_CHARS = 300
 
 
 def create_app(
@@ -82,7 +97,9 @@ async def query_messages(request: web.Request) -> web.Response:
     try:
         query = rest.parse_query(request.query)
         if node.queries_in_flight >= node.config.max_concurrent_queries:
-            raise QueryError(StatusCode.TOO_MANY_REQUESTS, "too many queries in flight")
+            raise QueryError(
+                StatusCode.TOO_MANY_REQUESTS, "too many queries in flight", "too_many_queries"
+            )
         node.queries_in_flight += 1
         try:
             page = await asyncio.wait_for(
@@ -91,6 +108,8 @@ async def query_messages(request: web.Request) -> web.Response:
         finally:
             node.queries_in_flight -= 1
     except QueryError as exc:
+        if exc.status < 500:
+            node.metrics.refuse(route_label(request), exc.reason)
         return _query_error(node, exc.status, exc.description, request_id)
     except TimeoutError:
         return _query_error(node, StatusCode.GATEWAY_TIMEOUT, "query timed out", request_id)
@@ -107,21 +126,72 @@ def _query_error(
     node: StoreNode, status: StatusCode, description: str, request_id: str
 ) -> web.Response:
     node.metrics.queries.labels(status=str(int(status))).inc()
-    return web.json_response(rest.error_json(status, description, request_id), status=int(status))
+    body = rest.error_json(status, one_line(description), request_id)
+    return web.json_response(body, status=int(status))
+
+
+# -- refusals
+
+
+def route_label(request: web.Request) -> str:
+    """``METHOD /path/{template}`` of the route ``request`` matched (bounded, never data)."""
+    resource = request.match_info.route.resource
+    return f"{request.method} {resource.canonical if resource is not None else '(none)'}"
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line and at most :data:`MAX_REASON_CHARS` long."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= MAX_REASON_CHARS else flat[: MAX_REASON_CHARS - 3] + "..."
+
+
+def refuse(
+    request: web.Request,
+    status: type[web.HTTPClientError],
+    reason: str,
+    description: str,
+    *,
+    headers: Mapping[str, str] | None = None,
+) -> web.HTTPClientError:
+    """The 4xx answering ``request``, counted under ``reason``; raise it.
+
+    The body is one line, ``description [reason]``.  Sub-applications (Store Sync)
+    can use it too: the node comes from ``request.app[NODE]``.
+    """
+    request.app[NODE].metrics.refuse(route_label(request), reason)
+    return status(text=f"{one_line(description)} [{reason}]\n", headers=headers)
 
 
 # -- writes and administration
+
+
+def bearer_matches(request: web.Request, token: str) -> bool:
+    """Whether the request carries ``Authorization: Bearer <token>`` (constant time)."""
+    scheme, _, given = (request.headers.get("Authorization") or "").partition(" ")
+    try:
+        # aiohttp hands undecodable header bytes over as lone surrogates: no token of ours.
+        given_bytes = given.encode()
+    except UnicodeEncodeError:
+        given_bytes = b""
+    return scheme.lower() == "bearer" and hmac.compare_digest(given_bytes, token.encode())
 
 
 def require_token(request: web.Request) -> None:
     """Raise the HTTP error for a request that does not carry the node's token."""
     expected = request.app[NODE].config.token
     if expected is None:
-        raise web.HTTPForbidden(text="writes are disabled: start the node with a token\n")
-    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), expected.encode()):
-        raise web.HTTPUnauthorized(
-            text="a valid 'Authorization: Bearer <token>' is required\n",
+        raise refuse(
+            request,
+            web.HTTPForbidden,
+            "writes_disabled",
+            "writes are disabled: start the node with a token",
+        )
+    if not bearer_matches(request, expected):
+        raise refuse(
+            request,
+            web.HTTPUnauthorized,
+            "missing_token" if "Authorization" not in request.headers else "bad_token",
+            "a valid 'Authorization: Bearer <token>' is required",
             headers={"WWW-Authenticate": "Bearer"},
         )
 
@@ -130,34 +200,49 @@ async def ingest_messages(request: web.Request) -> web.Response:
     require_token(request)
     node = request.app[NODE]
     try:
-        messages = await _read_messages(request)
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        node.metrics.refuse(route_label(request), "body_too_large")
+        raise
+    now = node.now_ns()
+    try:
+        messages = await asyncio.to_thread(
+            _parse_and_check,
+            body,
+            request.content_type,
+            request.query,
+            now,
+            node.max_future_ns,
+        )
     except RemoteProtocolError as exc:
         node.metrics.rejected.labels(source="http").inc()
-        raise web.HTTPBadRequest(text=f"rejected, nothing stored: {exc}\n") from None
+        reason = exc.reason if isinstance(exc, InvalidMessageError) else "malformed"
+        raise refuse(
+            request, web.HTTPBadRequest, reason, f"rejected, nothing stored: {exc}"
+        ) from None
     try:
         new = await node.ingest(messages, source="http")
     except DATABASE_ERRORS as exc:
-        raise web.HTTPServiceUnavailable(text=f"archive unavailable: {exc}\n") from None
+        raise web.HTTPServiceUnavailable(
+            text=f"archive unavailable: {one_line(str(exc))}\n"
+        ) from None
     return web.json_response(
         {"received": len(messages), "stored": new, "duplicates": len(messages) - new}
     )
 
 
-async def _read_messages(request: web.Request) -> list[StoredMessage]:
-    if request.content_type == "application/x-protobuf":
-        pubsub_topic = request.query.get("pubsubTopic")
-        if not pubsub_topic:
-            raise RemoteProtocolError("a protobuf WakuMessage needs ?pubsubTopic=")
-        stored = StoredMessage.of(pubsub_topic, decode_waku_message(await request.read()))
-        claimed = request.query.get("hash", "").removeprefix("0x")
-        if claimed and claimed.lower() != stored.message_hash.hex():
-            raise RemoteProtocolError(f"message hash {claimed} does not match the message")
-        return [stored]
-    try:
-        body = json.loads(await request.read())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise RemoteProtocolError(f"body is not JSON: {exc}") from None
-    return rest.read_entries(body)
+def _parse_and_check(
+    body: bytes,
+    content_type: str,
+    params: Mapping[str, str],
+    now_ns: int,
+    max_future_ns: int,
+) -> list[StoredMessage]:
+    """On a worker thread: the body's messages, each one checked for ingestion."""
+    messages = rest.parse_ingestion(body, content_type, params)
+    for message in messages:
+        check_ingestible(message, now_ns, max_future_ns)
+    return messages
 
 
 async def run_retention(request: web.Request) -> web.Response:

@@ -24,10 +24,22 @@ class SyncConfig:
     """Answer other nodes' syncs under ``/sync/``."""
     max_sessions: int = 4
     """Sessions a responder keeps open at once; more are refused (503)."""
+    max_sessions_per_client: int = 2
+    """Sessions one remote address may hold at once; more are refused (503)."""
     max_items: int = 2_000_000
-    """Items held in all open sessions' snapshots together (about 110 bytes each)."""
+    """Items held in all open sessions' snapshots together (112 bytes each; 240 while loading)."""
     idle_timeout_s: float = 30.0
-    """A session nobody touched for this long is dropped."""
+    """A session that made no progress for this long is dropped."""
+    max_transfer_bytes: int = 256 * 1024 * 1024
+    """Bytes of messages one session may push to the responder."""
+    window_margin_s: float = 300.0
+    """How much older than window_s + lag_s a peer's window may start (its own settings)."""
+    clock_skew_s: float = 20.0
+    """How far in the future a peer's window may end (nwaku's clock variance)."""
+    pubsub_topics: tuple[str, ...] = ()
+    """Topics pushes may carry; empty: the topics the archive already holds."""
+    token: str | None = None
+    """A shared secret every sync request must carry (and ours send) as a Bearer token."""
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -36,8 +48,13 @@ class SyncConfig:
             raise LocalProtocolError("the sync interval must be positive")
         if self.window_s <= 0 or self.lag_s < 0:
             raise LocalProtocolError("the sync window must be positive and the lag not negative")
-        if self.max_sessions < 1 or self.max_items < 1 or self.idle_timeout_s <= 0:
+        limits = (self.max_sessions, self.max_sessions_per_client, self.max_items)
+        if min(limits) < 1 or self.idle_timeout_s <= 0 or self.max_transfer_bytes < 1:
             raise LocalProtocolError("responder limits must be positive")
+        if self.window_margin_s < 0 or self.clock_skew_s < 0:
+            raise LocalProtocolError("the window margin and clock skew must not be negative")
+        if self.token is not None and not self.token:
+            raise LocalProtocolError("the sync token must not be empty")
 
     def window(self, now_ns: int) -> tuple[int, int]:
         """``[now - lag - window, now - lag)``: WAKU-STORE-SYNC's 1 h ending 20 s ago."""

@@ -113,8 +113,11 @@ async def sync_with_peer(
     method: Method = "rbsr",
     session: aiohttp.ClientSession | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    token: str | None = None,
 ) -> SyncReport:
-    """Reconcile ``window`` of our archive with ``peer`` (a base URL), then transfer."""
+    """Reconcile ``window`` of our archive with ``peer`` (a base URL), then transfer.
+
+    ``token`` is the federation's sync token, for peers that require one."""
     started = time.perf_counter()
     report = SyncReport(peer.rstrip("/"), method, window)
     store = await snapshot(host, window)
@@ -125,7 +128,7 @@ async def sync_with_peer(
         else ProllySession(store, initiator=True, window=window)
     )
     async with _http(session, timeout_s) as client:
-        api = _Peer(client, report)
+        api = _Peer(client, report, token)
         try:
             session_id, reply = await _open(api, reconcile, report)
             try:
@@ -262,9 +265,12 @@ async def _http(
 class _Peer:
     """A peer's HTTP API, counting requests into the round's report."""
 
-    def __init__(self, client: aiohttp.ClientSession, report: SyncReport) -> None:
+    def __init__(
+        self, client: aiohttp.ClientSession, report: SyncReport, token: str | None
+    ) -> None:
         self.client = client
         self.report = report
+        self.auth = {"Authorization": f"Bearer {token}"} if token is not None else {}
 
     async def close(self, session_id: str) -> None:
         """End a session, as a courtesy: failing to changes nothing for us."""
@@ -288,7 +294,7 @@ class _Peer:
                 self.report.peer + path,
                 data=body,
                 params={k: str(v) for k, v in (params or {}).items()},
-                headers={"Content-Type": content_type},
+                headers={"Content-Type": content_type, **self.auth},
             ) as response:
                 answer = await response.read()
                 status, headers = response.status, response.headers

@@ -57,7 +57,9 @@ class PeriodicSync:
             peer = candidates.pop(self._rng.randrange(len(candidates)))
             window = self.config.window(self._clock_ns())
             try:
-                report = await sync_with_peer(self.host, peer, window, method=self.config.method)
+                report = await sync_with_peer(
+                    self.host, peer, window, method=self.config.method, token=self.config.token
+                )
             except SyncUnsupportedError as exc:
                 logger.warning("store sync: %s; not asking it again", exc)
                 self.unsupported.add(peer)

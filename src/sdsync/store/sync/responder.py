@@ -18,14 +18,20 @@ requests in a :class:`SessionTable`. Routes, relative to the node (``/sync/`` is
   ``Sdsync-Next`` names the next position while more remain.
 * ``DELETE /sync/v1/sessions/{id}`` ends the session.
 
-No token is needed: what a session can write is what its reconciliation found missing,
-in the window its snapshot covers, each message checked against its hash.
+No token is needed unless the node sets a sync token: what a session can write is
+bounded by :mod:`.policy` — a recent window only (403 otherwise), and only messages its
+reconciliation found missing, with the timestamps claimed for them, on topics the node
+archives, each once, within a byte budget (a refused batch answers 403, stores nothing and
+ends the session).
 
-Resources are bounded: at most ``max_sessions`` sessions (more answer 503 with
-``Retry-After``), at most ``max_items`` items in all their snapshots together (a window
-larger than the whole budget answers 413), and a session idle for ``idle_timeout_s`` is
-dropped (unknown sessions answer 404). Frames are evaluated on a worker thread, one at a
-time per session, so a large window does not stall the node's other requests.
+Resources are bounded, and one client cannot hold them all: at most ``max_sessions``
+sessions, ``max_sessions_per_client`` per remote address (more answer 503 with
+``Retry-After``); at most ``max_items`` items in all their snapshots together (a window
+larger than the whole budget answers 413 before anything is loaded); a session that made
+no progress — a frame answered, a batch stored or served — for ``idle_timeout_s`` is
+dropped, and one whose transfer is complete is closed by the responder (unknown sessions
+answer 404). Frames are evaluated on a worker thread, one at a time per session, so a
+large window does not stall the node's other requests.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import asyncio
 import contextlib
 import secrets
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -48,9 +55,11 @@ from sdsync.reconcile import (
     RbsrSession,
     ReconcileSession,
 )
-from sdsync.store.server import DATABASE_ERRORS, NODE
+from sdsync.store.model import StoredMessage, StoreQuery
+from sdsync.store.server import DATABASE_ERRORS, NODE, bearer_matches, refuse
 from sdsync.store.sync.config import SyncConfig
 from sdsync.store.sync.host import SOURCE, SyncHost, read_batch, snapshot
+from sdsync.store.sync.policy import SyncRefused, check_pushed, check_window
 from sdsync.store.sync.wire import (
     BATCH_TYPE,
     FRAME_TYPE,
@@ -73,18 +82,29 @@ class Session:
     reconcile: ReconcileSession
     window: tuple[int, int]
     items: int
+    client: str
     last_used: float
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    wanted: frozenset[bytes] = frozenset()
-    """Hashes the initiator may push: we lack them, and they are inside the window."""
+    wanted: dict[bytes, int] = field(default_factory=dict)
+    """Hashes the initiator may still push (we lack them, inside the window), with the
+    timestamps it claimed for them."""
     offered: list[bytes] = field(default_factory=list)
     """Hashes of the messages the initiator lacks, in archive order, for pulls."""
+    pulled: bool = False
+    """The last batch of ``offered`` has been served."""
+    pushed_bytes: int = 0
+    archived_topics: dict[str, bool] = field(default_factory=dict)
 
     def finish(self) -> None:
         start, end = self.window
-        need = self.reconcile.need
-        self.wanted = frozenset(h for ts, h in need if start <= ts < end)
+        self.wanted = {h: ts for ts, h in self.reconcile.need if start <= ts < end}
         self.offered = [h for _, h in sorted(self.reconcile.have)]
+        self.pulled = not self.offered
+
+    @property
+    def complete(self) -> bool:
+        """Reconciled, everything pushed that was found missing, everything pulled."""
+        return self.reconcile.done and not self.wanted and self.pulled
 
 
 class SessionTable:
@@ -94,7 +114,7 @@ class SessionTable:
         self.config = config
         self._clock = clock
         self._sessions: dict[str, Session] = {}
-        self._opening = 0
+        self._opening: Counter[str] = Counter()
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -105,18 +125,24 @@ class SessionTable:
         return sum(s.items for s in self._sessions.values())
 
     @contextlib.contextmanager
-    def opening(self) -> Iterator[None]:
-        """Hold a place for a session while its snapshot loads; 503 when none is free."""
+    def opening(self, client: str) -> Iterator[None]:
+        """Hold a place for ``client``'s session while it loads; 503 when none is free."""
         self.expire()
-        if len(self._sessions) + self._opening >= self.config.max_sessions:
+        if len(self._sessions) + self._opening.total() >= self.config.max_sessions:
             raise _busy("too many sync sessions open")
-        self._opening += 1
+        held = sum(s.client == client for s in self._sessions.values()) + self._opening[client]
+        if held >= self.config.max_sessions_per_client:
+            raise _busy(f"{held} sync sessions of this client are open")
+        self._opening[client] += 1
         try:
             yield
         finally:
-            self._opening -= 1
+            self._opening[client] -= 1
+            if not self._opening[client]:
+                del self._opening[client]
 
-    def add(self, reconcile: ReconcileSession, window: tuple[int, int], items: int) -> str:
+    def check_budget(self, items: int) -> None:
+        """413 for a window larger than the whole budget, 503 while others use it."""
         budget = self.config.max_items
         if items > budget:
             raise web.HTTPRequestEntityTooLarge(
@@ -124,17 +150,28 @@ class SessionTable:
             )
         if self.items + items > budget:
             raise _busy("the sync sessions' item budget is in use")
+
+    def add(
+        self, reconcile: ReconcileSession, window: tuple[int, int], items: int, client: str
+    ) -> str:
+        self.check_budget(items)
         session_id = secrets.token_urlsafe(16)
-        self._sessions[session_id] = Session(reconcile, window, items, self._clock())
+        self._sessions[session_id] = Session(reconcile, window, items, client, self._clock())
         return session_id
 
     def get(self, session_id: str) -> Session:
+        """An open session; requests that make no progress do not keep it alive."""
         self.expire()
         session = self._sessions.get(session_id)
         if session is None:
             raise web.HTTPNotFound(text="no such sync session (ended or expired)\n")
-        session.last_used = self._clock()
         return session
+
+    def progress(self, session_id: str, session: Session) -> None:
+        """The session moved on; it is closed once its transfer is complete."""
+        session.last_used = self._clock()
+        if session.complete:
+            self.drop(session_id)
 
     def drop(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
@@ -151,14 +188,19 @@ class SessionTable:
 
 
 TABLE: web.AppKey[SessionTable] = web.AppKey("sync_sessions")
+WALL_CLOCK: web.AppKey[Callable[[], int]] = web.AppKey("sync_wall_clock_ns")
 
 
 def responder_app(
-    config: SyncConfig, *, clock: Callable[[], float] = time.monotonic
+    config: SyncConfig,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    wall_clock_ns: Callable[[], int] = time.time_ns,
 ) -> web.Application:
     """The Store Sync routes, to mount under ``/sync/`` of a store node."""
-    app = web.Application(middlewares=[_archive_errors])
+    app = web.Application(middlewares=[_guard, _archive_errors])
     app[TABLE] = SessionTable(config, clock)
+    app[WALL_CLOCK] = wall_clock_ns
     methods = "|".join(METHODS)
     session = f"/{VERSION}/sessions/{{session_id}}"
     app.add_routes(
@@ -181,10 +223,14 @@ async def open_session(request: web.Request) -> web.Response:
     node, table = request.app[NODE], request.app[TABLE]
     method: Method = "rbsr" if request.match_info["method"] == "rbsr" else "prolly"
     window = _window(request.query)
+    check_window(table.config, window, request.app[WALL_CLOCK]())
     frame = await _body(request, DEFAULT_MAX_FRAME_SIZE)
-    with table.opening():
+    client = request.remote or "unknown"
+    with table.opening(client):
+        # Counted first: a window over the budget is refused before it is read.
+        table.check_budget(await node.in_archive(node.archive.count_items, *window))
         store = await snapshot(node, window)
-        session_id = table.add(_responder(method, store), window, len(store))
+        session_id = table.add(_responder(method, store), window, len(store), client)
     return await _answer(node, table, session_id, frame)
 
 
@@ -212,6 +258,7 @@ async def _answer(
             session.finish()
             node.metrics.sync_rounds.labels(role="responder").inc()
             _count_differences(node, session.reconcile)
+        table.progress(session_id, session)
     return web.Response(
         body=reply or b"", content_type=FRAME_TYPE, headers={SESSION_HEADER: session_id}
     )
@@ -231,13 +278,25 @@ async def push_messages(request: web.Request) -> web.Response:
     session = _finished(table, session_id)
     body = await _body(request, MAX_BATCH_BYTES)
     try:
+        if session.pushed_bytes + len(body) > table.config.max_transfer_bytes:
+            raise SyncRefused("transfer_budget", "the session's transfer budget is used up")
         messages = await asyncio.to_thread(decode_batch, body, session.wanted)
+        await _learn_topics(node, table.config, session, messages)
+        check_pushed(messages, session.wanted, session.window, session.archived_topics)
     except RemoteProtocolError as exc:
         node.metrics.rejected.labels(source=SOURCE).inc()
         table.drop(session_id)
         raise web.HTTPBadRequest(text=f"rejected, nothing stored, session ended: {exc}\n") from None
+    except SyncRefused as exc:
+        node.metrics.rejected.labels(source=SOURCE).inc()
+        table.drop(session_id)
+        raise SyncRefused(exc.reason, f"{exc}; nothing stored, session ended") from None
+    session.pushed_bytes += len(body)
+    for message in messages:
+        del session.wanted[message.message_hash]
     new = await node.ingest(messages, source=SOURCE)
     _count_bytes(node, received=len(body), sent=0)
+    table.progress(session_id, session)
     return web.json_response({"received": len(messages), "stored": new})
 
 
@@ -252,7 +311,10 @@ async def pull_messages(request: web.Request) -> web.Response:
         raise web.HTTPBadRequest(text=f"'from' must lie in [0, {len(session.offered)}]\n")
     body, _, after = await read_batch(node, session.offered, start)
     _count_bytes(node, received=0, sent=len(body))
-    headers = {NEXT_HEADER: str(after)} if after < len(session.offered) else {}
+    more = after < len(session.offered)
+    session.pulled = session.pulled or not more
+    table.progress(request.match_info["session_id"], session)
+    headers = {NEXT_HEADER: str(after)} if more else {}
     return web.Response(body=body, content_type=BATCH_TYPE, headers=headers)
 
 
@@ -264,6 +326,19 @@ def _finished(table: SessionTable, session_id: str) -> Session:
 
 
 # -- helpers
+
+
+async def _learn_topics(
+    node: SyncHost, config: SyncConfig, session: Session, messages: list[StoredMessage]
+) -> None:
+    """Whether this node archives each new pubsub topic of a batch (see :mod:`.policy`)."""
+    for topic in {m.pubsub_topic for m in messages} - session.archived_topics.keys():
+        if config.pubsub_topics:
+            session.archived_topics[topic] = topic in config.pubsub_topics
+        else:
+            probe = StoreQuery(pubsub_topic=topic, page_size=1)
+            page = await node.in_archive(node.archive.query, probe)
+            session.archived_topics[topic] = bool(page.hashes)
 
 
 def _responder(method: Method, store: MemoryItemStore) -> ReconcileSession:
@@ -303,6 +378,26 @@ def _count_bytes(node: SyncHost, *, received: int, sent: int) -> None:
 def _count_differences(node: SyncHost, reconcile: ReconcileSession) -> None:
     node.metrics.sync_differences.labels(side="we_lacked").inc(len(reconcile.need))
     node.metrics.sync_differences.labels(side="peer_lacked").inc(len(reconcile.have))
+
+
+@web.middleware
+async def _guard(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """The sync token, when the node has one; policy refusals as 403 with their reason."""
+    token = request.app[TABLE].config.token
+    if token is not None and not bearer_matches(request, token):
+        raise refuse(
+            request,
+            web.HTTPUnauthorized,
+            "sync_token",
+            "Store Sync on this node needs 'Authorization: Bearer <sync token>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    try:
+        return await handler(request)
+    except SyncRefused as exc:
+        raise refuse(request, web.HTTPForbidden, exc.reason, str(exc)) from None
 
 
 @web.middleware
