@@ -11,11 +11,22 @@ like and without hypothesis' per-example overhead:
   divergence, one more level of nesting inside a history entry, is tolerated);
 * ``MessageChannel.receive`` on all of the above: only ``RemoteProtocolError`` may escape,
   a rejected input leaves the channel's observable state unchanged, and an accepted one
-  leaves the log strictly ordered by (Lamport timestamp, id).
+  leaves the log strictly ordered by (Lamport timestamp, id);
+* the reconciliation decoders (``tests/reconcile/test_fuzz.py``'s properties, from
+  ``sdsync.reconcile.fuzz``): RBSR and Prolly frames generated from scratch or mutated
+  from real conversations, fed to the session that was about to receive the real frame
+  (only ``RemoteProtocolError``; a rejected frame changes nothing; work per frame, counted
+  by the store, within the documented bound; one case in 16 also continues the
+  conversation to its end), and Store Sync message batches (``decode_batch`` against a
+  decoder written from the batch format).
+
+The reconciliation targets share ``--reconcile-examples`` cases (default: ten times
+``--examples``, so ``make fuzz`` runs a million of them).
 
 Every case is derived from ``--seed`` and its index, so a failure is reproducible with
-``--seed S --only TARGET --start I --examples 1``. The exit status is 1 if any other
-exception escaped or any property failed.
+``--seed S --only TARGET --start I --examples 1`` (``--reconcile-examples 1`` for the
+reconciliation targets). The exit status is 1 if any other exception escaped or any
+property failed.
 
 Usage::
 
@@ -39,6 +50,7 @@ from sdsync.core.bloom import BloomParams
 from sdsync.core.channel import MessageChannel
 from sdsync.core.config import ChannelConfig, RepairConfig
 from sdsync.errors import RemoteProtocolError
+from sdsync.reconcile import fuzz
 from sdsync.wire import (
     HistoryEntry,
     Message,
@@ -342,6 +354,84 @@ def generators(corpus: list[bytes]) -> dict[str, Callable[[random.Random], bytes
     }
 
 
+# ------------------------------------------------------------- reconciliation decoders
+
+FOLLOW_EVERY = 16
+"""One frame case in this many continues the conversation to its end."""
+
+
+class Reconcile:
+    """The reconciliation targets: conversations, batches, and how to make each case."""
+
+    def __init__(self) -> None:
+        self.conversations = fuzz.conversations()
+        self.harness = fuzz.Harness(self.conversations)
+        self.donors = [t.frame for c in self.conversations for t in c.turns]
+        self.by_method = {
+            method: [i for i, c in enumerate(self.conversations) if c.scene.method == method]
+            for method in ("rbsr", "prolly")
+        }
+        self.batches = fuzz.batch_corpus()
+
+    def check(self, target: str, rng: random.Random, tally: Tally, index: int) -> None:
+        kind, name = target.split("/")
+        if kind == "batch":
+            corpus = self.batches
+            if name == "scratch":
+                data = fuzz.random_batch(rng, corpus)
+            else:
+                base = rng.choice(corpus.batches)
+                data = fuzz.mutate("batch", base, fuzz.random_mutations(rng, corpus.entries))
+            out = fuzz.check_batch(data, corpus.expected)
+        else:
+            conv = rng.choice(self.by_method[kind])
+            c = self.conversations[conv]
+            turn = rng.randrange(len(c.turns))
+            if name == "mutated":
+                ops = fuzz.random_mutations(rng, self.donors)
+                data = fuzz.mutate(kind, c.turns[turn].frame, ops, first=turn == 0)
+            elif kind == "rbsr":
+                data = fuzz.random_rbsr_frame(rng, first=turn == 0)
+            else:
+                data = fuzz.random_prolly_frame(rng)
+            follow = index % FOLLOW_EVERY == 0
+            out = self.harness.check(conv, turn, data, follow=follow)
+        if out.accepted:
+            tally.accepted += 1
+        else:
+            tally.rejected += 1
+        if out.failures:
+            tally.fail(index, data, "; ".join(out.failures[:3]))
+
+
+RECONCILE_TARGETS = (
+    "rbsr/scratch",
+    "rbsr/mutated",
+    "prolly/scratch",
+    "prolly/mutated",
+    "batch/scratch",
+    "batch/mutated",
+)
+
+
+def run_reconcile(
+    total: int, seed: int, only: str | None, start: int, tallies: dict[str, Tally]
+) -> None:
+    targets = [t for t in RECONCILE_TARGETS if only is None or t == only]
+    if not targets or total <= 0:
+        return
+    reconcile = Reconcile()
+    per_target = -(-total // len(targets))
+    for target in targets:
+        tally = tallies[target] = Tally()
+        began = time.perf_counter()
+        for index in range(start, start + per_target):
+            rng = random.Random(f"{seed}/{target}/{index}")
+            tally.cases += 1
+            reconcile.check(target, rng, tally, index)
+        tally.seconds = time.perf_counter() - began
+
+
 def run(examples: int, seed: int, only: str | None, start: int) -> dict[str, Tally]:
     corpus = real_corpus()
     corpus_rng = random.Random(f"{seed}/corpus")
@@ -369,7 +459,7 @@ def run(examples: int, seed: int, only: str | None, start: int) -> dict[str, Tal
 
 
 def report(tallies: dict[str, Tally], examples: int, seed: int, elapsed: float) -> int:
-    print(f"sdsync decoder fuzz: {examples} cases per target, seed {seed}")
+    print(f"sdsync decoder fuzz: {examples} cases per SDS target, seed {seed}")
     header = f"{'target':<20}{'cases':>10}{'accepted':>10}{'rejected':>10}{'failed':>8}"
     print(header + f"{'seconds':>9}{'cases/s':>10}")
     print("-" * (len(header) + 19))
@@ -388,6 +478,11 @@ def report(tallies: dict[str, Tally], examples: int, seed: int, elapsed: float) 
         f"{rejected:>10}{failures:>8}{elapsed:>9.1f}"
     )
     print(f"{total} cases ran, {rejected} raised RemoteProtocolError, {failures} failed")
+    ran = [t for name, t in tallies.items() if name in RECONCILE_TARGETS]
+    if ran:
+        cases, seconds = sum(t.cases for t in ran), sum(t.seconds for t in ran)
+        rate = cases / seconds if seconds else 0.0
+        print(f"reconciliation decoders: {cases} cases in {seconds:.1f} s, {rate:.0f} cases/s")
     for target, t in tallies.items():
         for line in t.examples:
             print(f"FAIL {target} {line}")
@@ -400,11 +495,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", help="run one target, e.g. decode/mutated")
     parser.add_argument("--start", type=int, default=0, help="first case index")
+    parser.add_argument(
+        "--reconcile-examples",
+        type=int,
+        help="cases over all reconciliation targets (default: 10 x --examples)",
+    )
     args = parser.parse_args(argv)
     # Hostile bloom filters are logged as warnings; a flood of them is expected here.
     logging.getLogger("sdsync").setLevel(logging.ERROR)
     began = time.perf_counter()
     tallies = run(args.examples, args.seed, args.only, args.start)
+    reconcile = 10 * args.examples if args.reconcile_examples is None else args.reconcile_examples
+    run_reconcile(reconcile, args.seed, args.only, args.start, tallies)
     if not tallies:
         parser.error(f"no target named {args.only!r}")
     return report(tallies, args.examples, args.seed, time.perf_counter() - began)

@@ -21,9 +21,11 @@ from sdsync.reconcile.rbsr import RBSR_VERSION, RbsrParams, RbsrSession
 from sdsync.reconcile.session import (
     DEFAULT_MAX_FRAME_SIZE,
     FULL_WINDOW,
+    ROUND_LIMIT_ITEMS,
     ReconcileSession,
     SessionStats,
     Window,
+    default_max_rounds,
 )
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "INFINITY",
     "PROLLY_VERSION",
     "RBSR_VERSION",
+    "ROUND_LIMIT_ITEMS",
     "Bound",
     "Item",
     "ItemStore",
@@ -48,6 +51,7 @@ __all__ = [
     "ReconcileSession",
     "SessionStats",
     "Window",
+    "default_max_rounds",
     "fingerprint",
     "fingerprint_of_sum",
     "reconcile_in_memory",

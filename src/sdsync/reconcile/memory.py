@@ -56,21 +56,34 @@ def sessions(
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
     rbsr: RbsrParams | None = None,
     prolly: ProllyParams | None = None,
+    max_rounds: int | None = None,
 ) -> tuple[ReconcileSession, ReconcileSession]:
-    """An initiator over ``a`` and a responder over ``b``."""
+    """An initiator over ``a`` and a responder over ``b`` (``max_rounds``: both sessions'
+    round limit, None for the method's default)."""
+    size, rounds = max_frame_size, max_rounds
     if method == "rbsr":
         return (
             RbsrSession(
-                a, initiator=True, window=window, params=rbsr, max_frame_size=max_frame_size
+                a,
+                initiator=True,
+                window=window,
+                params=rbsr,
+                max_frame_size=size,
+                max_rounds=rounds,
             ),
-            RbsrSession.responder(b, params=rbsr, max_frame_size=max_frame_size),
+            RbsrSession.responder(b, params=rbsr, max_frame_size=size, max_rounds=rounds),
         )
     if method == "prolly":
         return (
             ProllySession(
-                a, initiator=True, window=window, params=prolly, max_frame_size=max_frame_size
+                a,
+                initiator=True,
+                window=window,
+                params=prolly,
+                max_frame_size=size,
+                max_rounds=rounds,
             ),
-            ProllySession.responder(b, params=prolly, max_frame_size=max_frame_size),
+            ProllySession.responder(b, params=prolly, max_frame_size=size, max_rounds=rounds),
         )
     raise LocalProtocolError(f"unknown reconciliation method {method!r}")
 
@@ -85,10 +98,18 @@ def reconcile_in_memory(
     rbsr: RbsrParams | None = None,
     prolly: ProllyParams | None = None,
     max_frames: int = 100_000,
+    max_rounds: int | None = None,
 ) -> ReconcileResult:
     """Reconcile ``a`` with ``b`` over ``window``; ``a`` initiates."""
     init, resp = sessions(
-        a, b, method, window=window, max_frame_size=max_frame_size, rbsr=rbsr, prolly=prolly
+        a,
+        b,
+        method,
+        window=window,
+        max_frame_size=max_frame_size,
+        rbsr=rbsr,
+        prolly=prolly,
+        max_rounds=max_rounds,
     )
     frame: bytes | None = init.initiate()
     receiver, sender = resp, init

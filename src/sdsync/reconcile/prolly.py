@@ -38,14 +38,27 @@ asks again for the rest of a cut node. ``GetIntermediateNodeRequest`` (a node by
 timestamp and level) is served as the specification describes.
 
 Frames are ``version:u8 type:u8 protobuf`` with the messages of ``prolly.proto``.
+
+**Hostile frames.** A server answers only for nodes that can exist: start nodes inside
+the window, at levels up to its own root's, each key asked once. The nodes a client asks
+for cover disjoint key ranges, so the server reads each node's children lazily, in
+growing chunks, and only up to the next key asked in the same request: a node that would
+run into it is refused. A request therefore passes over each item of the window about
+twice (to find node ends, and the children's cuts), and reads items and cut points only
+as far as its response has room for.
+``GetIntermediateNodeRequest`` searches back from the asked position in growing chunks.
+The client accepts children only inside their parent, in order and one level down, so
+each answer covers disjoint ranges; a server that never lets the walk end (asks answered
+with nothing, one child at a time forever) is cut off by the session's round limit.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import IntEnum
-from itertools import pairwise
+from itertools import chain, pairwise
 from typing import TYPE_CHECKING
 
 from google.protobuf.message import DecodeError, Message
@@ -61,6 +74,7 @@ from sdsync.reconcile.session import (
     ReconcileSession,
     Step,
     Window,
+    default_max_rounds,
 )
 
 if TYPE_CHECKING:
@@ -71,6 +85,8 @@ MAX_LEVEL = 64
 _NODE_OVERHEAD = 3
 """Tag and length bytes around each embedded Node (lengths stay under 2**14)."""
 _TAIL = pb.Node(is_tail=True)
+_CHUNK = 256
+"""Positions of the first chunk a lazy scan reads; each next chunk is four times larger."""
 
 
 class MessageType(IntEnum):
@@ -112,6 +128,10 @@ class ProllyParams:
     def min_frame_size(self) -> int:
         """Room for a header, one asked node and two children with a tail (with margin)."""
         return 512
+
+    def default_max_rounds(self, max_frame_size: int) -> int:
+        """The round limit of a session with these parameters (see :func:`default_max_rounds`)."""
+        return default_max_rounds(self.fanout, max_frame_size)
 
 
 def encode(kind: MessageType, message: Message) -> bytes:
@@ -172,7 +192,10 @@ class ProllySession(ReconcileSession):
         window: Window = FULL_WINDOW,
         params: ProllyParams | None = None,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        max_rounds: int | None = None,
     ) -> None:
+        """``max_rounds``: frames accepted before a peer is cut off (None: the default of
+        :meth:`ProllyParams.default_max_rounds` for ``max_frame_size``)."""
         self.params = params or ProllyParams()
         super().__init__(
             store,
@@ -180,10 +203,14 @@ class ProllySession(ReconcileSession):
             window=window,
             max_frame_size=max_frame_size,
             min_frame_size=self.params.min_frame_size,
+            max_rounds=(
+                self.params.default_max_rounds(max_frame_size) if max_rounds is None else max_rounds
+            ),
         )
-        self._pending: list[_Pending] = []
         self._asked: list[_Pending] = []
         self._unsent: tuple[list[Item], list[Item]] | None = None
+        self._root_level = 0
+        """Server: the level of our root over the window (asked nodes lie below it)."""
 
     @classmethod
     def responder(
@@ -192,9 +219,16 @@ class ProllySession(ReconcileSession):
         *,
         params: ProllyParams | None = None,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        max_rounds: int | None = None,
     ) -> ProllySession:
         """The server side; it takes the window from the client's ``ExchangeRootRequest``."""
-        return cls(store, initiator=False, params=params, max_frame_size=max_frame_size)
+        return cls(
+            store,
+            initiator=False,
+            params=params,
+            max_frame_size=max_frame_size,
+            max_rounds=max_rounds,
+        )
 
     # -- the tree over the store ------------------------------------------------------
 
@@ -221,29 +255,50 @@ class ProllySession(ReconcileSession):
         prev = self.store.item(position - 1) if position > window_lo else self._start
         return minimal_bound(prev, self.store.item(position))
 
-    def _children(self, start: Bound, level: int) -> Iterator[pb.Node]:
-        """The server's children of the level-``level`` node that starts at ``start``."""
-        assert self._end is not None
+    def _children(
+        self, start: Bound, level: int, window: tuple[int, int], stop: int
+    ) -> Iterator[pb.Node]:
+        """The server's children of the level-``level`` node that starts at ``start``.
+
+        Read lazily, in growing chunks, so a caller that stops early reads little. The node
+        must end by position ``stop`` (where the next node asked for starts): one that runs
+        past it overlaps that node, which no honest client asks for.
+        """
         store = self.store
-        window_lo, window_hi = self._positions(self._start, self._end)
-        head = start == self._start
+        window_lo, window_hi = window
         pos = max(store.lower_bound(start), window_lo)
-        first = pos if head else min(pos + 1, window_hi)
-        end = store.next_cut(first, window_hi, self.params.threshold(level))
-        if level == 1:
-            for item in store.items(pos, end):
-                yield _item_node(item)
-            return
-        cuts = store.cut_points(first, end, self.params.threshold(level - 1))
-        keys = [(start, pos)] + [(self._bound_at(p, window_lo), p) for p in cuts]
-        for k, (key, p) in enumerate(keys):
-            stop = keys[k + 1][1] if k + 1 < len(keys) else end
-            yield pb.Node(
-                timestamp=key[0],
-                node_hash=key[1],
-                level=level - 1,
-                merkle_hash=fingerprint_of_sum(*store.summary(p, stop)),
-            )
+        first = pos if start == self._start else min(pos + 1, window_hi)
+        limit = min(stop + 1, window_hi)  # a cut at `stop` itself ends the node in time
+        threshold = self.params.threshold(level)
+        below = self.params.threshold(level - 1) if level > 1 else 0
+        key, key_pos = start, pos
+        search, chunk = first, _CHUNK
+        while True:
+            hi = min(limit, search + chunk)
+            end = store.next_cut(search, hi, threshold)
+            if level == 1:
+                for item in store.items(key_pos, end):
+                    yield _item_node(item)
+                key_pos = end
+            else:
+                for p in store.cut_points(search, end, below):
+                    yield self._node(key, key_pos, p, level - 1)
+                    key, key_pos = self._bound_at(p, window_lo), p
+            if end < hi or hi >= window_hi:
+                if level > 1:
+                    yield self._node(key, key_pos, end, level - 1)
+                return
+            if hi >= limit:
+                raise RemoteProtocolError("asked nodes overlap: a node runs past the next one")
+            search, chunk = hi, chunk * 4
+
+    def _node(self, key: Bound, start: int, stop: int, level: int) -> pb.Node:
+        return pb.Node(
+            timestamp=key[0],
+            node_hash=key[1],
+            level=level,
+            merkle_hash=fingerprint_of_sum(*self.store.summary(start, stop)),
+        )
 
     # -- client -----------------------------------------------------------------------
 
@@ -380,9 +435,9 @@ class ProllySession(ReconcileSession):
         done = pb.SyncDone()
         size = 4  # header and the `more` flag
         sent = 0
-        for side, item in [(done.client_has, it) for it in has] + [
-            (done.client_needs, it) for it in needs
-        ]:
+        for side, item in chain(
+            ((done.client_has, it) for it in has), ((done.client_needs, it) for it in needs)
+        ):
             node = _item_node(item)
             size += node.ByteSize() + _NODE_OVERHEAD
             if size > self.max_frame_size:
@@ -428,6 +483,7 @@ class ProllySession(ReconcileSession):
 
         def commit() -> None:
             self._start, self._end = start, end
+            self._root_level = ours.level
 
         frame = encode(MessageType.EXCHANGE_ROOT_RESPONSE, pb.ExchangeRootResponse(root=ours))
         return Step(frame, finished=ours.merkle_hash == root.merkle_hash, commit=commit)
@@ -435,15 +491,24 @@ class ProllySession(ReconcileSession):
     def _on_children_request(self, message: Message) -> Step:
         assert isinstance(message, pb.GetNonBoundaryNodesRequest) and self._end is not None
         starts = [(_key(n), n.level) for n in message.start_nodes]
-        if any(not 1 <= lvl <= MAX_LEVEL or not self._start <= k < self._end for k, lvl in starts):
+        if any(
+            not 1 <= lvl <= self._root_level or not self._start <= k < self._end
+            for k, lvl in starts
+        ):
             raise RemoteProtocolError("start node outside the window or at a bad level")
+        keys = sorted(k for k, _ in starts)
+        if any(a == b for a, b in pairwise(keys)):
+            raise RemoteProtocolError("a start node is asked for twice")
+        window = self._positions(self._start, self._end)
         response = pb.GetNonBoundaryNodesResponse()
         room = self.max_frame_size - 2
         size = 0
         for key, level in starts:
+            later = bisect.bisect_right(keys, key)
+            stop = self.store.lower_bound(keys[later]) if later < len(keys) else window[1]
             group: list[pb.Node] = []
             group_size = _TAIL.ByteSize() + _NODE_OVERHEAD
-            for child in self._children(key, level):
+            for child in self._children(key, level, window, stop):
                 group_size += child.ByteSize() + _NODE_OVERHEAD
                 if size + group_size > room:
                     break
@@ -475,10 +540,10 @@ class ProllySession(ReconcileSession):
         if level == 0:
             return _item_node(store.item(pos)) if pos < window_hi else pb.Node()
         threshold = self.params.threshold(level)
-        cuts = store.cut_points(window_lo, min(pos + 1, window_hi), threshold)
-        first = cuts[-1] if cuts else window_lo
-        key = self._bound_at(first, window_lo) if cuts else self._start
-        end = store.next_cut(first + 1 if cuts else first, window_hi, threshold)
+        cut = self._last_cut(window_lo, min(pos + 1, window_hi), threshold)
+        first = window_lo if cut is None else cut
+        key = self._start if cut is None else self._bound_at(cut, window_lo)
+        end = store.next_cut(first if cut is None else first + 1, window_hi, threshold)
         right = store.item(end)[0] if end < window_hi else 0
         return pb.Node(
             timestamp=key[0],
@@ -487,6 +552,18 @@ class ProllySession(ReconcileSession):
             right=right,
             merkle_hash=fingerprint_of_sum(*store.summary(first, end)),
         )
+
+    def _last_cut(self, lo: int, hi: int, threshold: int) -> int | None:
+        """The last position in ``[lo, hi)`` whose coin is ``< threshold``, searching back in
+        growing chunks (never listing every cut of the window)."""
+        chunk = _CHUNK
+        while hi > lo:
+            begin = max(lo, hi - chunk)
+            cuts = self.store.cut_points(begin, hi, threshold)
+            if len(cuts):
+                return int(cuts[-1])
+            hi, chunk = begin, chunk * 4
+        return None
 
     def _on_sync_done(self, message: Message) -> Step:
         assert isinstance(message, pb.SyncDone) and self._end is not None

@@ -51,6 +51,16 @@ window goes out as one ``FINGERPRINT`` and is taken up again in later rounds.
 
 ``fanout`` 16 and ``item_threshold`` 24 were chosen by measurement (docs/reconcile.md,
 ``bench/reconcile_vs_negentropy.py --sweep``).
+
+Hostile frames
+~~~~~~~~~~~~~~
+Besides the format, a frame is checked against what it can mean: a ``DIFF`` answers one of
+our ``ITEMS`` lists, so it names exactly as many items as we hold in its range, at most
+``item_threshold``, and is rejected before we read them; a ``FULL`` is checked item by
+item (one lookup each), never by reading its range; full-hash lists (``DIFF``, ``FULL``)
+are strictly increasing. So a frame costs store work in proportion to its bytes and its
+reply's (``docs/reconcile.md``, "Hostile input"), and a peer that never settles a range is
+cut off by the session's round limit.
 """
 
 from __future__ import annotations
@@ -75,6 +85,7 @@ from sdsync.reconcile.session import (
     ReconcileSession,
     Step,
     Window,
+    default_max_rounds,
 )
 
 RBSR_VERSION = 1
@@ -118,6 +129,10 @@ class RbsrParams:
         diff = 2 * self.item_threshold * _MAX_ITEM + self.item_threshold // 4 + 3 * 10
         return 1 + 10 + 2 * _MAX_BOUND + max(split, diff) + _RESERVE
 
+    def default_max_rounds(self, max_frame_size: int) -> int:
+        """The round limit of a session with these parameters (see :func:`default_max_rounds`)."""
+        return default_max_rounds(self.fanout, max_frame_size)
+
     def first_fanout(self, count: int) -> int:
         """Buckets for the initiator's first split of ``count`` items."""
         span = self.item_threshold * _SLACK
@@ -150,10 +165,12 @@ def _read_items(
     r: Reader, lower: Bound, upper: Bound, count_limit: int, id_size: int = HASH_SIZE
 ) -> tuple[Item, ...]:
     # Ids are hash prefixes: compare them with bounds cut to their length. Two items may
-    # share an id only if someone found a 128-bit collision; keep them both.
+    # share an id only if someone found a 128-bit collision; keep them both. Full hashes
+    # name each item once: they must strictly increase.
     low = (lower[0], lower[1][:id_size])
     high = (upper[0], upper[1][:id_size])
     high_is_exact = len(upper[1]) <= id_size
+    strict = id_size == HASH_SIZE
     count = r.varint(limit=count_limit + 1)
     items: list[Item] = []
     ts = lower[0]
@@ -164,7 +181,7 @@ def _read_items(
             item < low
             or item > high
             or (item == high and high_is_exact)
-            or (items and item < items[-1])
+            or (items and (item <= items[-1] if strict else item < items[-1]))
         ):
             raise RemoteProtocolError("item list out of order or outside its range")
         items.append(item)
@@ -328,7 +345,10 @@ class RbsrSession(ReconcileSession):
         window: Window = FULL_WINDOW,
         params: RbsrParams | None = None,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        max_rounds: int | None = None,
     ) -> None:
+        """``max_rounds``: frames accepted before a peer is cut off (None: the default of
+        :meth:`RbsrParams.default_max_rounds` for ``max_frame_size``)."""
         self.params = params or RbsrParams()
         super().__init__(
             store,
@@ -336,6 +356,9 @@ class RbsrSession(ReconcileSession):
             window=window,
             max_frame_size=max_frame_size,
             min_frame_size=self.params.min_frame_size,
+            max_rounds=(
+                self.params.default_max_rounds(max_frame_size) if max_rounds is None else max_rounds
+            ),
         )
 
     @classmethod
@@ -345,15 +368,24 @@ class RbsrSession(ReconcileSession):
         *,
         params: RbsrParams | None = None,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        max_rounds: int | None = None,
     ) -> RbsrSession:
         """The answering side; it takes the window from the initiator's first frame."""
-        return cls(store, initiator=False, params=params, max_frame_size=max_frame_size)
+        return cls(
+            store,
+            initiator=False,
+            params=params,
+            max_frame_size=max_frame_size,
+            max_rounds=max_rounds,
+        )
 
     def _initiate(self) -> bytes:
         assert self._end is not None
         frame = _Frame(bytes([RBSR_VERSION]) + varint(self._start[0]), self._start, 1 << 62)
         lo, hi = self.store.lower_bound(self._start), self.store.lower_bound(self._end)
-        fanout = self.params.first_fanout(hi - lo)
+        # As many buckets as fit the frame limit (min_frame_size guarantees `fanout` do).
+        fits = (self.max_frame_size - 1 - 10) // (_MAX_BOUND + FINGERPRINT_SIZE)
+        fanout = min(self.params.first_fanout(hi - lo), max(fits, self.params.fanout))
         frame.try_add(self._start, self._describe(self._start, self._end, lo, hi, fanout), True)
         return frame.bytes()
 
@@ -399,13 +431,22 @@ class RbsrSession(ReconcileSession):
                 return _Answer(self._describe(rng.lower, rng.upper, lo, hi), expects=True)
             return self._diff(rng, store.items(lo, hi))
         if rng.mode is Mode.DIFF:
+            # Count before reading: a DIFF over a wide range must not make us read it all.
+            if hi - lo != rng.answered or rng.answered > self.params.item_threshold:
+                raise RemoteProtocolError(
+                    f"DIFF answers {rng.answered} items, our list had {hi - lo}"
+                )
             return self._full(rng, store.items(lo, hi))
         if rng.mode is Mode.FULL:
-            held = set(store.items(lo, hi))
-            if any(it in held for it in rng.items):
+            if any(self._holds(it, hi) for it in rng.items):
                 raise RemoteProtocolError("FULL sends items we hold")
             return _Answer(need=rng.items)
         return _Answer()
+
+    def _holds(self, item: Item, hi: int) -> bool:
+        """Whether we hold ``item`` (it lies in a range that ends at position ``hi``)."""
+        position = self.store.lower_bound(item)
+        return position < hi and self.store.item(position) == item
 
     def _diff(self, rng: _Range, ours: list[Item]) -> _Answer:
         """Answer the peer's ``ITEMS`` with the bitmap of what we lack and our extras."""

@@ -20,10 +20,28 @@ evaluates the whole frame against the store without touching the session and ret
 :class:`Step`; only then does the base class apply it. So a malformed, oversized or
 wrong-version frame raises :class:`~sdsync.errors.RemoteProtocolError` and changes
 nothing, and calls out of turn raise :class:`~sdsync.errors.LocalProtocolError`.
+
+Hostile peers
+-------------
+Every frame is untrusted. Besides the checks above, two limits bound what a peer can make
+a session do:
+
+* *Work per frame.* Each method evaluates a frame with a number of store calls and
+  materialized items proportional to the bytes of the frame and of its reply, plus the
+  items the frame teaches us (what lands in ``have`` / ``need``); no small frame makes a
+  session walk a large part of its window item by item (``docs/reconcile.md``, "Hostile
+  input", gives the constants the tests check). ``have`` and ``need`` never hold an item
+  twice, however often a peer names it.
+* *Rounds per session.* A session accepts at most ``max_rounds`` frames; the next one
+  raises :class:`~sdsync.errors.RemoteProtocolError` ("round limit"), so a peer that never
+  converges (ping-pongs the same ranges, re-asks the same nodes) is cut off.
+  :func:`default_max_rounds` derives the default from the method's fanout and the frame
+  limit (see there); pass ``max_rounds`` to a session to choose another.
 """
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +56,40 @@ FULL_WINDOW: Window = (0, None)
 
 DEFAULT_MAX_FRAME_SIZE = 1 << 20
 """Largest frame a session sends or accepts, in bytes (both sides must agree)."""
+
+ROUND_LIMIT_ITEMS = 1 << 21
+"""Items (both windows together) the default round limit leaves room for: Store Sync's
+responder holds at most ``SyncConfig.max_items`` (2M) items in its snapshots."""
+ROUND_LIMIT_BYTES_PER_LEVEL = 64
+"""Frame bytes per item and per tree level the default round limit provides for when
+frames fill up (measured at most 40: ``docs/reconcile.md``, "Hostile input")."""
+
+
+def default_max_rounds(fanout: int, max_frame_size: int, items: int = ROUND_LIMIT_ITEMS) -> int:
+    """Frames a session accepts before it cuts a peer off, for windows of ``items`` items.
+
+    A correct reconciliation descends a tree of branching ``fanout`` (RBSR splits, Prolly
+    levels) of ``depth = ceil(log_fanout(items))`` levels: about one round per level, plus
+    a few to exchange the leaves (RBSR's ``ITEMS``/``DIFF``/``FULL``, Prolly's root
+    exchange and ``SyncDone``). We allow ``2 * depth + 8``.
+
+    When frames fill up, what did not fit waits for later rounds (an RBSR frame sends the
+    rest of the window as one fingerprint, which the peer splits again): with frames of
+    ``F`` bytes a sync of ``n`` differing items took up to ``40 * depth * n / F`` rounds
+    per side in our measurements (a difference as large as the windows, the worst case).
+    We allow ``ROUND_LIMIT_BYTES_PER_LEVEL * depth * items / max_frame_size`` more, 1.6
+    times that. With the defaults (1 MiB frames, 2M items) the limit is 788 rounds for RBSR
+    (fanout 16) and 918 for Prolly (fanout 8). Nearly all of it is the allowance for full
+    frames; a peer that ping-pongs small frames may use it too, but each of its rounds
+    costs little (the work per frame is bounded by the frame's bytes).
+    """
+    if fanout < 2 or max_frame_size < 1 or items < 0:
+        raise LocalProtocolError("default_max_rounds needs fanout >= 2 and a positive frame size")
+    depth = 0
+    while fanout**depth < items:
+        depth += 1
+    spill = math.ceil(items * ROUND_LIMIT_BYTES_PER_LEVEL * depth / max_frame_size)
+    return 2 * depth + 8 + spill
 
 
 def window_bounds(window: Window) -> tuple[Bound, Bound]:
@@ -95,19 +147,25 @@ class ReconcileSession(ABC):
         window: Window,
         max_frame_size: int,
         min_frame_size: int,
+        max_rounds: int,
     ) -> None:
         if max_frame_size < min_frame_size:
             raise LocalProtocolError(
                 f"max_frame_size {max_frame_size} below this method's minimum {min_frame_size}"
             )
+        if max_rounds < 1:
+            raise LocalProtocolError(f"max_rounds {max_rounds} must be at least 1")
         self.store = store
         self.initiator = initiator
         self.max_frame_size = max_frame_size
+        self.max_rounds = max_rounds
+        """Frames this session accepts; a further one is refused (a peer that never converges)."""
         # A responder learns the window's end from the initiator's first frame.
         self._start, end = window_bounds(window)
         self._end: Bound | None = end if initiator else None
         self.have: list[Item] = []
         self.need: list[Item] = []
+        self._known: set[Item] = set()  # have + need, so that a peer cannot repeat one
         self.stats = SessionStats()
         self._state = _State.IDLE
 
@@ -148,17 +206,29 @@ class ReconcileSession(ABC):
             raise RemoteProtocolError(
                 f"frame of {len(frame)} bytes exceeds the limit of {self.max_frame_size}"
             )
+        if self.stats.frames_in >= self.max_rounds:
+            raise RemoteProtocolError(
+                f"no agreement after {self.stats.frames_in} rounds: the peer does not converge "
+                f"(round limit {self.max_rounds})"
+            )
         step = self._step(frame)
         self.stats.frames_in += 1
         self.stats.bytes_in += len(frame)
-        self.have.extend(step.have)
-        self.need.extend(step.need)
+        self._learn(self.have, step.have)
+        self._learn(self.need, step.need)
         if step.commit is not None:
             step.commit()
         self._state = _State.DONE if step.finished else _State.RUNNING
         if step.reply is not None:
             self._count_out(step.reply)
         return step.reply
+
+    def _learn(self, into: list[Item], items: list[Item]) -> None:
+        known = self._known
+        for item in items:
+            if item not in known:
+                known.add(item)
+                into.append(item)
 
     def _count_out(self, frame: bytes) -> None:
         self.stats.frames_out += 1
