@@ -46,7 +46,7 @@ from sdsync.reconcile.codec import Reader
 from sdsync.reconcile.fingerprint import FINGERPRINT_SIZE, HASH_SIZE, varint
 from sdsync.reconcile.items import Bound, Item, ItemStore, MemoryItemStore
 from sdsync.reconcile.memory import Method, sessions
-from sdsync.reconcile.prolly import MessageType, ProllyParams
+from sdsync.reconcile.prolly import MESSAGE_TYPES, MessageType, ProllyParams
 from sdsync.reconcile.rbsr import ITEM_ID_SIZE, Mode, RbsrParams
 from sdsync.reconcile.session import FULL_WINDOW, ReconcileSession, SessionStats, Window
 
@@ -688,15 +688,7 @@ def _prolly_op(data: bytes, op: str, at: int, value: int, blob: bytes) -> bytes:
     if len(data) < 2 or data[1] not in MessageType._value2member_map_:
         return data
     kind = MessageType(data[1])
-    message = {
-        MessageType.EXCHANGE_ROOT_REQUEST: pb.ExchangeRootRequest,
-        MessageType.EXCHANGE_ROOT_RESPONSE: pb.ExchangeRootResponse,
-        MessageType.GET_INTERMEDIATE_NODE_REQUEST: pb.GetIntermediateNodeRequest,
-        MessageType.GET_INTERMEDIATE_NODE_RESPONSE: pb.GetIntermediateNodeResponse,
-        MessageType.GET_NON_BOUNDARY_NODES_REQUEST: pb.GetNonBoundaryNodesRequest,
-        MessageType.GET_NON_BOUNDARY_NODES_RESPONSE: pb.GetNonBoundaryNodesResponse,
-        MessageType.SYNC_DONE: pb.SyncDone,
-    }[kind]()
+    message = MESSAGE_TYPES[kind]()
     try:
         message.ParseFromString(data[2:])
     except DecodeError:

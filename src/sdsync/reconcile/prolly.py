@@ -99,7 +99,7 @@ class MessageType(IntEnum):
     SYNC_DONE = 7
 
 
-_MESSAGES: dict[MessageType, type[Message]] = {
+MESSAGE_TYPES: dict[MessageType, type[Message]] = {
     MessageType.EXCHANGE_ROOT_REQUEST: pb.ExchangeRootRequest,
     MessageType.EXCHANGE_ROOT_RESPONSE: pb.ExchangeRootResponse,
     MessageType.GET_INTERMEDIATE_NODE_REQUEST: pb.GetIntermediateNodeRequest,
@@ -148,7 +148,7 @@ def decode(frame: bytes) -> tuple[MessageType, Message]:
     if frame[1] not in MessageType._value2member_map_:
         raise RemoteProtocolError(f"unknown Prolly message type {frame[1]}")
     kind = MessageType(frame[1])
-    message = _MESSAGES[kind]()
+    message = MESSAGE_TYPES[kind]()
     try:
         message.ParseFromString(frame[2:])
     except DecodeError as exc:
