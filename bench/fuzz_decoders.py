@@ -51,6 +51,7 @@ from sdsync.core.channel import MessageChannel
 from sdsync.core.config import ChannelConfig, RepairConfig
 from sdsync.errors import RemoteProtocolError
 from sdsync.reconcile import fuzz
+from sdsync.store.sync import fuzz as batch_fuzz
 from sdsync.wire import (
     HistoryEntry,
     Message,
@@ -371,18 +372,18 @@ class Reconcile:
             method: [i for i, c in enumerate(self.conversations) if c.scene.method == method]
             for method in ("rbsr", "prolly")
         }
-        self.batches = fuzz.batch_corpus()
+        self.batches = batch_fuzz.batch_corpus()
 
     def check(self, target: str, rng: random.Random, tally: Tally, index: int) -> None:
         kind, name = target.split("/")
         if kind == "batch":
             corpus = self.batches
             if name == "scratch":
-                data = fuzz.random_batch(rng, corpus)
+                data = batch_fuzz.random_batch(rng, corpus)
             else:
                 base = rng.choice(corpus.batches)
                 data = fuzz.mutate("batch", base, fuzz.random_mutations(rng, corpus.entries))
-            out = fuzz.check_batch(data, corpus.expected)
+            out = batch_fuzz.check_batch(data, corpus.expected)
         else:
             conv = rng.choice(self.by_method[kind])
             c = self.conversations[conv]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sdsync.pipeline.io import ARCHIVE_SCHEMA
+from sdsync.store.schema import ARCHIVE_SCHEMA
 
 Item = tuple[int, bytes]
 

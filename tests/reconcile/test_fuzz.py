@@ -36,6 +36,7 @@ from sdsync.reconcile import prolly_pb2 as pb
 from sdsync.reconcile.fingerprint import varint
 from sdsync.reconcile.prolly import MessageType
 from sdsync.reconcile.rbsr import Mode
+from sdsync.store.sync import fuzz as batch_fuzz
 
 FUZZ = settings(
     max_examples=400,
@@ -47,7 +48,7 @@ FOLLOW = settings(FUZZ, max_examples=100)
 CONVERSATIONS = fuzz.conversations()
 HARNESS = fuzz.Harness(CONVERSATIONS)
 DONORS = [t.frame for c in CONVERSATIONS for t in c.turns]
-BATCHES = fuzz.batch_corpus()
+BATCHES = batch_fuzz.batch_corpus()
 NEAR = 10**18
 
 
@@ -255,13 +256,13 @@ def test_seeded_generators_as_in_the_bench() -> None:
         _check(conv, index, frame, follow=case % 50 == 0)
     for case in range(1_000):
         body = (
-            fuzz.random_batch(rng, BATCHES)
+            batch_fuzz.random_batch(rng, BATCHES)
             if case % 2
             else fuzz.mutate(
                 "batch", rng.choice(BATCHES.batches), fuzz.random_mutations(rng, BATCHES.entries)
             )
         )
-        assert not fuzz.check_batch(body, BATCHES.expected).failures
+        assert not batch_fuzz.check_batch(body, BATCHES.expected).failures
 
 
 # -------------------------------------------------------------------------- batches
@@ -297,21 +298,21 @@ def batch_entries(draw: st.DrawFn) -> bytes:
 @FUZZ
 @given(entries=st.lists(batch_entries() | st.sampled_from(BATCHES.entries), max_size=6))
 def test_batches_from_scratch(entries: list[bytes]) -> None:
-    out = fuzz.check_batch(b"".join(entries), BATCHES.expected)
+    out = batch_fuzz.check_batch(b"".join(entries), BATCHES.expected)
     assert not out.failures, out.failures
 
 
 @FUZZ
 @given(batch=st.sampled_from(BATCHES.batches), ops=mutations())
 def test_mutated_batches(batch: bytes, ops: list[fuzz.Mutation]) -> None:
-    out = fuzz.check_batch(fuzz.mutate("batch", batch, ops), BATCHES.expected)
+    out = batch_fuzz.check_batch(fuzz.mutate("batch", batch, ops), BATCHES.expected)
     assert not out.failures, out.failures
 
 
 def test_real_batches_are_accepted_and_unexpected_ones_refused() -> None:
     for batch in BATCHES.batches:
-        assert not fuzz.check_batch(batch, BATCHES.expected, valid=True).failures
-    out = fuzz.check_batch(BATCHES.batches[0], frozenset())
+        assert not batch_fuzz.check_batch(batch, BATCHES.expected, valid=True).failures
+    out = batch_fuzz.check_batch(BATCHES.batches[0], frozenset())
     assert not out.accepted and not out.failures
     huge = _big(3) + b"/t/" + _big((1 << 64) - 1) + b"\x12\x01c"
-    assert not fuzz.check_batch(huge, BATCHES.expected).accepted
+    assert not batch_fuzz.check_batch(huge, BATCHES.expected).accepted

@@ -30,20 +30,6 @@ import pyarrow.parquet as pq
 from sdsync.errors import SdsError
 
 SUMMARY = "summary.json"
-#: A store archive as Parquet: what `sdsync store export` and the simulator's store nodes
-#: write and `sdsync pipeline reconcile` reads (nwaku's archive columns; hash = the
-#: deterministic Waku message hash, timestamp in Unix ns).
-ARCHIVE_SCHEMA = pa.schema(
-    [
-        ("message_hash", pa.binary()),
-        ("timestamp", pa.int64()),
-        ("pubsub_topic", pa.string()),
-        ("content_topic", pa.string()),
-        ("payload", pa.binary()),
-        ("meta", pa.binary()),
-        ("version", pa.int32()),
-    ]
-)
 
 
 class InputError(SdsError):

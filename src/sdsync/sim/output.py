@@ -47,7 +47,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from sdsync.pipeline.io import ARCHIVE_SCHEMA
+from sdsync.store.schema import ARCHIVE_SCHEMA
 
 if TYPE_CHECKING:
     from sdsync.sim.engine import Simulation

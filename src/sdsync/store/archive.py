@@ -52,17 +52,9 @@ import numpy as np
 import numpy.typing as npt
 
 from sdsync.store.model import Page, QueryError, StatusCode, StoredMessage, StoreQuery
+from sdsync.store.schema import COLUMNS
 from sdsync.wire.waku import HASH_SIZE
 
-COLUMNS = (
-    "message_hash",
-    "timestamp",
-    "pubsub_topic",
-    "content_topic",
-    "payload",
-    "meta",
-    "version",
-)
 SCAN_BATCH = 10_000
 ARRAY_BATCH = 65_536
 _INT64_MAX = (1 << 63) - 1

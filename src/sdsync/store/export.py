@@ -36,9 +36,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from sdsync.pipeline.io import ARCHIVE_SCHEMA
 from sdsync.store.archive import Archive
 from sdsync.store.model import StoredMessage
+from sdsync.store.schema import ARCHIVE_SCHEMA
 
 HOUR_NS = 3_600 * 10**9
 BATCH_ROWS = 50_000

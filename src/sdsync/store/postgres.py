@@ -32,27 +32,25 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool
 
 from sdsync.store.archive import ItemArrays, Key, SqlArchive, item_arrays
+from sdsync.store.schema import create_table
 
 HOUR_NS = 3_600 * 10**9
 _PREFIX = "messages_h"
 _LOCK_ID = 0x5D5_57012  # advisory lock guarding partition DDL
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS messages (
-    message_hash bytea NOT NULL,
-    timestamp bigint NOT NULL,
-    pubsub_topic text NOT NULL,
-    content_topic text NOT NULL,
-    payload bytea NOT NULL,
-    meta bytea,
-    version bigint NOT NULL,
-    PRIMARY KEY (timestamp, message_hash)
-) PARTITION BY RANGE (timestamp);
+_SCHEMA = (
+    create_table(
+        "postgresql",
+        constraints="PRIMARY KEY (timestamp, message_hash)",
+        options="PARTITION BY RANGE (timestamp)",
+    )
+    + """
 CREATE INDEX IF NOT EXISTS messages_hash ON messages (message_hash);
 CREATE INDEX IF NOT EXISTS messages_pubsub_time
     ON messages (pubsub_topic, timestamp, message_hash);
 CREATE INDEX IF NOT EXISTS messages_topics
     ON messages (pubsub_topic, content_topic, timestamp, message_hash);
 """
+)
 
 
 class PostgresArchive(SqlArchive):

@@ -20,18 +20,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from sdsync.store.archive import Key, SqlArchive
+from sdsync.store.schema import create_table
 
 CACHE_KIB = 64 * 1024  # per connection; pages are allocated as they are used
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS messages (
-    message_hash BLOB NOT NULL,
-    timestamp INTEGER NOT NULL,
-    pubsub_topic TEXT NOT NULL,
-    content_topic TEXT NOT NULL,
-    payload BLOB NOT NULL,
-    meta BLOB,
-    version INTEGER NOT NULL
-);
+_SCHEMA = (
+    create_table("sqlite")
+    + """
 CREATE UNIQUE INDEX IF NOT EXISTS messages_hash ON messages (message_hash);
 CREATE INDEX IF NOT EXISTS messages_time ON messages (timestamp, message_hash);
 CREATE INDEX IF NOT EXISTS messages_pubsub_time
@@ -39,6 +33,7 @@ CREATE INDEX IF NOT EXISTS messages_pubsub_time
 CREATE INDEX IF NOT EXISTS messages_topics
     ON messages (pubsub_topic, content_topic, timestamp, message_hash);
 """
+)
 
 
 class SqliteArchive(SqlArchive):
