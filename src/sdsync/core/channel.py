@@ -1054,7 +1054,3 @@ class MessageChannel:
     def peers_heard(self) -> list[str]:
         """Peers heard from in this channel, at most ``possible_acks_threshold`` of them."""
         return sorted(self._heard)
-
-    def wire_bytes(self, message_id: str) -> bytes | None:
-        """Cached wire bytes of a recent log entry (what SDS-R would rebroadcast)."""
-        return self._wire_cache.get(message_id)

@@ -30,7 +30,8 @@ class MessageSent(Event):
 
 @dataclass(frozen=True, slots=True)
 class MessageReceived(Event):
-    """A content message arrived; ``missing`` lists dependencies we never received."""
+    """A content message arrived; ``unmet_dependencies`` of its causal history are not in
+    our log yet (it waits for them in the incoming buffer)."""
 
     sender_id: str
     lamport_timestamp: int
