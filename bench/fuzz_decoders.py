@@ -12,7 +12,7 @@ like and without hypothesis' per-example overhead:
 * ``MessageChannel.receive`` on all of the above: only ``RemoteProtocolError`` may escape,
   a rejected input leaves the channel's observable state unchanged, and an accepted one
   leaves the log strictly ordered by (Lamport timestamp, id);
-* the reconciliation decoders (``tests/reconcile/test_fuzz.py``'s properties, from
+* the reconciliation decoders (``tests/reconcile/test_reconcile_fuzz.py``'s properties, from
   ``sdsync.reconcile.fuzz``): RBSR and Prolly frames generated from scratch or mutated
   from real conversations, fed to the session that was about to receive the real frame
   (only ``RemoteProtocolError``; a rejected frame changes nothing; work per frame, counted

@@ -1,3 +1,56 @@
-"""Shared test helpers."""
+"""Shared test helpers (see also testdeps.py) and a per-directory count of the tests run.
+
+The count at the end of every run shows, directory by directory, what was collected and
+how it ended: a directory whose tests silently stopped running stands out. Under xdist it
+is counted on the controller, from the workers' collections and reports.
+"""
 
 from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Any
+
+import pytest
+
+_collected = pytest.StashKey[list[str]]()
+_OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
+
+
+def _directory(nodeid: str) -> str:
+    """tests/store/test_x.py::test_y -> tests/store; tests/test_x.py -> tests/test_x.py."""
+    return "/".join(nodeid.split("::", 1)[0].split("/")[:2])
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if session.items:  # without xdist (and on its workers, which print no summary)
+        session.config.stash[_collected] = [item.nodeid for item in session.items]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    # Every worker collects the whole suite; the first one's ids stand for all.
+    node.config.stash.setdefault(_collected, list(ids))
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
+) -> None:
+    collected = Counter(_directory(nodeid) for nodeid in config.stash.get(_collected, []))
+    outcomes: defaultdict[str, Counter[str]] = defaultdict(Counter)
+    for outcome in _OUTCOMES:
+        nodeids = {
+            report.nodeid
+            for report in terminalreporter.stats.get(outcome, [])
+            if getattr(report, "nodeid", None)
+        }
+        for nodeid in nodeids:
+            outcomes[_directory(nodeid)][outcome] += 1
+    directories = sorted(set(collected) | set(outcomes))
+    if not directories:
+        return
+    terminalreporter.write_sep("=", "tests per directory")
+    width = max(len(d) for d in directories)
+    for directory in directories:
+        counts = [f"{collected[directory]:5d} collected"]
+        counts += [f"{n} {o}" for o in _OUTCOMES if (n := outcomes[directory][o])]
+        terminalreporter.write_line(f"{directory:<{width}}  " + ", ".join(counts))

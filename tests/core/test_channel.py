@@ -26,6 +26,7 @@ from sdsync.core import (
     SendFailed,
     SyncReceived,
 )
+from sdsync.core.bloom import BloomFilter
 from sdsync.errors import LocalProtocolError, OutgoingBufferFullError, RemoteProtocolError
 from sdsync.wire import (
     HistoryEntry,
@@ -194,7 +195,11 @@ def test_full_incoming_buffer_drops_without_recording_the_message() -> None:
         b.receive(w, 10)
     assert len(b.incoming_ids()) == 2
     assert b.stats.dropped == {"incoming buffer full": 1}
-    assert decode(wires[3]).message_id not in b.bloom_bytes().hex()  # sanity: not a hex id
+    # The buffered messages are in the filter b sends; the dropped one is not (else a would
+    # take it as acknowledged and never resend it).
+    sent_filter = BloomFilter(config.bloom, b.bloom_bytes())
+    assert [decode(w).message_id in sent_filter for w in wires] == [False, True, True, False]
+    assert decode(wires[3]).message_id not in b.incoming_ids()
     b.receive(wires[0], 11)  # delivers 0, 1, 2 — 3 was dropped and is not a duplicate
     assert of(b.receive(wires[3], 12), MessageDelivered) == [decode(wires[3]).message_id]
     assert b.log_ids() == a.log_ids()

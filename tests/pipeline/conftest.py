@@ -8,13 +8,14 @@ from collections.abc import Iterator
 
 import pytest
 from rich.console import Console
+from testdeps import require
 
-pytest.importorskip("pyspark", reason="the pipeline needs the 'spark' extra")
+require("pyspark", "the pipeline needs the 'spark' extra")  # skip (locally) or fail (CI) first
 
-from pyspark.sql import SparkSession
+from pyspark.sql import SparkSession  # noqa: E402
 
-from sdsync.cli.demo import FullDemo, demo_scenario, run_full_demo
-from sdsync.pipeline.session import SessionOptions, build_session
+from sdsync.cli.demo import FullDemo, demo_scenario, run_full_demo  # noqa: E402
+from sdsync.pipeline.session import SessionOptions, build_session  # noqa: E402
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
+from testdeps import require
 
 from sdsync.core import (
     BloomParams,
@@ -88,8 +89,9 @@ class Network:
         if self.kind == "memory":
             transport: Transport = self.memory.transport(name)
         else:
-            pytest.importorskip("sdsync.transport.libp2p", reason="needs the 'p2p' extra")
-            from sdsync.transport.libp2p import Libp2pTransport
+            Libp2pTransport = require(  # noqa: N806 -- the class, once importable
+                "sdsync.transport.libp2p", "needs the 'p2p' extra"
+            ).Libp2pTransport
 
             peers = [
                 addr for other, addrs in self.listening.items() if other != name for addr in addrs

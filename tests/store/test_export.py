@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 from storetest import HOUR, PUBSUB, T0, in_order, make_messages
+from testdeps import require
 
 from sdsync.pipeline.io import binary_column, inspect_parquet, long_column, string_column
 from sdsync.store import SqlArchive, export_parquet
@@ -25,7 +26,7 @@ ALL_COLUMNS = [
 
 
 def test_pipeline_columns_match_reconcile() -> None:
-    reconcile = pytest.importorskip("sdsync.pipeline.reconcile")
+    reconcile = require("sdsync.pipeline.reconcile", "the pipeline needs the 'spark' extra")
     assert [c.name for c in reconcile.ARCHIVE_COLUMNS] == [c.name for c in ARCHIVE_COLUMNS]
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import pytest
 from storetest import running
+from testdeps import require
 
 from sdsync.store import SqlArchive
 
-libp2p = pytest.importorskip("sdsync.transport.libp2p", reason="needs the 'p2p' extra")
+libp2p = require("sdsync.transport.libp2p", "needs the 'p2p' extra")
 
 TOPIC = "/sds/1/store-test"
 PATIENCE_S = 30.0  # a liveness bound; this normally takes a second or two

@@ -12,6 +12,8 @@ from sdsync.store import SqlArchive, StoredMessage, open_archive
 from sdsync.store.pgcluster import free_port
 from sdsync.store.resume import MAX_RESUME_NS, LastOnline, resume, resume_window
 
+PATIENCE_S = 30.0  # a liveness bound; resuming 300 messages normally takes well under a second
+
 
 def test_window_starts_at_last_online_but_at_most_six_hours_back() -> None:
     now = T0 + 10 * HOUR
@@ -43,8 +45,9 @@ def test_a_restarted_node_recovers_what_it_missed(archive: SqlArchive, tmp_path:
             async with running(
                 restarted, tmp_path / "b", peers=(peer.url,), clock_ns=lambda: now
             ) as node:
-                while node.resume_report is None:
-                    await asyncio.sleep(0.01)
+                async with asyncio.timeout(PATIENCE_S):
+                    while node.resume_report is None:
+                        await asyncio.sleep(0.01)
                 report = node.resume_report
                 assert list(restarted.messages()) == expected
         assert report.complete and report.peer == peer.url
