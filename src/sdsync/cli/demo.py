@@ -39,6 +39,7 @@ from sdsync.sim.config import (
     SimConfig,
     StoreOutage,
     WorkloadConfig,
+    participant_name,
 )
 
 STEP_MS = 10
@@ -415,7 +416,8 @@ def print_full_demo(config: SimConfig, result: FullDemo, console: Console) -> No
         f"{config.participants} participants, {sim['messages_sent']:,} messages, "
         f"{config.network.loss:.0%} loss, store s01 down "
         f"{OUTAGE_MS[0] // 1000}–{OUTAGE_MS[1] // 1000} s, "
-        f"p{config.participants - 1:05d} offline {OFFLINE_MS[0] // 1000}–{OFFLINE_MS[1] // 1000} s",
+        f"{participant_name(config.participants - 1)} offline "
+        f"{OFFLINE_MS[0] // 1000}–{OFFLINE_MS[1] // 1000} s",
     )
     converged = con["divergent_participants"] == 0 and con["causal_gaps"] == 0
     table.add_row(

@@ -17,6 +17,11 @@ from typing import Any
 from sdsync.errors import LocalProtocolError
 
 
+def participant_name(index: int) -> str:
+    """The id of the simulation's participant ``index``, as in logs, events and summaries."""
+    return f"p{index:05d}"
+
+
 @dataclass(frozen=True, slots=True)
 class NetworkConfig:
     latency_ms: float = 100.0  # mean one-way latency per copy

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from sdsync.core import BloomParams, ChannelConfig, MessageChannel, RepairConfig
 from sdsync.runtime import ChannelDriver, QueryStore, RuntimeConfig, Step, Transmit
-from sdsync.sim.config import SimConfig
+from sdsync.sim.config import SimConfig, participant_name
 from sdsync.sim.record import Recorder
 from sdsync.wire import Message, decode, message_hash
 
@@ -144,7 +144,7 @@ class Simulation:
     # ------------------------------------------------------------------ setup
 
     def _new_participant(self, index: int) -> Participant:
-        name = f"p{index:05d}"
+        name = participant_name(index)
         drivers = [
             ChannelDriver(
                 self._factory(cid, name, self.now, self.channel_config),

@@ -47,6 +47,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from sdsync.sim.config import participant_name
 from sdsync.store.schema import ARCHIVE_SCHEMA
 
 if TYPE_CHECKING:
@@ -93,11 +94,6 @@ MESSAGES_SCHEMA = pa.schema(
 )
 # zstd: the event table is large and very repetitive (ids recur in many rows).
 COMPRESSION = "zstd"
-
-
-def participant_name(index: int) -> str:
-    """The engine's participant id for index ``index`` (see ``Simulation``)."""
-    return f"p{index:05d}"
 
 
 def store_name(index: int) -> str:

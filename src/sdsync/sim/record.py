@@ -29,7 +29,7 @@ from sdsync.core import (
     MessagePossiblyAcknowledged,
     SendFailed,
 )
-from sdsync.sim.config import SimConfig
+from sdsync.sim.config import SimConfig, participant_name
 from sdsync.wire import Message
 
 if TYPE_CHECKING:
@@ -231,7 +231,7 @@ class Recorder:
         verdict = Verdict(duplicates=self.duplicates)
         verdict.offline_at_end = [p.index for p in sim.participants if not p.online]
         if verdict.offline_at_end:
-            names = ", ".join(f"p{i:05d}" for i in verdict.offline_at_end[:EXAMPLES])
+            names = ", ".join(participant_name(i) for i in verdict.offline_at_end[:EXAMPLES])
             verdict.problems.append(
                 f"{len(verdict.offline_at_end)} participant(s) still offline at the end "
                 f"(churn past the deadline): {names}"
@@ -266,10 +266,10 @@ class Recorder:
                 for mid in sorted(missing)[: EXAMPLES - len(verdict.missing_examples)]:
                     verdict.missing_examples.append(
                         {
-                            "participant": f"p{index:05d}",
+                            "participant": participant_name(index),
                             "channel": c,
                             "message_id": mid,
-                            "sender": f"p{self.truth[(c, mid)].sender:05d}",
+                            "sender": participant_name(self.truth[(c, mid)].sender),
                             "reason": self._why_missing(sim, index, c, mid),
                         }
                     )
@@ -306,7 +306,7 @@ class Recorder:
         irretrievably_lost = sum(len(s) for per_p in self.lost for s in per_p)
         lost_examples = [
             {
-                "participant": f"p{index:05d}",
+                "participant": participant_name(index),
                 "channel": c,
                 "message_id": mid,
                 "reason": "reported lost: dependency not retrieved within lost_timeout_ms",
@@ -355,7 +355,7 @@ class Recorder:
                 "ordered_logs": verdict.ordered_logs,
                 "no_duplicate_delivery": verdict.duplicates == 0,
                 "causal_order": verdict.causal_order_ok,
-                "offline_at_end": [f"p{i:05d}" for i in verdict.offline_at_end],
+                "offline_at_end": [participant_name(i) for i in verdict.offline_at_end],
                 "missing_examples": verdict.missing_examples,
                 "lost_examples": lost_examples,
             },
