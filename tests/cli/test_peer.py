@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from sdsync.cli.main import app
 from sdsync.cli.peer import PeerSession
-from sdsync.core import BloomParams, ChannelConfig
+from sdsync.core import BloomParams, ChannelConfig, DropReason
 from sdsync.wire import message_id_for, message_id_for_sender
 
 CONFIG = ChannelConfig(bloom=BloomParams(100, 0.01))
@@ -102,3 +102,19 @@ def test_message_id_flag_chooses_the_default_id_derivation() -> None:
     assert second["ok"] and second["message_id"] != first["message_id"]
     bad = CliRunner().invoke(app, ["peer", "--stdio", "--participant", "p", "--message-id", "x"])
     assert bad.exit_code == 2 and "--message-id" in bad.output
+
+
+def test_drop_reasons_keep_their_strings_in_json() -> None:
+    """DropReason is an enum in the core; the JSON contract still carries the same text."""
+    a, b = session("a"), session("b")
+    sent = call(a, op="send", payload_hex="6869")
+    call(b, op="receive", wire_hex=sent["wire_hex"])
+    again = call(b, op="receive", wire_hex=sent["wire_hex"])
+    assert json.loads(json.dumps(again["events"])) == [
+        {"type": "message_dropped", "message_id": sent["message_id"], "reason": "duplicate"}
+    ]
+    assert {r.value for r in DropReason} >= {"duplicate", "id collision", "wrong channel"}
+    assert [r for r in DropReason if r.bad_input] == [
+        DropReason.WRONG_CHANNEL,
+        DropReason.FUTURE_LAMPORT,
+    ]

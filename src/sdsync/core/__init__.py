@@ -13,6 +13,7 @@ from sdsync.core.channel import (
 )
 from sdsync.core.config import ChannelConfig, MessageIdScheme, OwnLogPolicy, RepairConfig
 from sdsync.core.events import (
+    DropReason,
     EphemeralReceived,
     Event,
     MessageAcknowledged,
@@ -45,6 +46,7 @@ __all__ = [
     "ChannelConfig",
     "ChannelSnapshot",
     "ChannelStats",
+    "DropReason",
     "EphemeralReceived",
     "Event",
     "HistoryStore",

@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from sdsync.core.bloom import Position, RollingBloomFilter, contains
 from sdsync.core.config import ChannelConfig
 from sdsync.core.events import (
+    DropReason,
     EphemeralReceived,
     Event,
     MessageAcknowledged,
@@ -414,7 +415,7 @@ class MessageChannel:
         """Process an already decoded message (``data``, if given, is kept for SDS-R)."""
         drop = self._drop_reason(message, now_ms)
         if drop is not None:
-            if drop == "duplicate" and self._repair is not None:
+            if drop is DropReason.DUPLICATE and self._repair is not None:
                 # Someone rebroadcast it: a repair response we owe is no longer needed.
                 self._repair.responses.remove(message.message_id)
             self.stats.count(self.stats.dropped, drop)
@@ -435,8 +436,8 @@ class MessageChannel:
         full = len(self._incoming) >= self.config.max_incoming_buffer
         if unmet and full and kind is MessageKind.CONTENT:
             # Not recorded, not in our filter: the sender will resend and we try again.
-            self.stats.count(self.stats.dropped, "incoming buffer full")
-            events.append(MessageDropped(message.message_id, "incoming buffer full"))
+            self.stats.count(self.stats.dropped, DropReason.INCOMING_BUFFER_FULL)
+            events.append(MessageDropped(message.message_id, DropReason.INCOMING_BUFFER_FULL))
             return events
         if kind is MessageKind.SYNC:
             self._record_missing(unmet, message.sender_id, now_ms, events)
@@ -453,21 +454,21 @@ class MessageChannel:
             self._deliver(message, retrieval_hint, data, events)
         return events
 
-    def _drop_reason(self, message: Message, now_ms: int) -> str | None:
+    def _drop_reason(self, message: Message, now_ms: int) -> DropReason | None:
         if message.channel_id != self.channel_id:
-            return "wrong channel"
+            return DropReason.WRONG_CHANNEL
         if message.sender_id == self.participant_id:
-            return "own message"
+            return DropReason.OWN_MESSAGE
         if message.kind is not MessageKind.CONTENT:
             return None
         if message.message_id in self._outgoing:
-            return "id collision"  # another sender used the id of one of ours
+            return DropReason.ID_COLLISION  # another sender used the id of one of ours
         if self._seen(message.message_id):
-            return "id collision" if self._collides(message) else "duplicate"
+            return DropReason.ID_COLLISION if self._collides(message) else DropReason.DUPLICATE
         skew = self.config.max_lamport_skew_ms
         if skew is not None and (message.lamport_timestamp or 0) > now_ms + skew:
             # Delivering it would drag our clock (and every later message) that far ahead.
-            return "lamport timestamp too far in the future"
+            return DropReason.FUTURE_LAMPORT
         return None
 
     def _seen(self, message_id: str) -> bool:

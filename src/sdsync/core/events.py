@@ -6,6 +6,7 @@ events it caused, in order. The runtime turns them into I/O and application call
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from sdsync.wire import HistoryEntry
@@ -125,11 +126,29 @@ class MessageLost(Event):
     type = "message_lost"
 
 
+class DropReason(enum.StrEnum):
+    """Why an incoming message was discarded; the values are the stable strings of JSON
+    output and metric labels."""
+
+    WRONG_CHANNEL = "wrong channel"
+    OWN_MESSAGE = "own message"
+    DUPLICATE = "duplicate"
+    ID_COLLISION = "id collision"
+    FUTURE_LAMPORT = "lamport timestamp too far in the future"
+    INCOMING_BUFFER_FULL = "incoming buffer full"
+
+    @property
+    def bad_input(self) -> bool:
+        """A well-formed message that is still a peer's bad input (not a copy, an echo of
+        ours, a collision an honest js-waku peer can cause, or our own lack of room)."""
+        return self in (DropReason.WRONG_CHANNEL, DropReason.FUTURE_LAMPORT)
+
+
 @dataclass(frozen=True, slots=True)
 class MessageDropped(Event):
     """An incoming message we discarded without changing state, and why."""
 
-    reason: str
+    reason: DropReason
     type = "message_dropped"
 
 

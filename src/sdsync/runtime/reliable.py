@@ -47,9 +47,6 @@ from sdsync.wire import HistoryEntry
 
 logger = logging.getLogger("sdsync.runtime")
 
-# Well-formed messages that are still bad input; duplicates and our own echoes are not.
-_BAD_INPUT = frozenset({"wrong channel", "lamport timestamp too far in the future"})
-
 
 class StoreClient(Protocol):
     """Where missing messages are fetched from (store nodes)."""
@@ -243,7 +240,7 @@ class ReliableChannel:
             self._reject(re.sub(r"\d+", "N", str(exc).split(":")[0]), str(exc))
             return
         for event in step.events:
-            if isinstance(event, MessageDropped) and event.reason in _BAD_INPUT:
+            if isinstance(event, MessageDropped) and event.reason.bad_input:
                 self._reject(event.reason, f"message {event.message_id}")
         await self._carry_out(step)
 

@@ -193,7 +193,9 @@ class Recorder:
                 self.lost[participant][channel].add(event.message_id)
                 self._row(now, participant, channel, event.message_id, "lost", 0, "lost_timeout")
             elif isinstance(event, MessageDropped):
-                self._row(now, participant, channel, event.message_id, "drop", 0, event.reason)
+                self._row(
+                    now, participant, channel, event.message_id, "drop", 0, event.reason.value
+                )
             elif isinstance(event, SendFailed):
                 # The sender's driver gave up after max_attempts resends.
                 self.abandoned.add((channel, event.message_id))
