@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from sdsync.core.bloom import BloomFilter, BloomParams, RollingBloomFilter, contains
+from sdsync.errors import LocalProtocolError
 from sdsync.wire import message_id_for
 
 
@@ -39,7 +40,7 @@ def test_serialised_bytes_can_be_tested_without_parsing() -> None:
     data = bloom.to_bytes()
     assert contains(data, params.positions("x"))
     assert BloomFilter(params, data).to_bytes() == data
-    with pytest.raises(ValueError, match="expected"):
+    with pytest.raises(LocalProtocolError, match="expected"):
         BloomFilter(params, data[:-1])
 
 
@@ -65,5 +66,5 @@ def test_rollover_keeps_recent_ids_and_bounds_the_fill() -> None:
 
 @pytest.mark.parametrize(("capacity", "rate"), [(0, 0.1), (10, 0.0), (10, 1.0)])
 def test_invalid_parameters_are_rejected(capacity: int, rate: float) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(LocalProtocolError):
         BloomParams(capacity, rate)

@@ -47,9 +47,9 @@ class BloomParams:
 
     def __post_init__(self) -> None:
         if self.capacity < 1:
-            raise ValueError(f"bloom capacity must be positive, got {self.capacity}")
+            raise LocalProtocolError(f"bloom capacity must be positive, got {self.capacity}")
         if not 0.0 < self.error_rate < 1.0:
-            raise ValueError(f"bloom error rate must be in (0, 1), got {self.error_rate}")
+            raise LocalProtocolError(f"bloom error rate must be in (0, 1), got {self.error_rate}")
         bits_per_elem = math.ceil(-math.log(self.error_rate) / math.log(2) ** 2)
         m_bits = self.capacity * bits_per_elem
         object.__setattr__(self, "k", math.floor(math.log(2) * bits_per_elem + 0.5))
@@ -92,7 +92,7 @@ class BloomFilter:
 
     def __init__(self, params: BloomParams, data: bytes | None = None) -> None:
         if data is not None and len(data) != params.n_bytes:
-            raise ValueError(f"filter has {len(data)} bytes, expected {params.n_bytes}")
+            raise LocalProtocolError(f"filter has {len(data)} bytes, expected {params.n_bytes}")
         self.params = params
         self._bits = bytearray(data) if data is not None else bytearray(params.n_bytes)
         self.count = 0
