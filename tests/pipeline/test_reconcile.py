@@ -16,7 +16,7 @@ from pyspark.testing import assertDataFrameEqual
 from typer.testing import CliRunner
 
 from sdsync.cli.main import app
-from sdsync.pipeline.io import InputError
+from sdsync.errors import InputError
 from sdsync.pipeline.progress import Progress
 from sdsync.pipeline.reconcile import Archive, ReconcileOptions, parse_archive, reconcile
 

@@ -12,8 +12,8 @@ from pyspark.sql import SparkSession
 from typer.testing import CliRunner
 
 from sdsync.cli.main import app
+from sdsync.errors import InputError
 from sdsync.pipeline.grid import load_grid, parse_grid
-from sdsync.pipeline.io import InputError
 from sdsync.sim.engine import Simulation
 
 GRID = """

@@ -56,7 +56,8 @@ def _run(
     if master and remote:
         raise _fail(err, "--master and --remote are mutually exclusive")
     try:
-        from sdsync.pipeline.io import InputError, input_error_from_spark
+        from sdsync.errors import InputError
+        from sdsync.pipeline.io import input_error_from_spark
         from sdsync.pipeline.progress import Progress
         from sdsync.pipeline.session import SessionOptions, build_session
     except ImportError as exc:  # pragma: no cover - depends on the installation

@@ -42,8 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sdsync.errors import LocalProtocolError
-from sdsync.pipeline.io import InputError
+from sdsync.errors import InputError, LocalProtocolError
 from sdsync.sim.config import SimConfig, config_from_dict
 from sdsync.sim.engine import Simulation
 

@@ -27,20 +27,9 @@ from urllib.parse import urlparse
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from sdsync.errors import SdsError
+from sdsync.errors import InputError
 
 SUMMARY = "summary.json"
-
-
-class InputError(SdsError):
-    """Bad input: an unreadable file, a missing column, a wrong type. Exit code 2."""
-
-    kind = "local"
-
-    def __init__(self, message: str, *, path: str | None = None, column: str | None = None):
-        super().__init__(message)
-        self.path = path
-        self.column = column
 
 
 @dataclass(frozen=True)

@@ -65,9 +65,9 @@ import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as sf
 
+from sdsync.errors import InputError
 from sdsync.pipeline import ONE_PASS_ROWS, arrow_leaves, cache, time_slices
 from sdsync.pipeline.io import (
-    InputError,
     ParquetInput,
     binary_column,
     inspect_parquet,
