@@ -1,0 +1,219 @@
+"""The public API, pinned: what each package's ``__init__`` exports (as trio's test_exports).
+
+A name added, renamed or removed fails here first, so an API change is a decision made in
+this file, not an accident of a refactor. Every exported name must also exist.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+EXPORTS: dict[str, frozenset[str]] = {
+    "sdsync": frozenset(
+        {
+            "BloomParams",
+            "ChannelConfig",
+            "Event",
+            "HistoryEntry",
+            "HistoryStore",
+            "LocalProtocolError",
+            "Message",
+            "MessageChannel",
+            "MessageKind",
+            "ReliabilityManager",
+            "RemoteProtocolError",
+            "RepairConfig",
+            "SdsError",
+            "WireLimits",
+            "__version__",
+            "decode",
+            "encode",
+        }
+    ),
+    "sdsync.core": frozenset(
+        {
+            "BloomFilter",
+            "BloomParams",
+            "ChannelConfig",
+            "ChannelSnapshot",
+            "ChannelStats",
+            "DropReason",
+            "EphemeralReceived",
+            "Event",
+            "HistoryStore",
+            "IncomingSweep",
+            "Journal",
+            "LocalLog",
+            "LogEntry",
+            "MemoryHistoryStore",
+            "MemoryWireStore",
+            "MessageAcknowledged",
+            "MessageChannel",
+            "MessageDelivered",
+            "MessageDeliveredEarly",
+            "MessageDropped",
+            "MessageIdScheme",
+            "MessageLost",
+            "MessageMissing",
+            "MessageMissingEvicted",
+            "MessagePossiblyAcknowledged",
+            "MessageReceived",
+            "MessageSent",
+            "MissingDependency",
+            "Outgoing",
+            "OutgoingEntry",
+            "OutgoingState",
+            "OutgoingSweep",
+            "OwnLogPolicy",
+            "ReliabilityManager",
+            "RepairConfig",
+            "RepairRequestReceived",
+            "RepairRequestSent",
+            "RepairResponseSent",
+            "RepairSweep",
+            "RollingBloomFilter",
+            "SendFailed",
+            "StoredIncoming",
+            "StoredOutgoing",
+            "SyncReceived",
+            "SyncSent",
+            "SyncStatus",
+            "UnwrapResult",
+            "WireStore",
+            "system_clock_ms",
+        }
+    ),
+    "sdsync.wire": frozenset(
+        {
+            "DEFAULT_LIMITS",
+            "HistoryEntry",
+            "Message",
+            "MessageKind",
+            "WakuMessage",
+            "WireLimits",
+            "classify",
+            "decode",
+            "decode_waku_message",
+            "encode",
+            "message_hash",
+            "message_id_for",
+            "message_id_for_sender",
+        }
+    ),
+    "sdsync.runtime": frozenset(
+        {
+            "ChannelDriver",
+            "ChannelState",
+            "Delivery",
+            "LogRecord",
+            "MemoryStore",
+            "QueryStore",
+            "ReliableChannel",
+            "RuntimeConfig",
+            "SqliteHistoryStore",
+            "Step",
+            "StoreClient",
+            "Transmit",
+            "state_path",
+        }
+    ),
+    "sdsync.transport": frozenset(
+        {
+            "Envelope",
+            "Libp2pTransport",
+            "MemoryNetwork",
+            "MemoryTransport",
+            "Received",
+            "Transport",
+        }
+    ),
+    "sdsync.store": frozenset(
+        {
+            "Archive",
+            "DEFAULT_PAGE_SIZE",
+            "ExportReport",
+            "HttpStoreClient",
+            "MAX_PAGE_SIZE",
+            "NodeConfig",
+            "Page",
+            "QueryError",
+            "RetentionPolicy",
+            "SqlArchive",
+            "StatusCode",
+            "StoreNode",
+            "StoreQuery",
+            "StoreUnavailableError",
+            "StoredMessage",
+            "export_parquet",
+            "open_archive",
+            "serve",
+        }
+    ),
+    "sdsync.store.sync": frozenset(
+        {
+            "ArchiveHost",
+            "PREFIX",
+            "PeriodicSync",
+            "SessionTable",
+            "SyncConfig",
+            "SyncHost",
+            "SyncReport",
+            "SyncUnsupportedError",
+            "responder_app",
+            "sync_with_peer",
+        }
+    ),
+    "sdsync.reconcile": frozenset(
+        {
+            "Bound",
+            "DEFAULT_MAX_FRAME_SIZE",
+            "EMPTY_FINGERPRINT",
+            "FINGERPRINT_SIZE",
+            "FULL_WINDOW",
+            "HASH_SIZE",
+            "INFINITY",
+            "Item",
+            "ItemStore",
+            "MemoryItemStore",
+            "Method",
+            "PROLLY_VERSION",
+            "ProllyParams",
+            "ProllySession",
+            "RBSR_VERSION",
+            "ROUND_LIMIT_ITEMS",
+            "RbsrParams",
+            "RbsrSession",
+            "ReconcileResult",
+            "ReconcileSession",
+            "SessionStats",
+            "Window",
+            "default_max_rounds",
+            "fingerprint",
+            "fingerprint_of_sum",
+            "reconcile_in_memory",
+            "sessions",
+            "summarize",
+            "varint",
+        }
+    ),
+}
+
+
+@pytest.mark.parametrize("package", sorted(EXPORTS))
+def test_each_package_exports_exactly_its_pinned_names(package: str) -> None:
+    module = importlib.import_module(package)
+    assert set(module.__all__) == EXPORTS[package]
+    missing = [name for name in module.__all__ if not hasattr(module, name)]
+    assert missing == []
+
+
+def test_top_level_names_are_the_packages_own() -> None:
+    """``sdsync.X`` is the object its component exports, not a copy."""
+    import sdsync
+    from sdsync import core, errors, wire
+
+    assert sdsync.MessageChannel is core.MessageChannel
+    assert sdsync.decode is wire.decode
+    assert sdsync.LocalProtocolError is errors.LocalProtocolError
