@@ -325,6 +325,14 @@ async def open_group(
     return network, members, published
 
 
+async def close_and_check(members: list[Member]) -> None:
+    """Close everyone, reopen from the stored state, and count every delivery."""
+    for m in members:
+        await m.close()
+    await check_reopened(members)  # may hand over replays: counted below
+    check_delivered_once(members)
+
+
 @TRANSPORTS
 @POLICIES
 def test_own_messages_carry_the_transport_hint_into_log_and_history(
@@ -338,10 +346,7 @@ def test_own_messages_carry_the_transport_hint_into_log_and_history(
                     await m.send(f"{m.name} says {i}".encode())
             await converged(members, 12)
             check_hints(members, published)
-            for m in members:
-                await m.close()
-            await check_reopened(members)  # may hand over replays: counted below
-            check_delivered_once(members)
+            await close_and_check(members)
         finally:
             await teardown(members, network)
 
@@ -391,10 +396,7 @@ def test_an_unacknowledged_message_keeps_its_hint_across_a_restart(
             await network.meshed()
             await converged(members, 5)
             check_hints(members, published)  # a's messages: acknowledged, hint in the log
-            for m in members:
-                await m.close()
-            await check_reopened(members)  # may hand over replays: counted below
-            check_delivered_once(members)
+            await close_and_check(members)
         finally:
             await teardown(members, network)
 

@@ -338,11 +338,10 @@ class MessageChannel:
         self._leave_outgoing(message_id)
         return [SendFailed(message_id)]
 
-    def _leave_outgoing(self, message_id: str) -> OutgoingEntry:
-        entry = self._outgoing.pop(message_id)
+    def _leave_outgoing(self, message_id: str) -> None:
+        del self._outgoing[message_id]
         del self._wires[message_id]
         self._touch_outgoing(message_id)
-        return entry
 
     def _outgoing_entry(self, message_id: str) -> OutgoingEntry:
         entry = self._outgoing.get(message_id)
@@ -540,7 +539,7 @@ class MessageChannel:
         events: list[Event],
     ) -> None:
         waiting_id = message.message_id
-        self._forget_missing(waiting_id)  # it arrived: it waits, it is not missing
+        self._missing.remove(waiting_id)  # it arrived: it waits, it is not missing
         self._record_missing(unmet, message.sender_id, now_ms, events)
         if self.config.deliver_early:
             events.append(
@@ -595,9 +594,6 @@ class MessageChannel:
             self.stats.missing_evicted,
         )
 
-    def _forget_missing(self, message_id: str) -> None:
-        self._missing.remove(message_id)
-
     def _deliver(
         self,
         message: Message,
@@ -613,7 +609,7 @@ class MessageChannel:
             lamport, mid, msg, hint, raw = heapq.heappop(ready)
             self.lamport_timestamp = max(self.lamport_timestamp, lamport)
             self._set_lost(mid, False)
-            self._forget_missing(mid)
+            self._missing.remove(mid)
             self._insert_log(LogEntry(mid, lamport, msg.sender_id, hint), raw, msg.content)
             events.append(MessageDelivered(mid, msg.sender_id, lamport, msg.content or b"", hint))
             for waiting in self._release(mid):
@@ -671,9 +667,9 @@ class MessageChannel:
     # ------------------------------------------------------------ acknowledgement
 
     def _bloom_evidence(self, message: Message) -> bytes | None:
-        """The message's bloom filter if it is needed and may be trusted, else None."""
+        """The message's bloom filter if it may be trusted, else None (counted, logged)."""
         bloom = message.bloom_filter
-        if bloom is None or not (self._outgoing or self._answers_implied(message)):
+        if bloom is None:
             return None
         params = self.config.bloom
         if len(bloom) != params.n_bytes:
@@ -690,13 +686,15 @@ class MessageChannel:
         for message_id in sorted(named):
             acked = outgoing[message_id]
             self._acknowledged(acked, message.sender_id, events, by_causal_history=True)
-        # The filter is checked (and distrusted, counted) only when something will read it.
+        implied = self._answers_implied(message)
+        if not (outgoing or implied):
+            return  # nothing reads the filter: it is not checked (nor distrusted, counted)
         bloom = self._bloom_evidence(message)
         if bloom is None:
             return
         if outgoing:
             self._review_bloom(bloom, message.sender_id, events)
-        if self._answers_implied(message):
+        if implied:
             self._answer_implied_requests(message, bloom, now_ms)
 
     def _review_bloom(self, bloom: bytes, sender_id: str, events: list[Event]) -> None:
@@ -837,7 +835,7 @@ class MessageChannel:
 
     def _declare_lost(self, dependency_id: str, events: list[Event]) -> None:
         self._set_lost(dependency_id, True)
-        self._forget_missing(dependency_id)
+        self._missing.remove(dependency_id)
         if self._repair is not None:
             self._repair.requests.remove(dependency_id)
         events.append(MessageLost(dependency_id))
@@ -881,7 +879,7 @@ class MessageChannel:
             if mid in self._log or mid in self._met_elsewhere:
                 continue
             self._met_elsewhere.add(mid)
-            self._forget_missing(mid)
+            self._missing.remove(mid)
             if self.journal is not None:
                 self.journal.met_elsewhere.append(mid)
             if self._repair is not None:
@@ -942,8 +940,7 @@ class MessageChannel:
             message = decode(stored.data, limits)
             unmet = self._unmet(message)
             for entry in unmet:  # state stored before gaps were kept knows them only here
-                if entry.message_id not in self._missing:
-                    self._missing.add(entry, message.sender_id, stored.received_ms)
+                self._missing.add(entry, message.sender_id, stored.received_ms)
             self._wait(
                 _Waiting(
                     message,

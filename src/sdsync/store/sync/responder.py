@@ -283,14 +283,12 @@ async def push_messages(request: web.Request) -> web.Response:
         messages = await asyncio.to_thread(decode_batch, body, session.wanted)
         await _learn_topics(node, table.config, session, messages)
         check_pushed(messages, session.wanted, session.window, session.archived_topics)
-    except RemoteProtocolError as exc:
+    except (RemoteProtocolError, SyncRefused) as exc:
         node.metrics.rejected.labels(source=SOURCE).inc()
         table.drop(session_id)
+        if isinstance(exc, SyncRefused):  # a 403 with its reason, from the guard
+            raise SyncRefused(exc.reason, f"{exc}; nothing stored, session ended") from None
         raise web.HTTPBadRequest(text=f"rejected, nothing stored, session ended: {exc}\n") from None
-    except SyncRefused as exc:
-        node.metrics.rejected.labels(source=SOURCE).inc()
-        table.drop(session_id)
-        raise SyncRefused(exc.reason, f"{exc}; nothing stored, session ended") from None
     session.pushed_bytes += len(body)
     for message in messages:
         del session.wanted[message.message_hash]
