@@ -238,9 +238,7 @@ def sync(
 ) -> None:
     """Sync the local archive with PEER once (Store Sync: reconcile, then transfer)."""
     from sdsync.errors import RemoteProtocolError
-    from sdsync.store import open_archive
-    from sdsync.store.client import StoreUnavailableError
-    from sdsync.store.server import DATABASE_ERRORS
+    from sdsync.store import ArchiveUnavailable, StoreUnavailableError, open_archive
     from sdsync.store.sync import ArchiveHost, SyncConfig, sync_with_peer
 
     url = _db_url(db, data_dir)
@@ -253,7 +251,7 @@ def sync(
         report = asyncio.run(
             sync_with_peer(ArchiveHost(archive), peer, span, method=method.value, token=sync_token)
         )
-    except (StoreUnavailableError, RemoteProtocolError, *DATABASE_ERRORS) as exc:
+    except (StoreUnavailableError, RemoteProtocolError, ArchiveUnavailable) as exc:
         raise _fail(f"sync with {peer} failed: {exc}", code=1) from None
     finally:
         archive.close()

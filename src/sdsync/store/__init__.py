@@ -16,8 +16,11 @@ The parts, from the bottom up:
   SQLite (:mod:`~sdsync.store.sqlite`) and hourly-partitioned PostgreSQL
   (:mod:`~sdsync.store.postgres`) backends.  Besides queries it offers what Store Sync
   will need: sorted ``(timestamp, hash)`` items of a time window, messages by hash,
-  idempotent verified inserts, a count;
+  idempotent verified inserts, a count.  A failing database is
+  :class:`~sdsync.store.archive.ArchiveUnavailable`, whichever the backend;
 * :mod:`~sdsync.store.retention` — nwaku's time, capacity and size policies;
+* :mod:`~sdsync.store.host` — the node as the HTTP API and Store Sync see it, and the
+  one ingestion path into the archive;
 * :mod:`~sdsync.store.rest`, :mod:`~sdsync.store.server` — the HTTP API (aiohttp);
 * :mod:`~sdsync.store.resume` — Store Resume from a random peer after downtime;
 * :mod:`~sdsync.store.node` — the node that runs all of it (``sdsync store serve``);
@@ -25,7 +28,7 @@ The parts, from the bottom up:
 * :mod:`~sdsync.store.export` — Parquet for the Spark pipeline.
 """
 
-from sdsync.store.archive import Archive, SqlArchive, open_archive
+from sdsync.store.archive import Archive, ArchiveUnavailable, SqlArchive, open_archive
 from sdsync.store.client import HttpStoreClient, StoreUnavailableError
 from sdsync.store.export import ExportReport, export_parquet
 from sdsync.store.model import (
@@ -44,6 +47,7 @@ __all__ = [
     "DEFAULT_PAGE_SIZE",
     "MAX_PAGE_SIZE",
     "Archive",
+    "ArchiveUnavailable",
     "ExportReport",
     "HttpStoreClient",
     "NodeConfig",

@@ -39,13 +39,19 @@ only in the partition a bound falls in.
 The archive is synchronous and thread-safe; the HTTP server runs it on a thread pool.
 Every :class:`~sdsync.store.model.StoredMessage` has had its hash checked, so inserts
 cannot store a message under a hash that does not match it.
+
+A database that fails — a lost connection, a full disk, a locked or broken file — raises
+:class:`ArchiveUnavailable` from every method, the driver's error chained to it: each
+backend translates its driver's errors wherever it uses a connection
+(:func:`map_driver_errors`), so nothing above the archive imports ``sqlite3`` or
+``psycopg`` to catch them.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol
 
 import numpy as np
@@ -70,8 +76,38 @@ ItemArrays = tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]
 """Timestamps ``(n,)`` and message hashes ``(n, 32)`` of ``n`` items, row by row."""
 
 
+class ArchiveUnavailable(Exception):  # noqa: N818 -- a condition to retry, not a bug
+    """The archive's database failed; the driver's own error is the ``__cause__``.
+
+    Nobody's fault — neither the caller's nor a peer's — so not an
+    :class:`~sdsync.errors.SdsError`: it is the *unavailable* family of
+    :mod:`sdsync.errors`.  Retry later; what the archive did before the failure stays
+    done.  Not an ``OSError`` either (as the store client's
+    :class:`~sdsync.store.client.StoreUnavailableError` is): handlers of ``OSError``
+    around the archive mean a file or socket of ours (the export's directory, the port
+    a node listens on) and would report a failing database as theirs.
+    """
+
+
+@contextmanager
+def map_driver_errors(driver_error: type[Exception]) -> Iterator[None]:
+    """Raise ``driver_error`` (the base of a database driver's errors), in the block, as
+    :class:`ArchiveUnavailable`.
+
+    The message is the driver's, which the HTTP API passes on (``archive unavailable:
+    ...``); the driver's error is chained.
+    """
+    try:
+        yield
+    except driver_error as exc:
+        raise ArchiveUnavailable(str(exc)) from exc
+
+
 class Archive(Protocol):
-    """What a store node, Store Resume, Store Sync and the export need."""
+    """What a store node, Store Resume, Store Sync and the export need.
+
+    Every method raises :class:`ArchiveUnavailable` when the database fails.
+    """
 
     backend: str
 
@@ -132,7 +168,9 @@ class SqlArchive(ABC):
 
     @abstractmethod
     def _read(self) -> AbstractContextManager[Any]:
-        """A connection for reading."""
+        """A connection for reading; the driver's errors in the block are raised as
+        :class:`ArchiveUnavailable` (:func:`map_driver_errors`), as in every hook that
+        touches the database."""
 
     @abstractmethod
     def _write(self) -> AbstractContextManager[Any]:

@@ -3,7 +3,8 @@
 Theory of operation
 -------------------
 A :class:`StoreNode` owns an archive, a thread pool that runs the (blocking) archive
-calls, the aiohttp server and its background tasks:
+calls (it is an :class:`~sdsync.store.host.ArchiveHost`), the aiohttp server and its
+background tasks:
 
 * the *heartbeat* writes the last-online time every minute (Store Resume needs it);
 * *retention* applies every configured policy every ``retention_interval_s``;
@@ -17,12 +18,18 @@ calls, the aiohttp server and its background tasks:
   one *relay* task per topic archives every message heard on it.
 
 Every path that adds messages — HTTP ingestion, Store Resume, a relay subscription and
-Store Sync — goes through :meth:`StoreNode.ingest`, which counts what was new
-per source.  Before that, each checks its messages with :meth:`StoreNode.check_ingestible`
-(:func:`~sdsync.store.model.check_ingestible` at the node's clock): a timestamp that is
-not positive or more than ``timestamp_variance_s`` (20 s) ahead of the clock is refused,
-old ones are fine.  HTTP refuses the whole request, the relay and Store Resume drop the
-message; each refusal is counted in ``sdsync_store_refused_total{route, reason}``.
+Store Sync — goes through :meth:`~sdsync.store.host.ArchiveHost.ingest`, which counts
+what was new per source.  Before that, each checks its messages with
+:meth:`StoreNode.check_ingestible` (:func:`~sdsync.store.model.check_ingestible` at the
+node's clock): a timestamp that is not positive or more than ``timestamp_variance_s``
+(20 s) ahead of the clock is refused, old ones are fine.  HTTP refuses the whole
+request, the relay and Store Resume drop the message; each refusal is counted in
+``sdsync_store_refused_total{route, reason}``.
+
+The node admits at most ``max_concurrent_queries`` v3 queries at a time
+(:meth:`StoreNode.query`; one more raises :class:`~sdsync.store.host.QueriesBusy`, which
+the API answers with 429) and gives each ``query_timeout_s``.  The HTTP API sees the
+node only as a :class:`~sdsync.store.host.ServedNode`.
 
 :func:`serve` runs a node until SIGINT or SIGTERM and then stops it cleanly: the server
 stops accepting, tasks are cancelled, the last-online time is written a final time, the
@@ -38,33 +45,33 @@ import random
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ParamSpec, Protocol, TypeVar
+from typing import Any, Protocol
 
 from aiohttp import web
 
 from sdsync.errors import RemoteProtocolError
-from sdsync.store.archive import Archive
-from sdsync.store.metrics import StoreMetrics
+from sdsync.store.archive import Archive, ArchiveUnavailable
+from sdsync.store.host import ArchiveHost, QueriesBusy
 from sdsync.store.model import (
     DEFAULT_TIMESTAMP_VARIANCE_S,
     InvalidMessageError,
+    Page,
     StoredMessage,
+    StoreQuery,
     check_ingestible,
 )
 from sdsync.store.resume import LastOnline, ResumeReport, resume, resume_window
 from sdsync.store.retention import DEFAULT_POLICY, RetentionPolicy
-from sdsync.store.server import DATABASE_ERRORS, create_app
+from sdsync.store.server import create_app
 from sdsync.store.sync import PREFIX as SYNC_PREFIX
 from sdsync.store.sync import PeriodicSync, SyncConfig, responder_app
 from sdsync.wire.waku import WakuMessage
 
 logger = logging.getLogger("sdsync.store")
-P = ParamSpec("P")
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -106,7 +113,7 @@ class Relay(Protocol):
     def subscribe_envelopes(self, topic: str) -> AsyncIterator[Envelope]: ...
 
 
-class StoreNode:
+class StoreNode(ArchiveHost):
     def __init__(
         self,
         archive: Archive,
@@ -116,16 +123,15 @@ class StoreNode:
         rng: random.Random | None = None,
         relay: Relay | None = None,
     ) -> None:
-        self.archive = archive
+        self._executor = ThreadPoolExecutor(config.threads, thread_name_prefix="archive")
+        super().__init__(archive, executor=self._executor)
         self.relay = relay
         self.config = config
-        self.metrics = StoreMetrics()
         self.last_online = LastOnline(config.data_dir / "last_online")
         self.resume_report: ResumeReport | None = None
         self.queries_in_flight = 0
         self._clock_ns = clock_ns
         self._rng = rng or random.Random()
-        self._executor = ThreadPoolExecutor(config.threads, thread_name_prefix="archive")
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.port = config.port
@@ -204,11 +210,7 @@ class StoreNode:
                 logger.exception("periodic %s failed", getattr(work, "__name__", work))
             await asyncio.sleep(interval_s)
 
-    # -- the archive, off the event loop
-
-    async def in_archive(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+    # -- the archive (run off the event loop by ArchiveHost): what goes in, what comes out
 
     def now_ns(self) -> int:
         """The node's clock (Unix ns)."""
@@ -239,12 +241,19 @@ class StoreNode:
                 kept.append(message)
         return kept
 
-    async def ingest(self, messages: Sequence[StoredMessage], *, source: str) -> int:
-        """Archive ``messages`` heard from ``source``; returns how many were new."""
-        new = await self.in_archive(self.archive.insert, messages)
-        self.metrics.ingested.labels(source=source).inc(new)
-        self.metrics.duplicates.labels(source=source).inc(len(messages) - new)
-        return new
+    async def query(self, query: StoreQuery) -> Page:
+        """One page of ``query``, if the node runs fewer than ``max_concurrent_queries``
+        (else :class:`~sdsync.store.host.QueriesBusy`), within ``query_timeout_s`` (else
+        ``TimeoutError``)."""
+        if self.queries_in_flight >= self.config.max_concurrent_queries:
+            raise QueriesBusy("too many queries in flight")
+        self.queries_in_flight += 1
+        try:
+            return await asyncio.wait_for(
+                self.in_archive(self.archive.query, query), self.config.query_timeout_s
+            )
+        finally:
+            self.queries_in_flight -= 1
 
     async def apply_retention(self) -> dict[str, int]:
         deleted: dict[str, int] = {}
@@ -274,7 +283,7 @@ class StoreNode:
                 continue
             try:
                 await self.ingest([stored], source="relay")
-            except DATABASE_ERRORS:  # the message is lost here; Store Sync can repair it
+            except ArchiveUnavailable:  # the message is lost here; Store Sync can repair it
                 logger.exception("archiving a relay message failed")
 
     async def resume(self, window: tuple[int, int]) -> None:

@@ -15,7 +15,10 @@ hash alone.
 Connections come from a small pool; ``psycopg`` returns ``bytea`` as ``bytes`` so the
 shared SQL in :class:`~sdsync.store.archive.SqlArchive` works unchanged.  Partition
 creation takes a transaction-scoped advisory lock so that concurrent writers (threads
-or other processes) never race on the same ``CREATE TABLE``.
+or other processes) never race on the same ``CREATE TABLE``.  Every use of the pool is
+inside :func:`~sdsync.store.archive.map_driver_errors`: a ``psycopg`` error (the pool's
+timeouts among them) leaves the archive as
+:class:`~sdsync.store.archive.ArchiveUnavailable`.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
-from sdsync.store.archive import ItemArrays, Key, SqlArchive, item_arrays
+from sdsync.store.archive import ItemArrays, Key, SqlArchive, item_arrays, map_driver_errors
 from sdsync.store.schema import create_table
 
 HOUR_NS = 3_600 * 10**9
@@ -58,12 +61,13 @@ class PostgresArchive(SqlArchive):
 
     def __init__(self, url: str, *, pool_size: int = 8) -> None:
         self.url = url
-        self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
-            url, min_size=1, max_size=pool_size, open=False
-        )
-        self._pool.open(wait=True, timeout=30)
         self._partitions: set[int] = set()
         self._partitions_lock = threading.Lock()
+        with map_driver_errors(psycopg.Error):
+            self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+                url, min_size=1, max_size=pool_size, open=False
+            )
+            self._pool.open(wait=True, timeout=30)
         with self._write() as conn:
             conn.execute(_SCHEMA)
         self._partitions.update(self._existing_partitions())
@@ -73,12 +77,12 @@ class PostgresArchive(SqlArchive):
 
     @contextmanager
     def _read(self) -> Iterator[psycopg.Connection[Any]]:
-        with self._pool.connection() as conn:
+        with map_driver_errors(psycopg.Error), self._pool.connection() as conn:
             yield conn
 
     @contextmanager
     def _write(self) -> Iterator[psycopg.Connection[Any]]:
-        with self._pool.connection() as conn, conn.transaction():
+        with map_driver_errors(psycopg.Error), self._pool.connection() as conn, conn.transaction():
             yield conn
 
     def _prepare(self, rows: list[tuple[Any, ...]]) -> None:
@@ -169,7 +173,8 @@ class PostgresArchive(SqlArchive):
         return int(rows[0][0])
 
     def close(self) -> None:
-        self._pool.close()
+        with map_driver_errors(psycopg.Error):
+            self._pool.close()
 
 
 def _hours(start: int, end: int) -> Iterator[tuple[int, int]]:

@@ -31,24 +31,31 @@ other requests.
 Other protocols attach their own routes as sub-applications under a prefix of their
 own (``mounts``), e.g. Store Sync under ``/sync/``: they share the node's archive,
 metrics and token check through ``request.app[NODE]``.
+
+The routes see the node as a :class:`~sdsync.store.host.ServedNode`, never the
+:class:`~sdsync.store.node.StoreNode` that runs them: the node admits the queries
+(:class:`~sdsync.store.host.QueriesBusy` becomes 429) and the archive says when its
+database fails (:class:`~sdsync.store.archive.ArchiveUnavailable` becomes 503 on every route, the
+query's in nwaku's JSON), so this
+module knows neither the node nor a database driver.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import sqlite3
 import time
 import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
-import psycopg
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from sdsync.errors import RemoteProtocolError
 from sdsync.store import rest
+from sdsync.store.archive import ArchiveUnavailable
+from sdsync.store.host import QueriesBusy, ServedNode
 from sdsync.store.model import (
     InvalidMessageError,
     QueryError,
@@ -57,19 +64,15 @@ from sdsync.store.model import (
     check_ingestible,
 )
 
-if TYPE_CHECKING:
-    from sdsync.store.node import StoreNode
-
-NODE: web.AppKey[StoreNode] = web.AppKey("node")
+NODE: web.AppKey[ServedNode] = web.AppKey("node")
 MAX_BODY_BYTES = 32 * 1024 * 1024
-DATABASE_ERRORS = (sqlite3.Error, psycopg.Error)
 MAX_REASON_CHARS = 300
 
 
 def create_app(
-    node: StoreNode, *, mounts: Mapping[str, web.Application] | None = None
+    node: ServedNode, *, mounts: Mapping[str, web.Application] | None = None
 ) -> web.Application:
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[archive_unavailable])
     app[NODE] = node
     app.add_routes(
         [
@@ -87,6 +90,17 @@ def create_app(
     return app
 
 
+@web.middleware
+async def archive_unavailable(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A failing database answers 503 on every route, never a 500; retry later."""
+    try:
+        return await handler(request)
+    except ArchiveUnavailable as exc:
+        raise web.HTTPServiceUnavailable(
+            text=f"archive unavailable: {one_line(str(exc))}\n"
+        ) from None
+
+
 # -- queries
 
 
@@ -95,25 +109,16 @@ async def query_messages(request: web.Request) -> web.Response:
     request_id = uuid.uuid4().hex
     started = time.perf_counter()
     try:
-        query = rest.parse_query(request.query)
-        if node.queries_in_flight >= node.config.max_concurrent_queries:
-            raise QueryError(
-                StatusCode.TOO_MANY_REQUESTS, "too many queries in flight", "too_many_queries"
-            )
-        node.queries_in_flight += 1
-        try:
-            page = await asyncio.wait_for(
-                node.in_archive(node.archive.query, query), node.config.query_timeout_s
-            )
-        finally:
-            node.queries_in_flight -= 1
+        page = await node.query(rest.parse_query(request.query))
     except QueryError as exc:
-        if exc.status < 500:
-            node.metrics.refuse(route_label(request), exc.reason)
+        node.metrics.refuse(route_label(request), exc.reason)
         return _query_error(node, exc.status, exc.description, request_id)
+    except QueriesBusy as exc:
+        node.metrics.refuse(route_label(request), "too_many_queries")
+        return _query_error(node, StatusCode.TOO_MANY_REQUESTS, str(exc), request_id)
     except TimeoutError:
         return _query_error(node, StatusCode.GATEWAY_TIMEOUT, "query timed out", request_id)
-    except DATABASE_ERRORS as exc:
+    except ArchiveUnavailable as exc:
         return _query_error(
             node, StatusCode.SERVICE_UNAVAILABLE, f"archive unavailable: {exc}", request_id
         )
@@ -123,7 +128,7 @@ async def query_messages(request: web.Request) -> web.Response:
 
 
 def _query_error(
-    node: StoreNode, status: StatusCode, description: str, request_id: str
+    node: ServedNode, status: StatusCode, description: str, request_id: str
 ) -> web.Response:
     node.metrics.queries.labels(status=str(int(status))).inc()
     body = rest.error_json(status, one_line(description), request_id)
@@ -220,12 +225,7 @@ async def ingest_messages(request: web.Request) -> web.Response:
         raise refuse(
             request, web.HTTPBadRequest, reason, f"rejected, nothing stored: {exc}"
         ) from None
-    try:
-        new = await node.ingest(messages, source="http")
-    except DATABASE_ERRORS as exc:
-        raise web.HTTPServiceUnavailable(
-            text=f"archive unavailable: {one_line(str(exc))}\n"
-        ) from None
+    new = await node.ingest(messages, source="http")
     return web.json_response(
         {"received": len(messages), "stored": new, "duplicates": len(messages) - new}
     )

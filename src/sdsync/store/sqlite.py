@@ -8,7 +8,9 @@ writer at a time anyway; queueing in Python is cheaper than spinning on
 ``SQLITE_BUSY``).  ``synchronous=NORMAL`` is WAL's recommended durability: a power
 loss may drop the last transactions, never corrupt the file.  The file is created with
 ``auto_vacuum=INCREMENTAL`` so that pages freed by retention are handed back to the
-file system, which is what the size retention policy measures.
+file system, which is what the size retention policy measures.  Every use of a
+connection is inside :func:`~sdsync.store.archive.map_driver_errors`: a ``sqlite3``
+error leaves the archive as :class:`~sdsync.store.archive.ArchiveUnavailable`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sdsync.store.archive import Key, SqlArchive
+from sdsync.store.archive import Key, SqlArchive, map_driver_errors
 from sdsync.store.schema import create_table
 
 CACHE_KIB = 64 * 1024  # per connection; pages are allocated as they are used
@@ -46,9 +48,10 @@ class SqliteArchive(SqlArchive):
         self._connections_lock = threading.Lock()
         self._local = threading.local()
         self._write_lock = threading.Lock()
-        self._writer = self._connect()
-        with self._write_lock:
-            self._writer.executescript(_SCHEMA)
+        with map_driver_errors(sqlite3.Error):
+            self._writer = self._connect()
+            with self._write_lock:
+                self._writer.executescript(_SCHEMA)
 
     def _connect(self) -> sqlite3.Connection:
         # isolation_level=None: we say where transactions begin (BEGIN IMMEDIATE).
@@ -66,14 +69,15 @@ class SqliteArchive(SqlArchive):
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._local.conn = self._connect()
-        yield conn
+        with map_driver_errors(sqlite3.Error):
+            conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+            if conn is None:
+                conn = self._local.conn = self._connect()
+            yield conn
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        with self._write_lock:
+        with map_driver_errors(sqlite3.Error), self._write_lock:
             self._writer.execute("BEGIN IMMEDIATE")
             try:
                 yield self._writer
@@ -92,7 +96,7 @@ class SqliteArchive(SqlArchive):
             deleted = conn.execute(
                 "DELETE FROM messages WHERE (timestamp, message_hash) < (?, ?)", key
             ).rowcount
-        with self._write_lock:
+        with map_driver_errors(sqlite3.Error), self._write_lock:
             # execute() would step it once, freeing a single page; a script runs it to the end.
             self._writer.executescript("PRAGMA incremental_vacuum;")
         return int(deleted)
@@ -104,7 +108,7 @@ class SqliteArchive(SqlArchive):
         return int(rows[0][0])
 
     def close(self) -> None:
-        with self._connections_lock:
+        with map_driver_errors(sqlite3.Error), self._connections_lock:
             for conn in self._connections:
                 conn.close()
             self._connections.clear()

@@ -20,8 +20,8 @@ sending it. Everything runs over the store's HTTP server:
 The protocol is described in ``docs/store.md``.
 """
 
+from sdsync.store.host import ArchiveHost, SyncHost
 from sdsync.store.sync.config import SyncConfig
-from sdsync.store.sync.host import ArchiveHost, SyncHost
 from sdsync.store.sync.initiator import SyncReport, SyncUnsupportedError, sync_with_peer
 from sdsync.store.sync.periodic import PeriodicSync
 from sdsync.store.sync.responder import SessionTable, responder_app

@@ -2,10 +2,11 @@
 
 Theory of operation
 -------------------
-Both sides of a sync reach their archive through a :class:`SyncHost` — a running
-:class:`~sdsync.store.node.StoreNode`, or an :class:`ArchiveHost` around a bare archive for
-the one-shot ``sdsync store sync`` — which runs the blocking archive calls off the event
-loop and archives what arrives with source ``sync``, counted in the host's metrics.
+Both sides of a sync reach their archive through a :class:`~sdsync.store.host.SyncHost`
+— a running :class:`~sdsync.store.node.StoreNode`, or a bare
+:class:`~sdsync.store.host.ArchiveHost` for the one-shot ``sdsync store sync`` — which
+runs the blocking archive calls off the event loop and archives what arrives with source
+``sync``, counted in the host's metrics.
 
 A session reads a *snapshot*: the window's items loaded once, in bulk
 (:meth:`~sdsync.store.archive.Archive.item_arrays`), into a
@@ -19,51 +20,15 @@ holds (retention ran meanwhile) is skipped.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Sequence
-from typing import ParamSpec, Protocol, TypeVar
+from collections.abc import Sequence
 
 from sdsync.reconcile import MemoryItemStore
 from sdsync.store.archive import Archive
-from sdsync.store.metrics import StoreMetrics
-from sdsync.store.model import StoredMessage
+from sdsync.store.host import SyncHost
 from sdsync.store.sync.wire import MAX_BATCH_BYTES, encode_entry
 
-P = ParamSpec("P")
-T = TypeVar("T")
 SOURCE = "sync"
 READ_CHUNK = 500
-
-
-class SyncHost(Protocol):
-    """What a sync session needs from the node it runs in."""
-
-    @property
-    def archive(self) -> Archive: ...
-
-    @property
-    def metrics(self) -> StoreMetrics: ...
-
-    async def in_archive(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T: ...
-
-    async def ingest(self, messages: Sequence[StoredMessage], *, source: str) -> int: ...
-
-
-class ArchiveHost:
-    """A bare archive as a :class:`SyncHost` (the one-shot sync, which serves nothing)."""
-
-    def __init__(self, archive: Archive) -> None:
-        self.archive = archive
-        self.metrics = StoreMetrics()
-
-    async def in_archive(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        return await asyncio.to_thread(fn, *args, **kwargs)
-
-    async def ingest(self, messages: Sequence[StoredMessage], *, source: str) -> int:
-        new = await self.in_archive(self.archive.insert, messages)
-        self.metrics.ingested.labels(source=source).inc(new)
-        self.metrics.duplicates.labels(source=source).inc(len(messages) - new)
-        return new
 
 
 async def snapshot(host: SyncHost, window: tuple[int, int]) -> MemoryItemStore:

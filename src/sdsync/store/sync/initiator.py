@@ -36,7 +36,8 @@ import aiohttp
 from sdsync.errors import RemoteProtocolError
 from sdsync.reconcile import Method, ProllySession, RbsrSession, ReconcileSession
 from sdsync.store.client import StoreUnavailableError
-from sdsync.store.sync.host import SOURCE, SyncHost, read_batch, snapshot
+from sdsync.store.host import SyncHost
+from sdsync.store.sync.host import SOURCE, read_batch, snapshot
 from sdsync.store.sync.wire import (
     BATCH_TYPE,
     FRAME_TYPE,

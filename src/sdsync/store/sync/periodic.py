@@ -19,10 +19,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from sdsync.errors import RemoteProtocolError
+from sdsync.store.archive import ArchiveUnavailable
 from sdsync.store.client import StoreUnavailableError
-from sdsync.store.server import DATABASE_ERRORS
+from sdsync.store.host import SyncHost
 from sdsync.store.sync.config import SyncConfig
-from sdsync.store.sync.host import SyncHost
 from sdsync.store.sync.initiator import SyncReport, SyncUnsupportedError, sync_with_peer
 
 logger = logging.getLogger("sdsync.store.sync")
@@ -64,7 +64,7 @@ class PeriodicSync:
                 logger.warning("store sync: %s; not asking it again", exc)
                 self.unsupported.add(peer)
                 continue
-            except (StoreUnavailableError, RemoteProtocolError, *DATABASE_ERRORS) as exc:
+            except (StoreUnavailableError, RemoteProtocolError, ArchiveUnavailable) as exc:
                 self._failed(f"{peer}: {exc}")
                 return None
             self.last, self.last_error = report, None

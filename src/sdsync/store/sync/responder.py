@@ -55,10 +55,12 @@ from sdsync.reconcile import (
     RbsrSession,
     ReconcileSession,
 )
+from sdsync.store.archive import ArchiveUnavailable
+from sdsync.store.host import SyncHost
 from sdsync.store.model import StoredMessage, StoreQuery
-from sdsync.store.server import DATABASE_ERRORS, NODE, bearer_matches, refuse
+from sdsync.store.server import NODE, bearer_matches, refuse
 from sdsync.store.sync.config import SyncConfig
-from sdsync.store.sync.host import SOURCE, SyncHost, read_batch, snapshot
+from sdsync.store.sync.host import SOURCE, read_batch, snapshot
 from sdsync.store.sync.policy import SyncRefused, check_pushed, check_window
 from sdsync.store.sync.wire import (
     BATCH_TYPE,
@@ -404,7 +406,7 @@ async def _archive_errors(
 ) -> web.StreamResponse:
     try:
         return await handler(request)
-    except DATABASE_ERRORS as exc:
+    except ArchiveUnavailable as exc:
         raise web.HTTPServiceUnavailable(text=f"archive unavailable: {exc}\n") from None
 
 

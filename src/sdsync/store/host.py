@@ -1,0 +1,133 @@
+"""The store node as the protocols on top of it see it.
+
+Theory of operation
+-------------------
+The HTTP API (:mod:`~sdsync.store.server`) and Store Sync (:mod:`~sdsync.store.sync`)
+do not import the :class:`~sdsync.store.node.StoreNode` that runs them; each is written
+against what it needs of it:
+
+* :class:`SyncHost` — an archive, the blocking archive calls run off the event loop
+  (:meth:`~SyncHost.in_archive`), ingestion, the metrics;
+* :class:`ServedNode` — that, and what the HTTP routes add: the write token, the node's
+  clock, v3 queries under the node's admission and time limits, retention, its info.
+
+:class:`ArchiveHost` is the part of the node both need: the archive, its threads and the
+one :meth:`~ArchiveHost.ingest` through which every path that adds messages (HTTP,
+relay, Store Resume, Store Sync) archives them, counted per source.  A
+:class:`~sdsync.store.node.StoreNode` is an ArchiveHost; the one-shot
+``sdsync store sync``, which serves nothing, uses a bare one.
+
+What fails is said with our own errors, so that no code above the archive knows its
+database driver: a failing database raises
+:class:`~sdsync.store.archive.ArchiveUnavailable` (HTTP 503), a node already running
+``max_concurrent_queries`` queries :class:`QueriesBusy` (HTTP 429).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from typing import Any, ParamSpec, Protocol, TypeVar
+
+from sdsync.store.archive import Archive
+from sdsync.store.metrics import StoreMetrics
+from sdsync.store.model import Page, StoredMessage, StoreQuery
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class QueriesBusy(Exception):  # noqa: N818 -- a condition to retry, not a bug
+    """The node runs as many queries as it may (``max_concurrent_queries``); this one
+    was not started.
+
+    Nobody's fault, like :class:`~sdsync.store.archive.ArchiveUnavailable`, and not an
+    :class:`~sdsync.errors.SdsError`: retry later.  The HTTP API answers it with 429.
+    """
+
+
+class SyncHost(Protocol):
+    """What a sync session needs from the node it runs in."""
+
+    @property
+    def archive(self) -> Archive: ...
+
+    @property
+    def metrics(self) -> StoreMetrics: ...
+
+    async def in_archive(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T: ...
+
+    async def ingest(self, messages: Sequence[StoredMessage], *, source: str) -> int: ...
+
+
+class ServedConfig(Protocol):
+    """What the HTTP routes read of the node's configuration."""
+
+    @property
+    def token(self) -> str | None:
+        """The bearer token of writes and admin routes; None: writes are disabled."""
+        ...
+
+
+class ServedNode(SyncHost, Protocol):
+    """The node the HTTP routes (and the sub-applications mounted beside them) serve."""
+
+    @property
+    def config(self) -> ServedConfig: ...
+
+    def now_ns(self) -> int:
+        """The node's clock (Unix ns)."""
+        ...
+
+    @property
+    def max_future_ns(self) -> int:
+        """How far ahead of :meth:`now_ns` an ingested message's timestamp may be."""
+        ...
+
+    async def query(self, query: StoreQuery) -> Page:
+        """One page of ``query``: :class:`QueriesBusy` when the node runs as many queries
+        as it may, ``TimeoutError`` past its query timeout."""
+        ...
+
+    async def apply_retention(self) -> dict[str, int]:
+        """Apply every retention policy now; messages deleted, by policy."""
+        ...
+
+    async def info(self) -> dict[str, Any]:
+        """The node's state, as ``GET /admin/v1/info`` shows it."""
+        ...
+
+    async def refresh_gauges(self) -> None:
+        """Measure the archive for the gauges ``GET /metrics`` exports."""
+        ...
+
+
+class ArchiveHost:
+    """An archive whose calls run off the event loop, and the one way into it."""
+
+    def __init__(self, archive: Archive, *, executor: Executor | None = None) -> None:
+        """``executor`` runs the archive calls (None: the event loop's default one)."""
+        self.archive = archive
+        self.metrics = StoreMetrics()
+        self._archive_executor = executor
+
+    async def in_archive(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """``fn(*args, **kwargs)`` on one of the archive's threads."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._archive_executor, functools.partial(fn, *args, **kwargs)
+        )
+
+    async def ingest(self, messages: Sequence[StoredMessage], *, source: str) -> int:
+        """Archive ``messages`` heard from ``source``; returns how many were new.
+
+        Every ingestion path checks its messages first, in its own way (see
+        :mod:`~sdsync.store.node`); inserting is idempotent, so a message already held
+        counts as a duplicate of ``source``.
+        """
+        new = await self.in_archive(self.archive.insert, messages)
+        self.metrics.ingested.labels(source=source).inc(new)
+        self.metrics.duplicates.labels(source=source).inc(len(messages) - new)
+        return new
