@@ -14,7 +14,7 @@ from sdsync.core import (
     ReliabilityManager,
     RepairConfig,
 )
-from sdsync.errors import LocalProtocolError, RemoteProtocolError, SdsError
+from sdsync.errors import LocalProtocolError, RejectReason, RemoteProtocolError, SdsError
 from sdsync.wire import HistoryEntry, Message, MessageKind, WireLimits, decode, encode
 
 __version__ = "0.1.0"
@@ -29,6 +29,7 @@ __all__ = [
     "Message",
     "MessageChannel",
     "MessageKind",
+    "RejectReason",
     "ReliabilityManager",
     "RemoteProtocolError",
     "RepairConfig",

@@ -8,18 +8,22 @@ Every failure sdsync reports is an :class:`SdsError`. It is always one of two ki
   has the wrong columns (exit code 2).
 * :class:`RemoteProtocolError` — *a remote peer* sent data we cannot accept (malformed
   bytes, oversized frames, wrong field sizes, an impossible message kind). Drop it and
-  carry on; it changes no state.
+  carry on; it changes no state. Its :class:`RejectReason` says which of these it was, for
+  counting and logging: the message is for people and is never parsed.
 
 A third family is nobody's fault and not an :class:`SdsError`: something we depend on is
 *unavailable* — a peer or store that cannot be reached or is busy
-(:class:`sdsync.store.client.StoreUnavailableError`, an ``OSError``), a database that
-fails. Retry later; what was done before the failure stays done.
+(:class:`sdsync.store.client.StoreUnavailableError`, an ``OSError``), a store node with
+too many queries in flight (:class:`sdsync.store.host.QueriesBusy`), a database that
+fails (:class:`sdsync.store.archive.ArchiveUnavailable`, the driver's error as its
+cause). Retry later; what was done before the failure stays done.
 
 Code that decodes untrusted input lets nothing but :class:`RemoteProtocolError` escape.
 """
 
 from __future__ import annotations
 
+import enum
 from typing import Literal
 
 
@@ -35,10 +39,59 @@ class LocalProtocolError(SdsError):
     kind = "local"
 
 
+class RejectReason(enum.StrEnum):
+    """What was wrong with a remote peer's input: the ``reason`` of a RemoteProtocolError.
+
+    The values are the stable labels rejected frames are counted under
+    (``ReliableChannel.rejected``, ``Libp2pTransport.rejected``). The envelope's three,
+    ``MESSAGE_TOO_LARGE``, ``MALFORMED`` and ``NO_KIND`` keep the labels these counters
+    used to cut out of the error message (its text up to the first colon, digits as N).
+    """
+
+    #: Any other violation, told by the message: the default, for decoders whose
+    #: rejections nobody counts by category (store answers, reconciliation frames).
+    PROTOCOL_VIOLATION = "protocol violation"
+
+    # The Waku envelope (sdsync.wire.waku, checked by the libp2p transport).
+    #: A WakuMessage frame larger than the transport's ``max_message_bytes``.
+    OVERSIZED = "oversized"
+    #: Bytes that do not parse as a WakuMessage, or one without a content topic.
+    NOT_WAKU_MESSAGE = "not a WakuMessage"
+    #: A WakuMessage whose content topic is not the one its pubsub topic carries.
+    WRONG_CONTENT_TOPIC = "wrong content topic"
+
+    # The SDS message (sdsync.wire.codec), judged against its WireLimits.
+    #: An SDS message larger than ``WireLimits.max_message_bytes``.
+    MESSAGE_TOO_LARGE = "message of N bytes exceeds the limit of N"
+    #: Bytes that do not parse as an SDS message, or a history entry in it that does not.
+    MALFORMED = "malformed SDS message"
+    #: Neither a Lamport timestamp nor content: not a content, sync or ephemeral message.
+    NO_KIND = "neither content, sync nor ephemeral"
+    #: A Lamport timestamp beyond ``WireLimits.max_lamport_timestamp``.
+    IMPLAUSIBLE_LAMPORT = "lamport timestamp beyond any plausible clock"
+    #: A message, or an entry of its causal history or repair requests, without an id.
+    EMPTY_MESSAGE_ID = "empty message_id"
+    #: An id, a retrieval hint, the bloom filter, the causal history or the repair
+    #: requests beyond its bound in WireLimits.
+    FIELD_TOO_LARGE = "field beyond its limit"
+
+
 class RemoteProtocolError(SdsError):
-    """A remote peer sent data that violates the protocol; state is unchanged."""
+    """A remote peer sent data that violates the protocol; state is unchanged.
+
+    ``reason`` is the label to count it by, a :class:`RejectReason`; the message tells
+    the details. (A subclass may count under finer labels of its own: a short fixed word,
+    never data from the peer.)
+    """
 
     kind = "remote"
+    reason: str
+
+    def __init__(
+        self, message: str, *, reason: RejectReason = RejectReason.PROTOCOL_VIOLATION
+    ) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class OutgoingBufferFullError(LocalProtocolError):

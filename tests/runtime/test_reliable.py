@@ -11,15 +11,18 @@ import pytest
 from sdsync.core import (
     BloomParams,
     ChannelConfig,
+    DropReason,
     MessageChannel,
     MessageDelivered,
     RepairConfig,
     SendFailed,
     system_clock_ms,
 )
+from sdsync.errors import RejectReason
 from sdsync.runtime import MemoryStore, ReliableChannel, RuntimeConfig
 from sdsync.transport import MemoryNetwork
 from sdsync.transport.memory import Faults
+from sdsync.wire import Message, encode
 
 FAST = RuntimeConfig(
     sync_interval_ms=200,
@@ -109,6 +112,7 @@ def test_bad_frames_are_counted_and_the_channel_keeps_working(
             b"\x0a\x05ab",  # truncated
             other.send(b"not for chat", system_clock_ms()).data,  # wrong channel
             future.send(b"from the future", future.lamport_timestamp).data,
+            encode(Message("rogue", "x", "chat", 1 << 63, content=b"beyond any clock")),
         ):
             await rogue.publish("/sds/1/chat", frame)
         await a.send(b"still fine")
@@ -118,7 +122,10 @@ def test_bad_frames_are_counted_and_the_channel_keeps_working(
             "message of N bytes exceeds the limit of N": 1,
             "wrong channel": 1,
             "lamport timestamp too far in the future": 1,
+            "lamport timestamp beyond any plausible clock": 1,
         }
+        # Counted by the reasons themselves, not by text cut out of the errors.
+        assert {type(reason) for reason in b.rejected} == {RejectReason, DropReason}
         assert b.channel.log_ids() == a.channel.log_ids()  # nothing bad got in
         await a.stop()
         await b.stop()
@@ -127,7 +134,7 @@ def test_bad_frames_are_counted_and_the_channel_keeps_working(
         asyncio.run(scenario())
     warned = [r for r in caplog.records if r.levelno == logging.WARNING and "p1" in r.message]
     # Each reason once at WARNING, repeats only at DEBUG.
-    assert len(warned) == 4
+    assert len(warned) == 5
     assert any("wrong channel" in r.message for r in warned)
 
 

@@ -13,17 +13,14 @@ import pytest
 import trio
 from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
+from libp2p.pubsub.pb import rpc_pb2
 from trio.testing import MockClock
 
-from sdsync.errors import LocalProtocolError
+from sdsync.errors import LocalProtocolError, RejectReason
 from sdsync.transport import Envelope, Libp2pTransport, Received
-from sdsync.transport.libp2p import (
-    _QUEUE_HIGH_WATER,
-    _STALL_S,
-    PEER_QUEUE_RPCS,
-    _TrioSide,
-    new_identity_key,
-)
+from sdsync.transport.libp2p import new_identity_key
+from sdsync.transport.libp2p_host import _QUEUE_HIGH_WATER, _STALL_S, TrioHost
+from sdsync.transport.libp2p_patches import PEER_QUEUE_RPCS
 from sdsync.wire import WakuMessage, message_hash
 
 TOPIC = "/sds/1/test"
@@ -240,6 +237,7 @@ def test_bad_frames_from_a_raw_peer_are_dropped_counted_and_not_relayed() -> Non
                 "oversized": 1,
                 "wrong content topic": 1,
             }
+            assert {type(reason) for reason in receiver.rejected} == {RejectReason}
             # The receiver relayed only the good frame to the honest peer...
             assert (await take(relayed, 1))[0].data == b"fine"
             assert sum(honest.rejected.values()) == 0
@@ -251,6 +249,38 @@ def test_bad_frames_from_a_raw_peer_are_dropped_counted_and_not_relayed() -> Non
                 await t.close()
 
     run(scenario)
+
+
+@pytest.mark.parametrize(
+    ("frame", "reason"),
+    [
+        pytest.param(b"\xff\xffnot protobuf", RejectReason.NOT_WAKU_MESSAGE, id="undecodable"),
+        pytest.param(b"", RejectReason.NOT_WAKU_MESSAGE, id="empty"),
+        pytest.param(
+            WakuMessage(b"x" * 200_000, CONTENT_TOPIC).to_bytes(),
+            RejectReason.OVERSIZED,
+            id="oversized",
+        ),
+        pytest.param(
+            WakuMessage(b"sds", "/other/1/topic/proto").to_bytes(),
+            RejectReason.WRONG_CONTENT_TOPIC,
+            id="alien",
+        ),
+        pytest.param(WakuMessage(b"fine", CONTENT_TOPIC).to_bytes(), None, id="good"),
+    ],
+)
+def test_the_validator_counts_each_bad_frame_by_its_reason(
+    frame: bytes, reason: RejectReason | None
+) -> None:
+    transport = Libp2pTransport()
+    host = TrioHost(transport)
+    try:
+        accepted = host._validate(ID(b"\x01" * 34), rpc_pb2.Message(data=frame, topicIDs=[TOPIC]))
+    finally:
+        host.pubsub.seen_messages.stop()  # py-libp2p starts its sweeper thread at once
+    assert accepted == (reason is None)
+    assert transport.rejected == ({reason: 1} if reason is not None else {})
+    assert all(type(key) is RejectReason for key in transport.rejected)
 
 
 def test_close_ends_subscriptions_stops_the_thread_and_refuses_publishing() -> None:
@@ -299,10 +329,10 @@ def test_a_port_in_use_fails_start_instead_of_hanging() -> None:
     run(scenario)
 
 
-def stubbed_side(queues: dict[ID, list[None]]) -> tuple[_TrioSide, list[ID]]:
+def stubbed_side(queues: dict[ID, list[None]]) -> tuple[TrioHost, list[ID]]:
     """A trio side with these outbound queues; records the peers whose connections it
     closes."""
-    side = _TrioSide(Libp2pTransport())
+    side = TrioHost(Libp2pTransport())
     side.pubsub.peer_queues = queues  # type: ignore[assignment]
     closed: list[ID] = []
 

@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import logging
 import random
-import re
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -91,7 +90,8 @@ class ReliableChannel:
             else None
         )
         self.store = store
-        self.rejected: Counter[str] = Counter()  # bad frames dropped, by reason
+        # Bad frames dropped, by reason: a RejectReason, or a DropReason that is bad input.
+        self.rejected: Counter[str] = Counter()
         # None wakes a reader to report self._failure.
         self._events: asyncio.Queue[Delivery | None] = asyncio.Queue()
         for delivery in self.state.pending if self.state is not None else ():
@@ -236,8 +236,7 @@ class ReliableChannel:
                 frame.data, self._clock(), retrieval_hint=frame.retrieval_hint
             )
         except RemoteProtocolError as exc:
-            # The reason is the error without its details: "message of N bytes exceeds ...".
-            self._reject(re.sub(r"\d+", "N", str(exc).split(":")[0]), str(exc))
+            self._reject(exc.reason, str(exc))
             return
         for event in step.events:
             if isinstance(event, MessageDropped) and event.reason.bad_input:

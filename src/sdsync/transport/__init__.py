@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sdsync.transport.base import Received, Transport
+from sdsync.transport.base import Envelope, Received, Transport
 from sdsync.transport.memory import MemoryNetwork, MemoryTransport
 
 if TYPE_CHECKING:
-    from sdsync.transport.libp2p import Envelope, Libp2pTransport
+    from sdsync.transport.libp2p import Libp2pTransport
 
 __all__ = [
     "Envelope",
@@ -20,7 +20,7 @@ __all__ = [
 ]
 
 # py-libp2p takes about a second to import: load it only for those who use it.
-_LAZY = {"Envelope", "Libp2pTransport"}
+_LAZY = {"Libp2pTransport"}
 
 
 def __getattr__(name: str) -> Any:

@@ -1,10 +1,16 @@
-"""The transport contract: publish bytes on a topic, receive bytes with a retrieval hint."""
+"""The transport contract: publish bytes on a topic, receive bytes with a retrieval hint.
+
+Also the values transports hand out: :class:`Received` to a channel, and :class:`Envelope`
+(the whole WakuMessage) to a store node, from transports that carry Waku envelopes.
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
+
+from sdsync.wire.waku import WakuMessage
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,6 +20,15 @@ class Received:
 
     data: bytes
     retrieval_hint: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """A whole publication as a store node archives it."""
+
+    pubsub_topic: str
+    message: WakuMessage
+    message_hash: bytes
 
 
 class Transport(Protocol):

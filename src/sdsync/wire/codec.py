@@ -15,7 +15,8 @@ from its serialized form only once (entries recur in many consecutive messages).
 
 Decoding treats its input as hostile: the frame size is checked before parsing, every
 parser failure becomes :class:`~sdsync.errors.RemoteProtocolError`, and field sizes are
-bounded by :class:`WireLimits`. The message *kind* is derived from field presence:
+bounded by :class:`WireLimits`; each rejection carries its
+:class:`~sdsync.errors.RejectReason`. The message *kind* is derived from field presence:
 
 * content   — Lamport timestamp set and content non-empty
 * sync      — Lamport timestamp set and content absent or empty
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 
 from google.protobuf.message import DecodeError
 
-from sdsync.errors import LocalProtocolError, RemoteProtocolError
+from sdsync.errors import LocalProtocolError, RejectReason, RemoteProtocolError
 from sdsync.wire import sds_message_pb2 as pb
 
 MAX_UINT64 = (1 << 64) - 1
@@ -174,13 +175,16 @@ def decode(data: bytes, limits: WireLimits = DEFAULT_LIMITS) -> Message:
         raise LocalProtocolError(f"decode expects bytes, got {type(data).__name__}")
     if len(data) > limits.max_message_bytes:
         raise RemoteProtocolError(
-            f"message of {len(data)} bytes exceeds the limit of {limits.max_message_bytes}"
+            f"message of {len(data)} bytes exceeds the limit of {limits.max_message_bytes}",
+            reason=RejectReason.MESSAGE_TOO_LARGE,
         )
     parsed = pb.SdsMessageView()
     try:
         parsed.ParseFromString(bytes(data))
     except (DecodeError, ValueError, RuntimeError) as exc:
-        raise RemoteProtocolError(f"malformed SDS message: {exc}") from None
+        raise RemoteProtocolError(
+            f"malformed SDS message: {exc}", reason=RejectReason.MALFORMED
+        ) from None
     return _from_view(parsed, limits)
 
 
@@ -188,25 +192,36 @@ def _from_view(parsed: pb.SdsMessageView, limits: WireLimits) -> Message:
     lamport = parsed.lamport_timestamp if parsed.HasField("lamport_timestamp") else None
     content = parsed.content if parsed.HasField("content") else None
     if classify(lamport, content) is None:
-        raise RemoteProtocolError("neither content, sync nor ephemeral: no lamport and no content")
+        raise RemoteProtocolError(
+            "neither content, sync nor ephemeral: no lamport and no content",
+            reason=RejectReason.NO_KIND,
+        )
     if lamport is not None and lamport > limits.max_lamport_timestamp:
-        raise RemoteProtocolError(f"lamport timestamp {lamport} is beyond any plausible clock")
+        raise RemoteProtocolError(
+            f"lamport timestamp {lamport} is beyond any plausible clock",
+            reason=RejectReason.IMPLAUSIBLE_LAMPORT,
+        )
     for name in ("sender_id", "message_id", "channel_id"):
         _check_id(name, getattr(parsed, name), limits)
     if not parsed.message_id:
-        raise RemoteProtocolError("message_id is empty")
+        raise RemoteProtocolError("message_id is empty", reason=RejectReason.EMPTY_MESSAGE_ID)
     bloom = parsed.bloom_filter if parsed.HasField("bloom_filter") else None
     if bloom is not None and len(bloom) > limits.max_bloom_bytes:
-        raise RemoteProtocolError(f"bloom filter of {len(bloom)} bytes exceeds the limit")
+        raise RemoteProtocolError(
+            f"bloom filter of {len(bloom)} bytes exceeds the limit",
+            reason=RejectReason.FIELD_TOO_LARGE,
+        )
     if len(parsed.causal_history) > limits.max_causal_history:
         raise RemoteProtocolError(
             f"causal history of {len(parsed.causal_history)} entries exceeds the limit "
-            f"of {limits.max_causal_history}"
+            f"of {limits.max_causal_history}",
+            reason=RejectReason.FIELD_TOO_LARGE,
         )
     if len(parsed.repair_request) > limits.max_repair_requests:
         raise RemoteProtocolError(
             f"{len(parsed.repair_request)} repair requests exceed the limit "
-            f"of {limits.max_repair_requests}"
+            f"of {limits.max_repair_requests}",
+            reason=RejectReason.FIELD_TOO_LARGE,
         )
     return Message(
         sender_id=parsed.sender_id,
@@ -246,23 +261,31 @@ def _parse_entry(raw: bytes, limits: WireLimits) -> HistoryEntry:
     try:
         parsed.ParseFromString(raw)
     except (DecodeError, ValueError, RuntimeError) as exc:
-        raise RemoteProtocolError(f"malformed history entry: {exc}") from None
+        raise RemoteProtocolError(
+            f"malformed history entry: {exc}", reason=RejectReason.MALFORMED
+        ) from None
     if not parsed.message_id:
-        raise RemoteProtocolError("history entry with an empty message_id")
+        raise RemoteProtocolError(
+            "history entry with an empty message_id", reason=RejectReason.EMPTY_MESSAGE_ID
+        )
     _check_id("history message_id", parsed.message_id, limits)
     sender = parsed.sender_id if parsed.HasField("sender_id") else None
     if sender is not None:
         _check_id("history sender_id", sender, limits)
     hint = parsed.retrieval_hint if parsed.HasField("retrieval_hint") else None
     if hint is not None and len(hint) > limits.max_retrieval_hint_bytes:
-        raise RemoteProtocolError(f"retrieval hint of {len(hint)} bytes exceeds the limit")
+        raise RemoteProtocolError(
+            f"retrieval hint of {len(hint)} bytes exceeds the limit",
+            reason=RejectReason.FIELD_TOO_LARGE,
+        )
     return HistoryEntry(parsed.message_id, hint, sender)
 
 
 def _check_id(name: str, value: str, limits: WireLimits) -> None:
     if len(value) > limits.max_id_length:
         raise RemoteProtocolError(
-            f"{name} of {len(value)} characters exceeds the limit of {limits.max_id_length}"
+            f"{name} of {len(value)} characters exceeds the limit of {limits.max_id_length}",
+            reason=RejectReason.FIELD_TOO_LARGE,
         )
 
 

@@ -13,7 +13,8 @@ the message. The hash covers neither ``version`` nor ``ephemeral``, and a messag
 no timestamp hashes without the trailing 8 bytes (nwaku's rule).
 
 Decoding treats its input as hostile: every failure is a
-:class:`~sdsync.errors.RemoteProtocolError`, sizes are bounded before parsing.
+:class:`~sdsync.errors.RemoteProtocolError` (``OVERSIZED`` or ``NOT_WAKU_MESSAGE``), sizes
+are bounded before parsing.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
 
-from sdsync.errors import LocalProtocolError, RemoteProtocolError
+from sdsync.errors import LocalProtocolError, RejectReason, RemoteProtocolError
 from sdsync.wire import waku_message_pb2 as pb
 
 #: nwaku's default maximum message size (150 KiB payload plus envelope).
@@ -95,14 +96,20 @@ def message_hash(
 def decode_waku_message(data: bytes, *, max_bytes: int = MAX_WAKU_MESSAGE_BYTES) -> WakuMessage:
     """Parse a WakuMessage from a remote peer; raises only :class:`RemoteProtocolError`."""
     if len(data) > max_bytes:
-        raise RemoteProtocolError(f"WakuMessage of {len(data)} bytes exceeds {max_bytes}")
+        raise RemoteProtocolError(
+            f"WakuMessage of {len(data)} bytes exceeds {max_bytes}", reason=RejectReason.OVERSIZED
+        )
     parsed = pb.WakuMessage()
     try:
         parsed.ParseFromString(data)
     except (DecodeError, RuntimeError, ValueError) as exc:
-        raise RemoteProtocolError(f"malformed WakuMessage: {exc}") from exc
+        raise RemoteProtocolError(
+            f"malformed WakuMessage: {exc}", reason=RejectReason.NOT_WAKU_MESSAGE
+        ) from exc
     if not parsed.content_topic:
-        raise RemoteProtocolError("WakuMessage without a content topic")
+        raise RemoteProtocolError(
+            "WakuMessage without a content topic", reason=RejectReason.NOT_WAKU_MESSAGE
+        )
     return WakuMessage(
         payload=parsed.payload,
         content_topic=parsed.content_topic,

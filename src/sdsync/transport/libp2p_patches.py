@@ -1,0 +1,92 @@
+"""Subclasses that mend py-libp2p 0.8.1 where it loses frames, or a whole node, unasked.
+
+Theory of operation
+-------------------
+These subclasses run on the transport's trio thread, inside the host's pubsub service
+(:mod:`sdsync.transport.libp2p_host` builds them); they know nothing of asyncio. Each
+replaces one behaviour of the pinned py-libp2p:
+
+* :class:`DeliveringPubsub` hands every delivery straight to a callback instead of the
+  32-slot subscription channel, which drops on overflow; lets a peer's undecodable RPC
+  cost that peer its stream rather than end the pubsub service; and numbers its messages
+  from the time, so that a restarted host is not taken for an equivocating one;
+* :class:`RoomyQueues` enlarges each peer's outbound queue, which drops whole RPCs when
+  full.
+
+tests/transport/test_libp2p.py checks each of them against the pinned version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from google.protobuf.message import DecodeError
+from libp2p.abc import INetStream
+from libp2p.peer.id import ID
+from libp2p.pubsub.pb import rpc_pb2
+from libp2p.pubsub.pubsub import Pubsub
+from libp2p.pubsub.rpc_queue import RpcQueue
+
+logger = logging.getLogger("sdsync.transport.libp2p")
+
+PEER_QUEUE_RPCS = 256
+
+
+class DeliveringPubsub(Pubsub):
+    """Pubsub whose deliveries go straight to a callback instead of a bounded channel,
+    and whose per-peer outbound queues have room for bursts."""
+
+    def __init__(
+        self, *args: Any, deliver: Callable[[rpc_pb2.Message, bool], None], **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self._deliver = deliver
+        self.corrupt_rpcs = 0
+        self.peer_queues = RoomyQueues()
+        # Sequence numbers start at the time in seconds, and peers remember (sender, seqno)
+        # forever to catch equivocation: a host restarted with the same identity within
+        # as many seconds as it published messages would have its new messages rejected.
+        self.counter = time.time_ns()
+
+    def notify_subscriptions(self, publish_message: rpc_pb2.Message) -> None:
+        own = publish_message.from_id == self.my_id.to_bytes()
+        self._deliver(publish_message, own)
+
+    async def continuously_read_stream(self, stream: INetStream) -> None:
+        """Read a peer's RPCs; one that does not decode costs that peer its stream.
+
+        py-libp2p lets the DecodeError end the whole pubsub service — every channel on
+        this host, for one peer's corrupt (or hostile) bytes. It is treated as py-libp2p
+        treats an oversized RPC: the stream is reset and the peer dropped, and it may
+        connect again.
+        """
+        try:
+            await super().continuously_read_stream(stream)
+        except DecodeError as exc:
+            peer_id = stream.muxed_conn.peer_id
+            self.corrupt_rpcs += 1
+            logger.warning(
+                "pubsub RPC from %s does not decode (%s): dropping the peer", peer_id, exc
+            )
+            with contextlib.suppress(Exception):
+                await stream.reset()
+            self._handle_dead_peer(peer_id)
+
+
+class RoomyQueues(dict[ID, RpcQueue]):
+    """Pubsub's table of per-peer outbound queues, each enlarged on insertion.
+
+    py-libp2p drops any RPC pushed onto a full queue, and its 32 slots fill whenever the
+    writer to a peer is slower than a burst — which in Python, with 40 KB SDS frames and
+    every message relayed once more by the third member of a mesh, is routine. There is
+    no parameter for the size, so the queue's bound is raised here (checked by a test
+    against the pinned py-libp2p).
+    """
+
+    def __setitem__(self, peer: ID, queue: RpcQueue) -> None:
+        queue._queue.max_size = PEER_QUEUE_RPCS
+        super().__setitem__(peer, queue)
