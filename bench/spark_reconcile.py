@@ -39,7 +39,7 @@ from pyspark.sql import functions as sf
 from rich.console import Console
 
 from sdsync.pipeline.progress import Progress
-from sdsync.pipeline.reconcile import Archive, ReconcileOptions, reconcile
+from sdsync.pipeline.reconcile import ParquetArchive, ReconcileOptions, reconcile
 from sdsync.pipeline.session import SessionOptions, build_session
 
 HOUR_NS = 3_600 * 10**9
@@ -68,11 +68,13 @@ def parse_args() -> argparse.Namespace:
 # -- data ----------------------------------------------------------------------------------
 
 
-def generate(spark: SparkSession, args: argparse.Namespace, console: Console) -> list[Archive]:
+def generate(
+    spark: SparkSession, args: argparse.Namespace, console: Console
+) -> list[ParquetArchive]:
     """Write the archives (reused when a previous run made the same ones)."""
     stamp = {"rows": args.rows, "archives": args.archives, "loss": args.loss, "v": 1}
     data = args.workdir / "archives"
-    archives = [Archive(f"store{k}", str(data / f"store{k}")) for k in range(args.archives)]
+    archives = [ParquetArchive(f"store{k}", str(data / f"store{k}")) for k in range(args.archives)]
     marker = data / "params.json"
     if marker.exists() and json.loads(marker.read_text()) == stamp:
         console.print(f"reusing archives in {data}")
@@ -118,7 +120,7 @@ def generate(spark: SparkSession, args: argparse.Namespace, console: Console) ->
 # -- the two methods -------------------------------------------------------------------------
 
 
-def full_outer_join(spark: SparkSession, archives: list[Archive]) -> DataFrame:
+def full_outer_join(spark: SparkSession, archives: list[ParquetArchive]) -> DataFrame:
     joined: DataFrame | None = None
     for a in archives:
         side = (
@@ -144,13 +146,13 @@ def full_outer_join(spark: SparkSession, archives: list[Archive]) -> DataFrame:
     )
 
 
-def run_join(spark: SparkSession, archives: list[Archive], out: Path) -> None:
+def run_join(spark: SparkSession, archives: list[ParquetArchive], out: Path) -> None:
     spark.sparkContext.setJobDescription("bench: full outer join")
     full_outer_join(spark, archives).write.mode("overwrite").parquet(str(out / "missing"))
 
 
 def run_reconcile(
-    spark: SparkSession, archives: list[Archive], out: Path, **options: Any
+    spark: SparkSession, archives: list[ParquetArchive], out: Path, **options: Any
 ) -> dict[str, Any]:
     return reconcile(spark, archives, out, Progress(spark), ReconcileOptions(**options))
 

@@ -18,13 +18,13 @@ from typer.testing import CliRunner
 from sdsync.cli.main import app
 from sdsync.errors import InputError
 from sdsync.pipeline.progress import Progress
-from sdsync.pipeline.reconcile import Archive, ReconcileOptions, parse_archive, reconcile
+from sdsync.pipeline.reconcile import ParquetArchive, ReconcileOptions, parse_archive, reconcile
 
 sys.path.insert(0, str(Path(__file__).parent))
 from archives import Item, random_items, write_archive
 
 
-def full_outer_join(spark: SparkSession, archives: list[Archive]) -> DataFrame:
+def full_outer_join(spark: SparkSession, archives: list[ParquetArchive]) -> DataFrame:
     """The reference answer: join everything on (timestamp, message_hash)."""
     joined: DataFrame | None = None
     for a in archives:
@@ -54,9 +54,9 @@ def full_outer_join(spark: SparkSession, archives: list[Archive]) -> DataFrame:
 
 def run(
     spark: SparkSession, tmp_path: Path, sets: dict[str, list[Item]], **options: Any
-) -> tuple[dict[str, Any], DataFrame, list[Archive]]:
+) -> tuple[dict[str, Any], DataFrame, list[ParquetArchive]]:
     archives = [
-        Archive(name, str(write_archive(tmp_path / name, items, files=2)))
+        ParquetArchive(name, str(write_archive(tmp_path / name, items, files=2)))
         for name, items in sets.items()
     ]
     out = tmp_path / "out"
@@ -158,9 +158,9 @@ def test_fingerprint_cache_is_reused_and_never_stale(spark: SparkSession, tmp_pa
 
 
 def test_parse_archive() -> None:
-    assert parse_archive("/data/store-1/") == Archive("store-1", "/data/store-1/")
-    assert parse_archive("east=/data/s1") == Archive("east", "/data/s1")
-    assert parse_archive("/data/day=3") == Archive("day=3", "/data/day=3")
+    assert parse_archive("/data/store-1/") == ParquetArchive("store-1", "/data/store-1/")
+    assert parse_archive("east=/data/s1") == ParquetArchive("east", "/data/s1")
+    assert parse_archive("/data/day=3") == ParquetArchive("day=3", "/data/day=3")
 
 
 # -- command line and bad input ----------------------------------------------------------
@@ -226,7 +226,7 @@ def test_wrong_hash_size_names_file_and_column(spark: SparkSession, tmp_path: Pa
     with pytest.raises(InputError) as info:
         reconcile(
             spark,
-            [Archive("good", str(good)), Archive("short", str(short))],
+            [ParquetArchive("good", str(good)), ParquetArchive("short", str(short))],
             tmp_path / "o",
             Progress(spark),
         )

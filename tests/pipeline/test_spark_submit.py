@@ -17,12 +17,13 @@ PROBE = """
 import json, sys
 from pathlib import Path
 from sdsync.pipeline.progress import Progress
-from sdsync.pipeline.reconcile import Archive, reconcile
+from sdsync.pipeline.reconcile import ParquetArchive, reconcile
 from sdsync.pipeline.session import SessionOptions, build_session
 
 spark, owned = build_session(SessionOptions())
 a, b, out = sys.argv[1:]
-summary = reconcile(spark, [Archive("a", a), Archive("b", b)], Path(out), Progress(spark))
+archives = [ParquetArchive("a", a), ParquetArchive("b", b)]
+summary = reconcile(spark, archives, Path(out), Progress(spark))
 print(json.dumps({
     "master": spark.sparkContext.master,
     "owned": owned,

@@ -25,7 +25,7 @@ from sdsync.pipeline.arrow_leaves import LEAF_SCHEMA, hash_limbs
 from sdsync.pipeline.io import list_data_files
 from sdsync.pipeline.leaves import leaf_sums
 from sdsync.pipeline.progress import Progress
-from sdsync.pipeline.reconcile import Archive, ReconcileOptions, reconcile
+from sdsync.pipeline.reconcile import ParquetArchive, ReconcileOptions, reconcile
 
 SHIFT = 30  # ~1 s leaves: items over an hour spread over a few thousand leaves
 
@@ -217,7 +217,7 @@ def test_reconcile_methods_agree_on_clustered_archives(spark: SparkSession, tmp_
     }
     # Different row-group sizes, so the archives' row groups straddle each other.
     archives = [
-        Archive(name, str(write_in_groups(tmp_path / name, [items], size)))
+        ParquetArchive(name, str(write_in_groups(tmp_path / name, [items], size)))
         for (name, items), size in zip(sets.items(), (500, 700, 1100), strict=True)
     ]
     expected = full_outer_join(spark, archives)

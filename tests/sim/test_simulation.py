@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from sdsync.cli.main import app
 from sdsync.core import ChannelConfig, Event, MessageChannel, MessageDelivered
+from sdsync.runtime import RuntimeConfig
 from sdsync.sim.config import (
     ChurnConfig,
     NetworkConfig,
@@ -462,6 +463,17 @@ def test_config_rejects_typos_and_wrong_types() -> None:
     with pytest.raises(LocalProtocolError, match="names no participant"):
         config_from_dict({"partitions": [{"start_ms": 1, "heal_ms": 2, "groups": [[0, 9]]}]})
     assert config_from_dict({"network": {"latency_ms": 20}}).network.latency_ms == 20.0
+
+
+def test_protocol_defaults_are_the_librarys() -> None:
+    """A scenario that sets nothing simulates the channel and driver an application gets.
+
+    Two participants and no messages leave nothing for the simulator's own choices
+    (response groups, log window) to change, so any difference is a drifted default.
+    """
+    sim = Simulation(SimConfig(participants=2, workload=WorkloadConfig(messages=0)))
+    assert sim.channel_config == ChannelConfig()
+    assert sim.runtime_config == RuntimeConfig()
 
 
 def test_overrides_are_validated_as_a_whole() -> None:

@@ -92,7 +92,11 @@ class MessageAcknowledged(Event):
 
 @dataclass(frozen=True, slots=True)
 class MessagePossiblyAcknowledged(Event):
-    """A bloom filter from a new distinct peer (``acker_id``) contains one of our messages."""
+    """A bloom filter from a new distinct peer (``acker_id``) contains one of our messages.
+
+    ``count`` distinct peers' filters have contained it so far, still fewer than
+    ``ChannelConfig.possible_acks_threshold`` (reaching it acknowledges the message).
+    """
 
     count: int
     acker_id: str
@@ -121,7 +125,8 @@ class MessageMissingEvicted(Event):
 
 @dataclass(frozen=True, slots=True)
 class MessageLost(Event):
-    """A dependency given up on after the lost timeout; its dependents were delivered."""
+    """A dependency given up on after the lost timeout; its dependents stop waiting for it
+    (those that waited for nothing else are delivered)."""
 
     type = "message_lost"
 
@@ -154,19 +159,24 @@ class MessageDropped(Event):
 
 @dataclass(frozen=True, slots=True)
 class SendFailed(Event):
-    """The caller gave up on one of our messages; it will never be reported as sent."""
+    """The caller gave up on one of our messages (the runtime does after ``max_attempts``):
+    it left the outgoing buffer unacknowledged and is never resent."""
 
     type = "send_failed"
 
 
 @dataclass(frozen=True, slots=True)
 class SyncSent(Event):
+    """We built a sync message (``message_id`` is its own id) at ``lamport_timestamp``."""
+
     lamport_timestamp: int
     type = "sync_sent"
 
 
 @dataclass(frozen=True, slots=True)
 class SyncReceived(Event):
+    """A sync message from ``sender_id`` arrived."""
+
     sender_id: str
     type = "sync_received"
 
@@ -200,12 +210,17 @@ class RepairRequestSent(Event):
 
 @dataclass(frozen=True, slots=True)
 class RepairRequestReceived(Event):
+    """``sender_id`` asked the group to rebroadcast ``message_id`` (SDS-R)."""
+
     sender_id: str
     type = "repair_request_received"
 
 
 @dataclass(frozen=True, slots=True)
 class RepairResponseSent(Event):
+    """We rebroadcast ``message_id`` (SDS-R: a peer asked for it, or a sync's bloom filter
+    lacked it)."""
+
     type = "repair_response_sent"
 
 

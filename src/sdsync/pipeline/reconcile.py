@@ -88,8 +88,9 @@ MAX_ARCHIVES = 63  # who holds an item is a bit mask in a long
 
 
 @dataclass(frozen=True)
-class Archive:
-    """A store archive: its name in the output and where its Parquet files are."""
+class ParquetArchive:
+    """A store archive exported to Parquet (``--archive [NAME=]DIR``): its name in the
+    output and where its files are. (:class:`sdsync.store.Archive` is the live database.)"""
 
     name: str
     path: str
@@ -118,7 +119,7 @@ class ReconcileOptions:
 
 @dataclass
 class _Plan:
-    archives: list[Archive]
+    archives: list[ParquetArchive]
     inputs: dict[str, ParquetInput]
     shift: int = 0
     min_ts: int | None = None
@@ -132,16 +133,16 @@ class _Plan:
         return {name: 1 << i for i, name in enumerate(sorted(a.name for a in self.archives))}
 
 
-def parse_archive(spec: str) -> Archive:
+def parse_archive(spec: str) -> ParquetArchive:
     """``NAME=DIR`` or ``DIR`` (named after its last path component)."""
     name, sep, path = spec.partition("=")
     if sep and name and "/" not in name and not os.path.exists(spec):
-        return Archive(name, path)
+        return ParquetArchive(name, path)
     stripped = spec.rstrip("/")
-    return Archive(os.path.basename(stripped) or stripped, spec)
+    return ParquetArchive(os.path.basename(stripped) or stripped, spec)
 
 
-def check_archives(archives: list[Archive]) -> None:
+def check_archives(archives: list[ParquetArchive]) -> None:
     if not 2 <= len(archives) <= MAX_ARCHIVES:
         raise InputError(f"reconcile needs two to {MAX_ARCHIVES} --archive, not {len(archives)}")
     names = [a.name for a in archives]
@@ -155,7 +156,7 @@ def check_archives(archives: list[Archive]) -> None:
 
 def reconcile(
     spark: SparkSession,
-    archives: list[Archive],
+    archives: list[ParquetArchive],
     out: Path,
     progress: Progress,
     options: ReconcileOptions | None = None,
@@ -271,7 +272,7 @@ def _bad_row(message_hash: Column, timestamp: Column) -> Column:
     )
 
 
-def _spark_leaves(spark: SparkSession, archive: Archive, shift: int) -> DataFrame:
+def _spark_leaves(spark: SparkSession, archive: ParquetArchive, shift: int) -> DataFrame:
     """Per leaf: n, the eight limb sums, and how many rows are malformed."""
     data = spark.read.parquet(archive.path)
     h, ts = sf.col("message_hash"), sf.col("timestamp")
@@ -336,7 +337,7 @@ def _run_slices(
 def _scan_leaves(
     spark: SparkSession,
     plan: _Plan,
-    archives: list[Archive],
+    archives: list[ParquetArchive],
     options: ReconcileOptions,
     progress: Progress,
 ) -> dict[str, LeafTable]:
@@ -350,7 +351,7 @@ def _scan_leaves(
 
 
 def _leaves_of(
-    spark: SparkSession, archives: list[Archive], rows: pa.Table
+    spark: SparkSession, archives: list[ParquetArchive], rows: pa.Table
 ) -> dict[str, LeafTable]:
     """Split the leaf rows (archive, leaf, n, s0..s7, bad) by archive; an archive with
     malformed rows is bad input."""
@@ -377,7 +378,7 @@ def _cached_leaves(
 
 
 def _scan(
-    spark: SparkSession, plan: _Plan, archives: list[Archive], options: ReconcileOptions
+    spark: SparkSession, plan: _Plan, archives: list[ParquetArchive], options: ReconcileOptions
 ) -> DataFrame:
     """(archive, leaf, n, s0..s7, bad) of ``archives``: one Spark job for all of them."""
     by_files = [a for a in archives if _reads_files(a, options)]
@@ -394,7 +395,7 @@ def _scan(
     return _union(parts)
 
 
-def _reads_files(archive: Archive, options: ReconcileOptions) -> bool:
+def _reads_files(archive: ParquetArchive, options: ReconcileOptions) -> bool:
     return options.arrow_files and is_local(archive.path)
 
 
@@ -406,7 +407,7 @@ def _union(parts: list[DataFrame]) -> DataFrame:
 
 
 def _try_cache(
-    plan: _Plan, archive: Archive, options: ReconcileOptions, keys: dict[str, str]
+    plan: _Plan, archive: ParquetArchive, options: ReconcileOptions, keys: dict[str, str]
 ) -> LeafTable | None:
     if not options.fingerprint_cache:
         plan.cache_state[archive.name] = "off"
@@ -426,7 +427,9 @@ def _try_cache(
     return LeafTable.from_arrow(table).coarsen(plan.shift - meta.shift)
 
 
-def _write_cache(plan: _Plan, archive: Archive, leaves: LeafTable, keys: dict[str, str]) -> None:
+def _write_cache(
+    plan: _Plan, archive: ParquetArchive, leaves: LeafTable, keys: dict[str, str]
+) -> None:
     if archive.name not in keys:
         return
     target = Path(cache.begin_write(archive.path))
@@ -448,7 +451,7 @@ def _write_cache(plan: _Plan, archive: Archive, leaves: LeafTable, keys: dict[st
     plan.cache_state[archive.name] = "written"
 
 
-def _bad_rows_error(spark: SparkSession, archive: Archive) -> InputError:
+def _bad_rows_error(spark: SparkSession, archive: ParquetArchive) -> InputError:
     """Name the first file with a null or wrong-size message_hash (or a null timestamp)."""
     h, ts = sf.col("message_hash"), sf.col("timestamp")
     row = (
@@ -599,7 +602,7 @@ def _write_missing(held: DataFrame, plan: _Plan, out: Path) -> None:
     ordered.write.mode("overwrite").parquet(str(out / "missing"))
 
 
-def _missing_per_archive(out: Path, archives: list[Archive]) -> dict[str, int]:
+def _missing_per_archive(out: Path, archives: list[ParquetArchive]) -> dict[str, int]:
     """Counted from the written output's archive column (small: only what is missing)."""
     names = pq.read_table(str(out / "missing"), columns=["archive"])["archive"]
     counts = {r["values"]: r["counts"] for r in pc.value_counts(names).to_pylist()}

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,17 +97,6 @@ def _under_spark_submit() -> bool:
     """Whether spark-submit started this process: its JVM, already running with the
     master and settings it was given, waits for us on the gateway port it passed."""
     return "PYSPARK_GATEWAY_PORT" in os.environ
-
-
-@contextmanager
-def spark_session(options: SessionOptions) -> Iterator[SparkSession]:
-    """A session for the duration of a command; stopped afterwards if we started it."""
-    spark, owned = build_session(options)
-    try:
-        yield spark
-    finally:
-        if owned:
-            spark.stop()
 
 
 def is_connect(spark: SparkSession) -> bool:

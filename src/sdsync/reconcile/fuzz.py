@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import copy
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
@@ -344,7 +344,7 @@ def _receive(
             out.failures.append(f"rejecting a {len(frame)}-byte frame cost {work} > {limit}")
         if snapshot(session) != before:
             out.failures.append("a rejected frame changed the session")
-        _check_scan(session, store, out)
+        _check_scan(store, out)
         return False, None
     except Exception as exc:  # the property: nothing else may escape
         out.failures.append(f"receive raised {type(exc).__name__}: {exc}")
@@ -358,7 +358,7 @@ def _receive(
             f"a {len(frame)}-byte frame with a {len(reply or b'')}-byte reply, {learned} items "
             f"learned, cost {work} > {limit}"
         )
-    _check_scan(session, store, out)
+    _check_scan(store, out)
     if reply is not None and len(reply) > session.max_frame_size:
         out.failures.append(f"reply of {len(reply)} bytes over the limit")
     window = _window_of(session)
@@ -373,7 +373,7 @@ def _receive(
     return True, reply
 
 
-def _check_scan(session: ReconcileSession, store: CountingStore, out: Outcome) -> None:
+def _check_scan(store: CountingStore, out: Outcome) -> None:
     limit = SCAN_PER_ITEM * len(store.inner) + WORK_CONSTANT * 256
     if store.scanned > limit:
         out.failures.append(f"one frame scanned {store.scanned} positions > {limit}")
@@ -829,6 +829,3 @@ def random_prolly_frame(rng: random.Random, near: int = 10**18) -> bytes:
             client_has=nodes[:half], client_needs=nodes[half:], more=rng.random() < 0.3
         )
     return header + message.SerializeToString()
-
-
-Generator = Callable[[random.Random], bytes]

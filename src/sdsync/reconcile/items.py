@@ -227,8 +227,3 @@ class MemoryItemStore:
         self._hashes = grown(self._hashes[:n], capacity)  # type: ignore[assignment]
         self._coins = grown(self._coins[:n], capacity)  # type: ignore[assignment]
         self._prefix = grown(self._prefix[: n + 1], capacity + 1)  # type: ignore[assignment]
-
-
-def window_positions(store: ItemStore, window: tuple[Bound, Bound]) -> tuple[int, int]:
-    """Positions ``[start, stop)`` of the items inside ``window``."""
-    return store.lower_bound(window[0]), store.lower_bound(window[1])

@@ -71,8 +71,8 @@ from sdsync.reconcile.items import INFINITY_TS, MAX_TIMESTAMP, Bound, Item, Item
 from sdsync.reconcile.session import (
     DEFAULT_MAX_FRAME_SIZE,
     FULL_WINDOW,
+    FrameOutcome,
     ReconcileSession,
-    Step,
     Window,
     default_max_rounds,
 )
@@ -307,7 +307,7 @@ class ProllySession(ReconcileSession):
         root = self._root(self._start, self._end)
         return encode(MessageType.EXCHANGE_ROOT_REQUEST, pb.ExchangeRootRequest(root=root))
 
-    def _step(self, frame: bytes) -> Step:
+    def _evaluate(self, frame: bytes) -> FrameOutcome:
         kind, message = decode(frame)
         handler = self._client_handler(kind) if self.initiator else self._server_handler(kind)
         if handler is None:
@@ -315,7 +315,7 @@ class ProllySession(ReconcileSession):
             raise RemoteProtocolError(f"a {role} does not expect {kind.name} here")
         return handler(message)
 
-    def _client_handler(self, kind: MessageType) -> Callable[[Message], Step] | None:
+    def _client_handler(self, kind: MessageType) -> Callable[[Message], FrameOutcome] | None:
         if kind is MessageType.EXCHANGE_ROOT_RESPONSE and not self._asked and not self._unsent:
             return self._on_root_response
         if kind is MessageType.GET_NON_BOUNDARY_NODES_RESPONSE and self._asked:
@@ -324,7 +324,7 @@ class ProllySession(ReconcileSession):
             return self._on_done_ack
         return None
 
-    def _on_root_response(self, message: Message) -> Step:
+    def _on_root_response(self, message: Message) -> FrameOutcome:
         assert isinstance(message, pb.ExchangeRootResponse) and self._end is not None
         root = message.root
         right = 0 if self._end[0] >= INFINITY_TS else self._end[0]
@@ -333,10 +333,10 @@ class ProllySession(ReconcileSession):
         if not 1 <= root.level <= MAX_LEVEL or len(root.merkle_hash) != FINGERPRINT_SIZE:
             raise RemoteProtocolError("ExchangeRootResponse root is malformed")
         if root.merkle_hash == self._fingerprint(self._start, self._end):
-            return Step(None, finished=True)
+            return FrameOutcome(None, finished=True)
         return self._next_request([_Pending(self._start, self._end, root.level)], [], [])
 
-    def _on_children(self, message: Message) -> Step:
+    def _on_children(self, message: Message) -> FrameOutcome:
         assert isinstance(message, pb.GetNonBoundaryNodesResponse)
         groups = self._groups(list(message.non_boundary_nodes))
         pending: list[_Pending] = []
@@ -406,7 +406,9 @@ class ProllySession(ReconcileSession):
                 pending.append(_Pending(key, end, parent.level - 1))
         return []
 
-    def _next_request(self, pending: list[_Pending], have: list[Item], need: list[Item]) -> Step:
+    def _next_request(
+        self, pending: list[_Pending], have: list[Item], need: list[Item]
+    ) -> FrameOutcome:
         if not pending:
             return self._sync_done(sorted(self.have + have), sorted(self.need + need), have, need)
         asked: list[_Pending] = []
@@ -426,11 +428,11 @@ class ProllySession(ReconcileSession):
 
         # Ask for what fits; the rest waits in _asked's tail and is re-asked after the reply.
         frame = encode(MessageType.GET_NON_BOUNDARY_NODES_REQUEST, request)
-        return Step(frame, have, need, commit=commit)
+        return FrameOutcome(frame, have, need, commit=commit)
 
     def _sync_done(
         self, has: list[Item], needs: list[Item], have: list[Item], need: list[Item]
-    ) -> Step:
+    ) -> FrameOutcome:
         """Tell the server what we learned, in as many frames as that takes."""
         done = pb.SyncDone()
         size = 4  # header and the `more` flag
@@ -453,15 +455,15 @@ class ProllySession(ReconcileSession):
             self._unsent = unsent
 
         frame = encode(MessageType.SYNC_DONE, done)
-        return Step(frame, have, need, finished=unsent is None, commit=commit)
+        return FrameOutcome(frame, have, need, finished=unsent is None, commit=commit)
 
-    def _on_done_ack(self, message: Message) -> Step:
+    def _on_done_ack(self, message: Message) -> FrameOutcome:
         assert self._unsent is not None
         return self._sync_done(list(self._unsent[0]), list(self._unsent[1]), [], [])
 
     # -- server -----------------------------------------------------------------------
 
-    def _server_handler(self, kind: MessageType) -> Callable[[Message], Step] | None:
+    def _server_handler(self, kind: MessageType) -> Callable[[Message], FrameOutcome] | None:
         if self._end is None:
             return self._on_root_request if kind is MessageType.EXCHANGE_ROOT_REQUEST else None
         return {
@@ -470,7 +472,7 @@ class ProllySession(ReconcileSession):
             MessageType.SYNC_DONE: self._on_sync_done,
         }.get(kind)
 
-    def _on_root_request(self, message: Message) -> Step:
+    def _on_root_request(self, message: Message) -> FrameOutcome:
         assert isinstance(message, pb.ExchangeRootRequest)
         root = message.root
         if root.timestamp < 0 or root.right < 0 or (root.right and root.right <= root.timestamp):
@@ -486,9 +488,9 @@ class ProllySession(ReconcileSession):
             self._root_level = ours.level
 
         frame = encode(MessageType.EXCHANGE_ROOT_RESPONSE, pb.ExchangeRootResponse(root=ours))
-        return Step(frame, finished=ours.merkle_hash == root.merkle_hash, commit=commit)
+        return FrameOutcome(frame, finished=ours.merkle_hash == root.merkle_hash, commit=commit)
 
-    def _on_children_request(self, message: Message) -> Step:
+    def _on_children_request(self, message: Message) -> FrameOutcome:
         assert isinstance(message, pb.GetNonBoundaryNodesRequest) and self._end is not None
         starts = [(_key(n), n.level) for n in message.start_nodes]
         if any(
@@ -521,15 +523,15 @@ class ProllySession(ReconcileSession):
                 response.non_boundary_nodes.extend(group)
             break
         frame = encode(MessageType.GET_NON_BOUNDARY_NODES_RESPONSE, response)
-        return Step(frame)
+        return FrameOutcome(frame)
 
-    def _on_node_request(self, message: Message) -> Step:
+    def _on_node_request(self, message: Message) -> FrameOutcome:
         assert isinstance(message, pb.GetIntermediateNodeRequest) and self._end is not None
         if message.node_id < 0 or not 0 <= message.level <= MAX_LEVEL:
             raise RemoteProtocolError("GetIntermediateNodeRequest out of range")
         node = self._node_at(message.node_id, message.level)
         response = pb.GetIntermediateNodeResponse(node=node)
-        return Step(encode(MessageType.GET_INTERMEDIATE_NODE_RESPONSE, response))
+        return FrameOutcome(encode(MessageType.GET_INTERMEDIATE_NODE_RESPONSE, response))
 
     def _node_at(self, timestamp: int, level: int) -> pb.Node:
         """The level-``level`` node holding the first item at or after ``timestamp``."""
@@ -565,7 +567,7 @@ class ProllySession(ReconcileSession):
             hi, chunk = begin, chunk * 4
         return None
 
-    def _on_sync_done(self, message: Message) -> Step:
+    def _on_sync_done(self, message: Message) -> FrameOutcome:
         assert isinstance(message, pb.SyncDone) and self._end is not None
         has = [_item(n) for n in message.client_has]
         needs = [_item(n) for n in message.client_needs]
@@ -574,7 +576,7 @@ class ProllySession(ReconcileSession):
         if any(self._holds(it) for it in has) or not all(self._holds(it) for it in needs):
             raise RemoteProtocolError("SyncDone contradicts our store")
         reply = encode(MessageType.SYNC_DONE, pb.SyncDone()) if message.more else None
-        return Step(reply, have=needs, need=has, finished=not message.more)
+        return FrameOutcome(reply, have=needs, need=has, finished=not message.more)
 
     def _holds(self, item: Item) -> bool:
         position = self.store.lower_bound(item)

@@ -82,8 +82,8 @@ from sdsync.reconcile.items import INFINITY_TS, MAX_TIMESTAMP, Bound, Item, Item
 from sdsync.reconcile.session import (
     DEFAULT_MAX_FRAME_SIZE,
     FULL_WINDOW,
+    FrameOutcome,
     ReconcileSession,
-    Step,
     Window,
     default_max_rounds,
 )
@@ -389,7 +389,7 @@ class RbsrSession(ReconcileSession):
         frame.try_add(self._start, self._describe(self._start, self._end, lo, hi, fanout), True)
         return frame.bytes()
 
-    def _step(self, frame: bytes) -> Step:
+    def _evaluate(self, frame: bytes) -> FrameOutcome:
         first = self._end is None
         ranges = _decode(frame, self._start, self._end)
         start = ranges[0].lower if first else self._start
@@ -418,7 +418,7 @@ class RbsrSession(ReconcileSession):
 
         expected = any(x.expects_answer for x in ranges)
         reply = out.bytes() if expected or not out.empty else None
-        return Step(reply, have, need, finished=not out.expects_answer, commit=commit)
+        return FrameOutcome(reply, have, need, finished=not out.expects_answer, commit=commit)
 
     def _answer(self, rng: _Range, lo: int, hi: int) -> _Answer:
         store = self.store

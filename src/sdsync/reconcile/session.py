@@ -15,9 +15,9 @@ Both sides end knowing both directions: :attr:`~ReconcileSession.have` (items we
 the peer lacks) and :attr:`~ReconcileSession.need` (items the peer holds and we lack), so
 either may push or pull the messages afterwards.
 
-:meth:`receive` handles a frame in two phases. The subclass's ``_step`` decodes and
+:meth:`receive` handles a frame in two phases. The subclass's ``_evaluate`` decodes and
 evaluates the whole frame against the store without touching the session and returns a
-:class:`Step`; only then does the base class apply it. So a malformed, oversized or
+:class:`FrameOutcome`; only then does the base class apply it. So a malformed, oversized or
 wrong-version frame raises :class:`~sdsync.errors.RemoteProtocolError` and changes
 nothing, and calls out of turn raise :class:`~sdsync.errors.LocalProtocolError`.
 
@@ -120,8 +120,10 @@ class SessionStats:
 
 
 @dataclass(slots=True)
-class Step:
-    """The evaluated effect of one received frame, applied only if evaluation succeeded."""
+class FrameOutcome:
+    """What one received frame does to the session: the reply, the items it teaches us,
+    whether it ends the session and the state change to ``commit``. The session applies it
+    only once the whole frame has been evaluated without error."""
 
     reply: bytes | None
     have: list[Item] = field(default_factory=list)
@@ -211,17 +213,17 @@ class ReconcileSession(ABC):
                 f"no agreement after {self.stats.frames_in} rounds: the peer does not converge "
                 f"(round limit {self.max_rounds})"
             )
-        step = self._step(frame)
+        outcome = self._evaluate(frame)
         self.stats.frames_in += 1
         self.stats.bytes_in += len(frame)
-        self._learn(self.have, step.have)
-        self._learn(self.need, step.need)
-        if step.commit is not None:
-            step.commit()
-        self._state = _State.DONE if step.finished else _State.RUNNING
-        if step.reply is not None:
-            self._count_out(step.reply)
-        return step.reply
+        self._learn(self.have, outcome.have)
+        self._learn(self.need, outcome.need)
+        if outcome.commit is not None:
+            outcome.commit()
+        self._state = _State.DONE if outcome.finished else _State.RUNNING
+        if outcome.reply is not None:
+            self._count_out(outcome.reply)
+        return outcome.reply
 
     def _learn(self, into: list[Item], items: list[Item]) -> None:
         known = self._known
@@ -238,4 +240,4 @@ class ReconcileSession(ABC):
     def _initiate(self) -> bytes: ...
 
     @abstractmethod
-    def _step(self, frame: bytes) -> Step: ...
+    def _evaluate(self, frame: bytes) -> FrameOutcome: ...

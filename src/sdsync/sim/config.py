@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sdsync.core import ChannelConfig
 from sdsync.errors import LocalProtocolError
+from sdsync.runtime import RuntimeConfig
 
 
 def participant_name(index: int) -> str:
@@ -82,20 +84,32 @@ class WorkloadConfig:
         return round(self.rate_per_participant_s * participants * self.duration_ms / 1000)
 
 
+_CHANNEL = ChannelConfig()
+_RUNTIME = RuntimeConfig()
+
+
 @dataclass(frozen=True, slots=True)
 class ProtocolConfig:
-    causal_history: int = 200
-    bloom_capacity: int = 10_000
-    bloom_error_rate: float = 0.001
-    possible_acks_threshold: int = 2
-    repair: bool = True
-    repair_t_min_ms: int = 30_000
-    repair_t_max_ms: int = 120_000
-    sync_interval_ms: int = 30_000
-    resend_interval_ms: int = 30_000
-    resend_possibly_acknowledged_ms: int = 90_000
-    max_attempts: int = 10
-    lost_timeout_ms: int | None = None
+    """The protocol parameters a scenario may set, flat as in its ``[protocol]`` table.
+
+    Every default is the library's own (:class:`~sdsync.core.ChannelConfig`,
+    :class:`~sdsync.runtime.RuntimeConfig`), so a scenario that sets nothing simulates what
+    an application gets. The few settings the simulator does choose itself are made where
+    it builds the channels (``Simulation.__init__``), each with its reason.
+    """
+
+    causal_history: int = _CHANNEL.causal_history_size
+    bloom_capacity: int = _CHANNEL.bloom.capacity
+    bloom_error_rate: float = _CHANNEL.bloom.error_rate
+    possible_acks_threshold: int = _CHANNEL.possible_acks_threshold
+    repair: bool = _CHANNEL.repair.enabled
+    repair_t_min_ms: int = _CHANNEL.repair.t_min_ms
+    repair_t_max_ms: int = _CHANNEL.repair.t_max_ms
+    sync_interval_ms: int = _RUNTIME.sync_interval_ms
+    resend_interval_ms: int = _RUNTIME.resend_interval_ms
+    resend_possibly_acknowledged_ms: int = _RUNTIME.resend_possibly_acknowledged_ms
+    max_attempts: int = _RUNTIME.max_attempts
+    lost_timeout_ms: int | None = _CHANNEL.lost_timeout_ms
 
 
 @dataclass(frozen=True, slots=True)

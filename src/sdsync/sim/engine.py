@@ -57,7 +57,7 @@ class Participant:
 
 
 @dataclass(slots=True)
-class StoreNode:
+class SimulatedStore:
     index: int
     online: bool = True
     by_hint: dict[bytes, bytes] = field(default_factory=dict)
@@ -115,6 +115,8 @@ class Simulation:
                 enabled=proto.repair,
                 t_min_ms=proto.repair_t_min_ms,
                 t_max_ms=proto.repair_t_max_ms,
+                # The spec's G = max(1, n / 128), as an application sets it once it knows
+                # the group (MessageChannel.set_participant_count); here n is known at once.
                 response_groups=max(1, config.participants // 128),
             ),
         )
@@ -128,7 +130,7 @@ class Simulation:
         self.content_topics = [content_topic(c) for c in self.channel_ids]
         self._factory = channel_factory
         self.participants = [self._new_participant(i) for i in range(config.participants)]
-        self.stores = [StoreNode(i) for i in range(config.stores)]
+        self.stores = [SimulatedStore(i) for i in range(config.stores)]
         # retrieval hint -> (send time, channel) of every broadcast a store heard: what an
         # archive needs besides the bytes to rebuild each WakuMessage.
         self.envelopes: dict[bytes, tuple[int, int]] = {}
@@ -226,7 +228,11 @@ class Simulation:
                 self._churn(target, *payload)  # type: ignore[misc]
             else:
                 self._outage(target, payload)
-        self.recorder.finish(self)
+        self.recorder.finish(
+            self.now,
+            [p.online for p in self.participants],
+            [[driver.channel for driver in p.drivers] for p in self.participants],
+        )
 
     def _quiescent(self) -> bool:
         """Everything sent is in every log and nothing waits to be acknowledged."""
@@ -251,7 +257,7 @@ class Simulation:
         channel = number % self.config.channels
         payload = f"{p.name} #{number} ".encode().ljust(self.config.workload.payload_bytes, b".")
         step = p.drivers[channel].publish(payload, self.now)
-        self.recorder.published(p.index, channel, step, self.now)
+        self.recorder.published(p.index, channel, step)
         self._carry_out(p, channel, step)
 
     def _wake(self, index: int) -> None:

@@ -7,11 +7,13 @@ Layout of ``DIR`` (the input of the Spark pipeline, so the schemas are stable):
     consistency, bytes — plus ``config`` (the full effective :class:`SimConfig`, so a run
     can be reproduced from its summary alone) and ``outputs`` (what was written).
 ``events.parquet``
-    One row per transmission, arrival, delivery, acknowledgement, drop and churn change:
-    ``time_ms`` int64 (virtual), ``participant`` string (``p00003``, the protocol's
-    sender id), ``channel`` string (``channel-0``; null for churn rows), ``message_id``
-    string (null for churn rows), ``kind`` string, ``bytes`` int64 (wire size for
-    transmissions and arrivals, else 0), ``detail`` string (drop reason, else null).
+    One row per transmission, arrival, network drop, delivery, acknowledgement, engine
+    drop, loss, abandoned send and churn change: ``time_ms`` int64 (virtual),
+    ``participant`` string (``p00003``, the protocol's sender id), ``channel`` string
+    (``channel-0``; null for churn rows), ``message_id`` string (null for churn rows),
+    ``kind`` string, ``bytes`` int64 (wire size for transmissions and arrivals, else 0),
+    ``detail`` string (a drop's or loss's reason, an acknowledgement's path and acker,
+    else null; docs/simulation.md lists them per kind).
 ``logs/pNNNNN.parquet``
     One file per participant, all with the same schema, so ``logs/`` reads as one
     dataset: ``participant`` string, ``channel`` string, ``position`` int64 (0-based

@@ -30,11 +30,13 @@ from sdsync.core import (
     SendFailed,
 )
 from sdsync.sim.config import SimConfig, participant_name
-from sdsync.wire import Message
+from sdsync.wire import Message, decode
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from sdsync.core import MessageChannel
     from sdsync.runtime import Step, Transmit
-    from sdsync.sim.engine import Simulation
 
 EVENT_COLUMNS = ("time_ms", "participant", "channel", "message_id", "kind", "bytes", "detail")
 # How many individual lost / missing (participant, message) pairs the summary spells out.
@@ -132,7 +134,7 @@ class Recorder:
 
     # -------------------------------------------------------------- observing
 
-    def published(self, participant: int, channel: int, step: Step, now: int) -> None:
+    def published(self, participant: int, channel: int, step: Step) -> None:
         for action in step.actions:
             message_id = action.message_id  # type: ignore[union-attr]
             self.sent_per_channel[channel] += 1
@@ -227,11 +229,16 @@ class Recorder:
 
     # ------------------------------------------------------------------ judge
 
-    def finish(self, sim: Simulation) -> None:
+    def finish(
+        self, end_ms: int, online: Sequence[bool], channels: Sequence[Sequence[MessageChannel]]
+    ) -> None:
+        """Judge the run as it ended at ``end_ms``: ``online[p]`` says whether participant
+        ``p`` is online, ``channels[p][c]`` is its engine for channel ``c`` (its log is
+        checked; what it waits for and was told of explains a missing message)."""
         self.wall_seconds = time.perf_counter() - self.started
-        self.end_ms = sim.now
+        self.end_ms = end_ms
         verdict = Verdict(duplicates=self.duplicates)
-        verdict.offline_at_end = [p.index for p in sim.participants if not p.online]
+        verdict.offline_at_end = [index for index, is_on in enumerate(online) if not is_on]
         if verdict.offline_at_end:
             names = ", ".join(participant_name(i) for i in verdict.offline_at_end[:EXAMPLES])
             verdict.problems.append(
@@ -244,11 +251,8 @@ class Recorder:
         if self.duplicates:
             verdict.problems.append(f"{self.duplicates} duplicate deliveries")
         self.logs = [
-            [
-                [(e.lamport_timestamp, e.message_id) for e in driver.channel.log]
-                for driver in p.drivers
-            ]
-            for p in sim.participants
+            [[(e.lamport_timestamp, e.message_id) for e in chan.log] for chan in per_p]
+            for per_p in channels
         ]
         for c in range(self.config.channels):
             expected = {mid for (ch, mid) in self.truth if ch == c}
@@ -257,14 +261,16 @@ class Recorder:
                 log = logs[c]
                 if log != sorted(log):
                     verdict.ordered_logs = False
-                    verdict.problems.append(f"p{index} channel {c}: log out of order")
+                    verdict.problems.append(
+                        f"{participant_name(index)} channel {c}: log out of order"
+                    )
                 if log != reference:
                     verdict.identical_logs = False
                 lost = self.lost[index][c]
                 missing = expected - {mid for _, mid in log} - lost
                 verdict.missing_pairs += len(missing)
-                told = sim.participants[index].drivers[c].channel.missing_ids()
-                verdict.told_missing_pairs += len(missing.intersection(told))
+                chan = channels[index][c]
+                verdict.told_missing_pairs += len(missing.intersection(chan.missing_ids()))
                 for mid in sorted(missing)[: EXAMPLES - len(verdict.missing_examples)]:
                     verdict.missing_examples.append(
                         {
@@ -272,7 +278,7 @@ class Recorder:
                             "channel": c,
                             "message_id": mid,
                             "sender": participant_name(self.truth[(c, mid)].sender),
-                            "reason": self._why_missing(sim, index, c, mid),
+                            "reason": self._why_missing(online[index], chan, index, c, mid),
                         }
                     )
         if not verdict.identical_logs:
@@ -281,18 +287,18 @@ class Recorder:
             verdict.problems.append(f"{verdict.missing_pairs} (message, participant) pairs missing")
         self.verdict = verdict
 
-    def _why_missing(self, sim: Simulation, participant: int, channel: int, mid: str) -> str:
+    def _why_missing(
+        self, online: bool, chan: MessageChannel, participant: int, channel: int, mid: str
+    ) -> str:
         """The likeliest explanation of a missing (participant, message) pair."""
-        if not sim.participants[participant].online:
+        if not online:
             return "participant offline at the end of the run"
         if mid in self.got[participant][channel]:
-            chan = sim.participants[participant].drivers[channel].channel
             if mid in chan.incoming_ids():
                 return "received, still waiting for dependencies"
             return "received but never delivered (engine fault)"
         if (channel, mid) in self.abandoned:
             return "never received; its sender gave up after max_attempts"
-        chan = sim.participants[participant].drivers[channel].channel
         if chan.missing_dependency(mid) is not None:
             return "never received, although a causal history named it"
         return "never received; no message it got named it"
@@ -375,6 +381,4 @@ def _percentiles(values: list[int]) -> dict[str, float | None]:
 
 
 def _decoded_history(data: bytes) -> tuple[str, ...]:
-    from sdsync.wire import decode
-
     return tuple(e.message_id for e in decode(data).causal_history)
