@@ -22,6 +22,7 @@ EXPORTS: dict[str, frozenset[str]] = {
             "Message",
             "MessageChannel",
             "MessageKind",
+            "RejectReason",
             "ReliabilityManager",
             "RemoteProtocolError",
             "RepairConfig",
@@ -119,6 +120,32 @@ EXPORTS: dict[str, frozenset[str]] = {
             "state_path",
         }
     ),
+    "sdsync.chat": frozenset(
+        {
+            "ChatOptions",
+            "ChatSession",
+            "DEFAULT_LISTEN",
+            "Identity",
+            "Line",
+            "load_identity",
+            "run_chat",
+            "save_identity",
+        }
+    ),
+    "sdsync.demo": frozenset(
+        {
+            "FullDemo",
+            "InvalidScenarioError",
+            "OFFLINE_MS",
+            "OUTAGE_MS",
+            "QuickDemo",
+            "demo_scenario",
+            "run_full_demo",
+            "run_quick_demo",
+            "run_simulation",
+        }
+    ),
+    "sdsync.peer": frozenset({"PeerSession", "serve"}),
     "sdsync.transport": frozenset(
         {
             "Envelope",
@@ -132,6 +159,7 @@ EXPORTS: dict[str, frozenset[str]] = {
     "sdsync.store": frozenset(
         {
             "Archive",
+            "ArchiveUnavailable",
             "DEFAULT_PAGE_SIZE",
             "ExportReport",
             "HttpStoreClient",

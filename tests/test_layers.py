@@ -1,6 +1,7 @@
 """Imports point down the layers only (docs/architecture.md, the house rules).
 
-cli → pipeline → sim → store / runtime → transport / reconcile → core → wire → errors.
+cli → demo → pipeline → sim / chat / peer → store / runtime → transport / reconcile →
+core → wire → errors.
 Every ``sdsync.<component>`` import in the source, including those inside functions and
 ``TYPE_CHECKING`` blocks, must name the importing component itself or one below it;
 components that share a layer do not import each other.
@@ -14,8 +15,9 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parent.parent / "src" / "sdsync"
 LAYERS = (
     ("cli",),
+    ("demo",),
     ("pipeline",),
-    ("sim",),
+    ("sim", "chat", "peer"),
     ("store", "runtime"),
     ("transport", "reconcile"),
     ("core",),

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from peers import ProcessPeer, SessionPeer
 
-from sdsync.cli.peer import PeerSession
 from sdsync.core import BloomParams, ChannelConfig, RepairConfig
+from sdsync.peer import PeerSession
 
 JS_DIR = Path(__file__).parent / "js"
 
@@ -32,8 +32,10 @@ class PyPeer(SessionPeer):
                 enabled=options.get("repair", True),
                 t_min_ms=options.get("repair_t_min_ms", 30_000),
                 t_max_ms=options.get("repair_t_max_ms", 120_000),
+                response_groups=options.get("repair_response_groups", 1),
             ),
             lost_timeout_ms=options.get("lost_timeout_ms"),
+            max_incoming_buffer=options.get("max_incoming_buffer", 10_000),
             # The conformance peer's default, as `sdsync peer --stdio`'s: @waku/sds's ids.
             message_id_scheme=options.get("message_id", "payload"),
         )
@@ -52,12 +54,16 @@ def js_argv(participant: str, **options: Any) -> list[str]:
     return argv
 
 
-@pytest.fixture
-def js_peer() -> Iterator[Any]:
+def require_js_driver() -> None:
     if shutil.which("node") is None:
         pytest.fail("Node.js is required for interop tests (make test installs the JS driver)")
     if not (JS_DIR / "node_modules" / "@waku" / "sds").is_dir():
         pytest.fail(f"@waku/sds is not installed: run `npm ci` in {JS_DIR} (make test does)")
+
+
+def js_peers() -> Iterator[Any]:
+    """A starter of @waku/sds peers; each is closed when the fixture using it ends."""
+    require_js_driver()
     peers: list[ProcessPeer] = []
 
     def start(participant: str, **options: Any) -> ProcessPeer:
@@ -71,6 +77,17 @@ def js_peer() -> Iterator[Any]:
 
 
 @pytest.fixture
+def js_peer() -> Iterator[Any]:
+    yield from js_peers()
+
+
+@pytest.fixture(scope="module")
+def module_js_peer() -> Iterator[Any]:
+    """js_peer for module-scoped fixtures (a costly exchange shared by several tests)."""
+    yield from js_peers()
+
+
+@pytest.fixture(scope="session")
 def py_peer() -> Any:
     return PyPeer
 

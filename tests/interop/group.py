@@ -30,8 +30,8 @@ from typing import Any
 
 from peers import Peer, ProcessPeer, SessionPeer
 
-from sdsync.cli.peer import PeerSession
 from sdsync.core import ChannelConfig, RepairConfig
+from sdsync.peer import PeerSession
 from sdsync.wire import decode
 
 JS_DRIVER = Path(__file__).parent / "js" / "driver.mjs"

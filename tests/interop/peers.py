@@ -11,7 +11,7 @@ import json
 import subprocess
 from typing import Any
 
-from sdsync.cli.peer import PeerSession
+from sdsync.peer import PeerSession
 
 
 class PeerError(AssertionError):
@@ -72,7 +72,7 @@ class ProcessPeer(Peer):
 
 
 class SessionPeer(Peer):
-    """Our peer in this process: the same request lines, handled by the CLI's PeerSession
+    """Our peer in this process: the same request lines, handled by sdsync.peer's PeerSession
     (starting an interpreter per peer would dominate many tests' run time)."""
 
     def __init__(self, name: str, session: PeerSession) -> None:

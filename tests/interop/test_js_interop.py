@@ -7,15 +7,23 @@ acknowledged and repaired in both directions.
 from __future__ import annotations
 
 import hashlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from sdsync.wire import decode
+from sdsync.core import BloomFilter, BloomParams
+from sdsync.wire import HistoryEntry, Message, decode, encode, message_id_for
 
 pytestmark = pytest.mark.interop
 
-SMALL_BLOOM = {"bloom_capacity": 100, "bloom_error_rate": 0.01}
+# @waku/sds 0.0.8 hardcodes its filter at 10,000 / 0.001; the driver honours other sizes by
+# replacing the channel's private `filter` field. Tests that use this end in
+# _patched_private_bloom, and every behaviour they cover also has a case against the stock
+# package with its default filter.
+PATCHED_SMALL_BLOOM: dict[str, Any] = {"bloom_capacity": 100, "bloom_error_rate": 0.01}
+STOCK_BLOOM = BloomParams()  # what the stock package uses
 
 
 def types(reply: dict[str, Any]) -> list[str]:
@@ -58,16 +66,25 @@ def test_same_inputs_give_identical_wire_and_bloom_bytes(js_peer: Any, py_peer: 
     assert len(states[0]["bloom_hex"]) == 2 * 18_752
 
 
+def test_bloom_bytes_identical_with_many_ids(js_peer: Any, py_peer: Any) -> None:
+    assert_bloom_bytes_identical(js_peer, py_peer, {}, 150, {})
+
+
 @pytest.mark.parametrize(
-    ("options", "count", "py_only"),
+    ("count", "py_only"),
     [
-        ({}, 150, {}),
-        (SMALL_BLOOM, 90, {}),
+        (90, {}),
         # Past capacity js-waku keeps filling; we roll over unless told not to.
-        (SMALL_BLOOM, 150, {"bloom_rollover": False}),
+        (150, {"bloom_rollover": False}),
     ],
 )
-def test_bloom_bytes_identical_with_many_ids(
+def test_bloom_bytes_identical_with_many_ids_patched_private_bloom(
+    js_peer: Any, py_peer: Any, count: int, py_only: dict[str, Any]
+) -> None:
+    assert_bloom_bytes_identical(js_peer, py_peer, PATCHED_SMALL_BLOOM, count, py_only)
+
+
+def assert_bloom_bytes_identical(
     js_peer: Any, py_peer: Any, options: dict[str, Any], count: int, py_only: dict[str, Any]
 ) -> None:
     alices = [js_peer("alice", **options), py_peer("alice", **options, **py_only)]
@@ -83,15 +100,75 @@ def test_bloom_bytes_identical_with_many_ids(
     assert int(states[1]["bloom_hex"], 16) != 0
 
 
-def test_rollover_keeps_our_filter_useful_past_capacity(js_peer: Any, py_peer: Any) -> None:
+def ones(bloom_hex: str) -> int:
+    return bin(int(bloom_hex, 16)).count("1")
+
+
+def test_rollover_keeps_our_filter_useful_past_capacity_patched_private_bloom(
+    js_peer: Any, py_peer: Any
+) -> None:
     """At 3x capacity js-waku's filter is nearly all ones; ours still rejects strangers."""
-    js, py = js_peer("alice", **SMALL_BLOOM), py_peer("alice", **SMALL_BLOOM)
-    bob = js_peer("bob", **SMALL_BLOOM)
+    js, py = js_peer("alice", **PATCHED_SMALL_BLOOM), py_peer("alice", **PATCHED_SMALL_BLOOM)
+    bob = js_peer("bob", **PATCHED_SMALL_BLOOM)
     for i in range(300):
         wire = bob.ok("send", payload_hex=f"{i:08x}")["wire_hex"]
         both([js, py], "receive", wire_hex=wire)
-    fill = {peer.name: bin(int(peer.ok("state")["bloom_hex"], 16)).count("1") for peer in (js, py)}
+    fill = {peer.name: ones(peer.ok("state")["bloom_hex"]) for peer in (js, py)}
     assert fill["py:alice"] < 0.6 * fill["js:alice"], fill
+
+
+# Past the stock capacity without a patched filter: 3x capacity ids, each in a content
+# message that names one id nobody has and carries no filter. Every id enters the
+# receiver's filter, while the message waits in its incoming buffer; delivered messages
+# would enter @waku/sds's log, which it re-sorts on every insert (minutes at this count).
+PAST_CAPACITY = 3 * STOCK_BLOOM.capacity
+
+
+@pytest.fixture(scope="module")
+def stock_filters_past_capacity(module_js_peer: Any, py_peer: Any) -> dict[str, dict[str, Any]]:
+    room = {"max_incoming_buffer": PAST_CAPACITY}
+    js = module_js_peer("alice")
+    ours = [py_peer("alice", **room), py_peer("alice-no-rollover", bloom_rollover=False, **room)]
+    never = (HistoryEntry("never-sent", sender_id="bob"),)
+    wires = [
+        encode(Message("bob", f"m{i}", "0", 1_000 + i, never, None, b"x")).hex()
+        for i in range(PAST_CAPACITY)
+    ]
+
+    def feed(peer: Any) -> dict[str, Any]:
+        peer.ok("clock", now_ms=1_000)
+        for wire in wires:
+            peer.ok("receive", wire_hex=wire)
+        state: dict[str, Any] = peer.ok("state")
+        return state
+
+    # The Node process works while this one feeds our peers.
+    with ThreadPoolExecutor(1) as pool:
+        js_state = pool.submit(feed, js)
+        states = {peer.name: feed(peer) for peer in ours}
+        states[js.name] = js_state.result()
+    return states
+
+
+@pytest.mark.xdist_group("stock-past-capacity")  # one worker builds the fixture
+def test_bloom_bytes_identical_past_capacity_without_rollover(
+    stock_filters_past_capacity: dict[str, dict[str, Any]],
+) -> None:
+    js = stock_filters_past_capacity["js:alice"]
+    py = stock_filters_past_capacity["py:alice-no-rollover"]
+    assert len(js["incoming"]) == len(py["incoming"]) == PAST_CAPACITY  # every id taken in
+    assert len(js["bloom_hex"]) == 2 * STOCK_BLOOM.n_bytes
+    assert js["bloom_hex"] == py["bloom_hex"]
+
+
+@pytest.mark.xdist_group("stock-past-capacity")  # one worker builds the fixture
+def test_rollover_keeps_our_filter_useful_past_capacity(
+    stock_filters_past_capacity: dict[str, dict[str, Any]],
+) -> None:
+    """At 3x capacity js-waku's filter is nearly all ones; ours still rejects strangers."""
+    js = ones(stock_filters_past_capacity["js:alice"]["bloom_hex"])
+    py = ones(stock_filters_past_capacity["py:alice"]["bloom_hex"])
+    assert 0 < py < 0.6 * js, (py, js)
 
 
 def test_ephemeral_bytes_identical_and_understood(js_peer: Any, py_peer: Any) -> None:
@@ -252,11 +329,30 @@ def test_garbage_is_a_remote_error_for_both(js_peer: Any, py_peer: Any) -> None:
         assert peer.ok("state")["log"] == []
 
 
-def test_wrong_size_bloom_from_js_view(js_peer: Any, py_peer: Any) -> None:
+def test_wrong_size_bloom_from_js_view_patched_private_bloom(js_peer: Any, py_peer: Any) -> None:
     """A peer with a different bloom size: js aborts the message; we still deliver it."""
-    odd = js_peer("odd", **SMALL_BLOOM)
+    odd = js_peer("odd", **PATCHED_SMALL_BLOOM)
     odd.ok("clock", now_ms=1)
     wire = odd.ok("send", payload_hex="0dd0")["wire_hex"]
+    assert_wrong_size_bloom_handled(js_peer, py_peer, wire)
+
+
+def test_wrong_size_bloom_from_js_view(js_peer: Any, py_peer: Any) -> None:
+    """The same with a stock peer's message whose filter is swapped for a small one that
+    holds the receivers' own id: js aborts it; we deliver it and take no ack from it."""
+    odd = js_peer("odd")
+    odd.ok("clock", now_ms=1)
+    message = decode(bytes.fromhex(odd.ok("send", payload_hex="0dd0")["wire_hex"]))
+    small = BloomFilter(
+        BloomParams(PATCHED_SMALL_BLOOM["bloom_capacity"], PATCHED_SMALL_BLOOM["bloom_error_rate"])
+    )
+    small.insert(message_id_for(bytes.fromhex("0001")))  # what the receivers will have sent
+    assert len(small.to_bytes()) != STOCK_BLOOM.n_bytes
+    wire = encode(replace(message, bloom_filter=small.to_bytes())).hex()
+    assert_wrong_size_bloom_handled(js_peer, py_peer, wire)
+
+
+def assert_wrong_size_bloom_handled(js_peer: Any, py_peer: Any, wire: str) -> None:
     py = py_peer("p")
     py.ok("clock", now_ms=2)
     py.ok("send", payload_hex="0001")  # something of ours that the bad filter must not ack
@@ -279,3 +375,136 @@ def test_cli_peer_process_matches_js(js_peer: Any, cli_peer: Any) -> None:
     unknown = peers[1].call("frobnicate")
     assert unknown["error"]["kind"] == "local"
     assert peers[1].ok("state")["log"] == [sends[0]["message_id"]]
+
+
+# SDS-R with several response groups (REFERENCE §3, computed here with hashlib): a holder
+# answers a repair request only if hash(holder + id) mod G == hash(sender + id) mod G, at
+# T_resp = (hash(holder) XOR hash(sender)) * hash(id) mod T_max after the request arrived.
+RESPONSE_GROUPS = 3
+GROUPED = {"repair_t_min_ms": 3_000, "repair_t_max_ms": 12_000}
+
+
+def repair_hash(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+
+
+def response_group(participant: str, message_id: str) -> int:
+    return repair_hash(participant + message_id) % RESPONSE_GROUPS
+
+
+def response_delay(participant: str, sender: str, message_id: str) -> int:
+    distance = repair_hash(participant) ^ repair_hash(sender)
+    return distance * repair_hash(message_id) % GROUPED["repair_t_max_ms"]
+
+
+def holder_names(kind: str, sender: str, message_id: str) -> tuple[str, str]:
+    """The first names of this kind inside and outside the sender's response group."""
+    names = [f"{kind}-holder-{i}" for i in range(100)]
+    group = response_group(sender, message_id)
+    inside = next(n for n in names if response_group(n, message_id) == group)
+    outside = next(n for n in names if response_group(n, message_id) != group)
+    return inside, outside
+
+
+@pytest.mark.parametrize("origin_kind", ["js", "py"])
+def test_only_the_senders_response_group_answers_a_repair_request(
+    js_peer: Any, py_peer: Any, cli_peer: Any, origin_kind: str
+) -> None:
+    """@waku/sds and ours agree on who answers and when, with three response groups.
+
+    The original sender, one holder of each implementation inside its group and one
+    outside, and one `sdsync peer` process outside (its --repair-response-groups flag must
+    take effect) all hold the message; the asker is of the other implementation.
+    """
+    options = {**GROUPED, "repair_response_groups": RESPONSE_GROUPS}
+    start = {"js": js_peer, "py": py_peer, "cli": cli_peer}
+    asker_kind = "py" if origin_kind == "js" else "js"
+    payload = "6c6f7374"
+    mid = hashlib.sha256(bytes.fromhex(payload)).hexdigest()  # @waku/sds's id
+    names = {"origin": origin_kind, "asker": asker_kind}
+    for kind in ("js", "py"):
+        names.update(dict.fromkeys(holder_names(kind, "origin", mid), kind))
+    names[holder_names("cli", "origin", mid)[1]] = "cli"
+    seeds = iter(range(1, 100))
+    peers = {
+        name: start[kind](name, **options, **({"seed": next(seeds)} if kind == "js" else {}))
+        for name, kind in names.items()
+    }
+    origin, asker = peers["origin"], peers["asker"]
+    holders = {name: peer for name, peer in peers.items() if name != "asker"}
+
+    def clock(now: int) -> None:
+        for peer in peers.values():
+            peer.ok("clock", now_ms=now)
+
+    clock(1_000_000)
+    lost = origin.ok("send", payload_hex=payload)
+    later = origin.ok("send", payload_hex="6c61746572")
+    assert lost["message_id"] == mid
+    for name, peer in holders.items():
+        if name != "origin":
+            for wire in (lost["wire_hex"], later["wire_hex"]):
+                assert "message_delivered" in types(peer.ok("receive", wire_hex=wire))
+    asker.ok("receive", wire_hex=later["wire_hex"])
+
+    asked_at = 1_000_000 + GROUPED["repair_t_max_ms"] + 1  # past T_req, whatever it is
+    clock(asked_at)
+    carrier = asker.ok("sync")
+    assert ids_of(carrier, "repair_request_sent") == [mid]
+    for peer in holders.values():
+        heard = peer.ok("receive", wire_hex=carrier["wire_hex"])
+        assert ids_of(heard, "repair_request_received") == [mid]
+
+    # Rebroadcasts are not passed on, so nobody's answer cancels another's.
+    answered: dict[str, int] = {}
+    for now in range(asked_at, asked_at + GROUPED["repair_t_max_ms"] + 1, 250):
+        clock(now)
+        for name, peer in holders.items():
+            sweep = peer.ok("repair_sweep")
+            if sweep["wire_hex_list"]:
+                assert sweep["wire_hex_list"] == [lost["wire_hex"]], name
+                assert name not in answered, f"{name} answered twice"
+                answered[name] = now
+    in_group = {n for n in holders if response_group(n, mid) == response_group("origin", mid)}
+    assert set(answered) == in_group
+    assert {names[n] for n in holders if n not in in_group} == {"js", "py", "cli"}
+    assert {names[n] for n in in_group - {"origin"}} == {"js", "py"}
+    for name, at in answered.items():
+        due = asked_at + response_delay(name, "origin", mid)
+        assert due <= at < due + 250, (name, at - asked_at, due - asked_at)
+    assert answered["origin"] == asked_at  # the original sender answers first, at once
+
+
+# Lamport timestamps are uint64 on the wire; @waku/sds holds them as bigint, JSON numbers
+# lose precision above 2^53. 2^60 + 1 does not survive a trip through a double.
+BIG_LAMPORT = 2**60 + 1
+assert float(BIG_LAMPORT) != BIG_LAMPORT
+
+
+def test_lamport_above_2_53_crosses_the_json_contract_exactly(
+    js_peer: Any, py_peer: Any, cli_peer: Any
+) -> None:
+    """Ours answer the exact integer as a JSON number; the @waku/sds driver, whose clock
+    op takes only safe integers, answers Lamport values above 2^53 - 1 as decimal strings."""
+    py, js, cli = py_peer("p"), js_peer("j"), cli_peer("c")
+    assert js.call("clock", now_ms=BIG_LAMPORT)["error"]["kind"] == "local"
+    js.ok("clock", now_ms=1_000)
+    for ours in (py, cli):
+        ours.ok("clock", now_ms=BIG_LAMPORT - 1)
+    sent = py.ok("send", payload_hex="01")
+    assert [e["lamport_timestamp"] for e in sent["events"]] == [BIG_LAMPORT]
+    assert decode(bytes.fromhex(sent["wire_hex"])).lamport_timestamp == BIG_LAMPORT
+    assert "message_delivered" in types(js.ok("receive", wire_hex=sent["wire_hex"]))
+    assert js.ok("state")["lamport"] == str(BIG_LAMPORT)
+    cli.ok("receive", wire_hex=sent["wire_hex"])
+
+    reply = js.ok("send", payload_hex="02")  # bigint arithmetic: exactly one more
+    assert decode(bytes.fromhex(reply["wire_hex"])).lamport_timestamp == BIG_LAMPORT + 1
+    for ours in (py, cli):
+        got = ours.ok("receive", wire_hex=reply["wire_hex"])
+        received = [e for e in got["events"] if e["type"] == "message_received"]
+        assert [e["lamport_timestamp"] for e in received] == [BIG_LAMPORT + 1]
+        state = ours.ok("state")
+        assert type(state["lamport"]) is int and state["lamport"] == BIG_LAMPORT + 1
+    logs = [peer.ok("state")["log"] for peer in (py, js, cli)]
+    assert logs[0] == logs[1] == logs[2] == [sent["message_id"], reply["message_id"]]

@@ -14,7 +14,7 @@ require("pyspark", "the pipeline needs the 'spark' extra")  # skip (locally) or 
 
 from pyspark.sql import SparkSession  # noqa: E402
 
-from sdsync.cli.demo import FullDemo, demo_scenario, run_full_demo  # noqa: E402
+from sdsync.demo import FullDemo, demo_scenario, run_full_demo  # noqa: E402
 from sdsync.pipeline.session import SessionOptions, build_session  # noqa: E402
 
 

@@ -32,9 +32,8 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from sdsync.cli.demo import demo_scenario
 from sdsync.cli.main import app
-from sdsync.cli.simulate import run_simulation
+from sdsync.demo import demo_scenario, run_simulation
 from sdsync.pipeline.session import LOG4J2
 from sdsync.sim.output import EVENTS
 

@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 from rich.console import Console
 
-from sdsync.cli.demo import OUTAGE_MS, FullDemo, demo_scenario, print_full_demo
+from sdsync.cli.demo import print_full_demo
+from sdsync.demo import OUTAGE_MS, FullDemo, demo_scenario
 from sdsync.sim.engine import EPOCH_NS
 
 

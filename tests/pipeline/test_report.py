@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 from typer.testing import CliRunner
 
-from sdsync.cli.demo import FullDemo
 from sdsync.cli.main import app
+from sdsync.demo import FullDemo
 
 
 def invoke(*args: str) -> Any:

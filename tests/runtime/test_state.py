@@ -20,7 +20,7 @@ from sdsync.core import (
 )
 from sdsync.errors import LocalProtocolError
 from sdsync.runtime import ChannelDriver, ChannelState, ReliableChannel, RuntimeConfig, Step
-from sdsync.runtime.state import state_path
+from sdsync.runtime.state import Synchronous, state_path
 from sdsync.transport import MemoryNetwork
 from sdsync.transport.memory import Faults
 
@@ -320,3 +320,74 @@ def test_a_version_1_database_is_migrated(tmp_path: Path) -> None:
     assert len(a2.channel.outgoing_ids()) == 1
     version = a2.state._db.execute("SELECT schema_version FROM channel").fetchone()[0]
     assert version == 2
+
+
+def open_state(
+    path: Path, name: str, synchronous: Synchronous
+) -> tuple[ChannelDriver, ChannelState]:
+    channel = MessageChannel("chan", name, now_ms=START, config=CONFIG)
+    driver = ChannelDriver(channel, RUNTIME, random.Random(name), START)
+    return driver, ChannelState(path, driver, synchronous=synchronous)
+
+
+def pragma(state: ChannelState, name: str) -> object:
+    return state._db.execute(f"PRAGMA {name}").fetchone()[0]
+
+
+def test_synchronous_full_is_applied_and_the_state_reopens_under_it(tmp_path: Path) -> None:
+    path = tmp_path / "a.sqlite"
+    a, state = open_state(path, "a", "FULL")
+    assert (pragma(state, "synchronous"), pragma(state, "journal_mode")) == (2, "wal")  # FULL
+    b = MessageChannel("chan", "b", now_ms=START, config=CONFIG)
+    state.commit(a.receive(b.send(b"from b", START + 1).data, START + 1))
+    for i in range(3):
+        state.commit(a.publish(f"from a {i}".encode(), START + 2 + i))
+    log, outgoing = a.channel.log_ids(), a.channel.outgoing_ids()
+    state.close()
+
+    a2, state2 = open_state(path, "a", "FULL")
+    assert pragma(state2, "synchronous") == 2
+    assert (a2.channel.log_ids(), a2.channel.outgoing_ids()) == (log, outgoing)
+    assert [r.content for r in state2.history()] == [b"from b"] + [
+        f"from a {i}".encode() for i in range(3)
+    ]
+    state2.close()
+    # The setting belongs to each open, not to the file: NORMAL reads back as 1.
+    _, state3 = open_state(path, "a", "NORMAL")
+    assert pragma(state3, "synchronous") == 1
+    state3.close()
+
+
+def test_synchronous_accepts_only_normal_or_full(tmp_path: Path) -> None:
+    with pytest.raises(LocalProtocolError, match="synchronous"):
+        open_state(tmp_path / "a.sqlite", "a", "OFF")  # type: ignore[arg-type]
+    assert not (tmp_path / "a.sqlite").exists()  # refused before anything was created
+
+
+def test_reliable_channel_passes_synchronous_full_to_its_state(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        net = MemoryNetwork(Faults(), seed=1)
+
+        def member() -> ReliableChannel:
+            return ReliableChannel(
+                net.transport("a"),
+                "chat",
+                "a",
+                config=CONFIG,
+                runtime=FAST,
+                rng=random.Random(1),
+                state_dir=tmp_path,
+                synchronous="FULL",
+            )
+
+        a = member()
+        assert a.state is not None and pragma(a.state, "synchronous") == 2
+        async with a:
+            mid = await a.send(b"kept through FULL")
+        await a.close()
+        again = member()
+        assert again.state is not None and pragma(again.state, "synchronous") == 2
+        assert [(r.message_id, r.content) for r in again.history()] == [(mid, b"kept through FULL")]
+        await again.close()
+
+    asyncio.run(scenario())

@@ -1,21 +1,22 @@
 """`sdsync simulate`: run a scenario on the simulator, write its outputs, judge the run.
 
 The command is thin: flags are parsed into overrides of a :class:`SimConfig` (loaded from
-``--config`` or the defaults), the :class:`Simulation` runs under a progress bar, and
-:func:`sdsync.sim.output.write_outputs` writes ``summary.json``, ``events.parquet`` and
-``logs/``. Exit codes: 0 when every invariant holds, 1 when one fails (the summary says
-which), 2 on bad arguments — including a scenario file that does not parse or validate.
+``--config`` or the defaults), :func:`sdsync.demo.run_simulation` runs the
+:class:`Simulation` under a progress bar and writes ``summary.json``, ``events.parquet``
+and ``logs/``, and the summary is printed. Exit codes: 0 when every invariant holds, 1
+when one fails (the summary says which), 2 on bad arguments — including a scenario file
+that does not parse or validate.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from sdsync.errors import LocalProtocolError
@@ -111,10 +112,6 @@ def parse_partition(text: str) -> PartitionConfig:
     return PartitionConfig(start, heal, groups)
 
 
-class InvalidScenarioError(ValueError):
-    """The configuration parses but the engine rejects it."""
-
-
 @dataclass
 class Flags:
     """Everything `sdsync simulate` takes besides ``--out``; None means "not given"."""
@@ -177,55 +174,6 @@ def build_config(flags: Flags) -> SimConfig:
     return with_overrides(config, overrides)
 
 
-def run_simulation(
-    config: SimConfig, out: Path, *, events: bool, console: Console
-) -> dict[str, Any]:
-    """Run under a progress bar on ``console``, write the outputs, return the summary.
-
-    Raises :class:`InvalidScenarioError` when the engine rejects the protocol parameters (they
-    are validated where they are used, when the simulation is built).
-    """
-    from sdsync.sim.engine import Simulation
-    from sdsync.sim.output import write_outputs
-
-    progress = Progress(
-        TextColumn("[bold]simulating[/]"),
-        BarColumn(),
-        TextColumn("{task.description}"),
-        TimeElapsedColumn(),
-        console=console,
-    )
-    task = progress.add_task("", total=1)
-    holder: list[Simulation] = []
-
-    def report(now_ms: int, deadline_ms: int) -> None:
-        received = holder[0].recorder.receive_events if holder else 0
-        progress.update(
-            task,
-            total=deadline_ms,
-            completed=now_ms,
-            description=f"virtual {now_ms / 1000:,.0f} s · {received:,} receive events",
-        )
-
-    try:
-        sim = Simulation(config, record_events=events, progress=report)
-    except (LocalProtocolError, ValueError) as exc:
-        # Only construction is guarded: an error during the run is a bug, not bad input.
-        raise InvalidScenarioError(f"invalid protocol parameters: {exc}") from None
-    holder.append(sim)
-    with progress:
-        sim.run()
-        # A run ends early once every log is consistent: show it as complete.
-        progress.update(
-            task,
-            completed=progress.tasks[0].total or 1,
-            description=f"done at virtual {sim.now / 1000:,.1f} s · "
-            f"{sim.recorder.receive_events:,} receive events",
-        )
-    with console.status("writing outputs…"):
-        return write_outputs(sim, out, events=events)
-
-
 def _ms(value: float | None) -> str:
     return "—" if value is None else f"{value:,.0f} ms"
 
@@ -269,3 +217,130 @@ def print_summary(summary: dict[str, Any], out: Path, console: Console) -> None:
     for name, path in summary["outputs"].items():
         if name != "summary":
             console.print(f"wrote {path}")
+
+
+def simulate_command(
+    out: Annotated[Path, typer.Option("--out", file_okay=False, help="Directory for the outputs.")],
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config", exists=True, dir_okay=False, help="Scenario TOML; flags override it."
+        ),
+    ] = None,
+    participants: Annotated[int | None, typer.Option(min=2, help="Group size.")] = None,
+    messages: Annotated[
+        int | None, typer.Option(min=0, help="Content messages over the workload.")
+    ] = None,
+    rate: Annotated[
+        float | None,
+        typer.Option(min=0.0, help="Messages per participant per second (replaces --messages)."),
+    ] = None,
+    loss: Annotated[
+        float | None, typer.Option(min=0.0, max=1.0, help="Independent loss per copy.")
+    ] = None,
+    burst_loss: Annotated[
+        str | None,
+        typer.Option(
+            metavar="ENTER,EXIT,LOSS",
+            help="Gilbert–Elliott: P(good→bad), P(bad→good) per copy, loss while bad.",
+        ),
+    ] = None,
+    latency_ms: Annotated[
+        str | None, typer.Option(metavar="MEAN[,JITTER]", help="One-way latency, ms.")
+    ] = None,
+    churn: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="P:START_S-END_S[:lose]",
+            help="Participant P offline in [START, END) s; ':lose' drops volatile state. "
+            "Repeatable; replaces the scenario's churn entries.",
+        ),
+    ] = None,
+    partition: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="START_S-HEAL_S[:0,1,2[/3,4]]",
+            help="Partition into halves (or the given groups) until it heals. Repeatable; "
+            "replaces the scenario's partitions.",
+        ),
+    ] = None,
+    stores: Annotated[int | None, typer.Option(min=0, help="Store nodes.")] = None,
+    repair: Annotated[
+        bool | None, typer.Option("--repair/--no-repair", help="SDS-R on or off.")
+    ] = None,
+    causal_history: Annotated[
+        int | None, typer.Option(min=0, help="Causal history entries per message.")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed of the whole run.")] = None,
+    duration_s: Annotated[
+        float | None, typer.Option(min=0.001, help="Workload duration, seconds.")
+    ] = None,
+    drain_s: Annotated[
+        float | None,
+        typer.Option(min=0.0, help="After the workload, how long to wait for consistency."),
+    ] = None,
+    channels: Annotated[int | None, typer.Option(min=1, help="Channels per participant.")] = None,
+    duplicate: Annotated[
+        float | None, typer.Option(min=0.0, max=1.0, help="P(a copy arrives twice).")
+    ] = None,
+    reorder: Annotated[
+        float | None, typer.Option(min=0.0, max=1.0, help="P(a copy is held back).")
+    ] = None,
+    sync_interval_ms: Annotated[
+        int | None, typer.Option(min=1, help="Base sync interval of every participant.")
+    ] = None,
+    events: Annotated[
+        bool, typer.Option("--events/--no-events", help="Write events.parquet.")
+    ] = True,
+) -> None:
+    """Simulate a group on a virtual clock; write summary.json, events.parquet and logs/.
+
+    Exit code 0 when every invariant holds, 1 when one fails, 2 on bad arguments.
+    """
+    from sdsync.demo import InvalidScenarioError, run_simulation
+
+    flags = Flags(
+        config=config,
+        participants=participants,
+        messages=messages,
+        rate=rate,
+        loss=loss,
+        burst_loss=burst_loss,
+        latency_ms=latency_ms,
+        churn=churn,
+        partition=partition,
+        stores=stores,
+        repair=repair,
+        causal_history=causal_history,
+        seed=seed,
+        duration_s=duration_s,
+        drain_s=drain_s,
+        channels=channels,
+        duplicate=duplicate,
+        reorder=reorder,
+        sync_interval_ms=sync_interval_ms,
+    )
+    err = Console(stderr=True)
+
+    def bad(message: str) -> typer.Exit:
+        # Escaped: messages quote TOML tables like "[network]", which rich reads as markup.
+        err.print(f"[red]error:[/] {escape(message)}", highlight=False)
+        return typer.Exit(2)
+
+    try:
+        sim_config = build_config(flags)
+    except ArgumentError as exc:
+        raise typer.BadParameter(str(exc), param_hint=exc.option) from None
+    except LocalProtocolError as exc:
+        raise bad(str(exc)) from None
+    try:
+        # Fail before a long run, not after it, when the outputs cannot be written.
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise bad(f"cannot create --out {out}: {exc}") from None
+    try:
+        summary = run_simulation(sim_config, out, events=events, console=err)
+    except InvalidScenarioError as exc:
+        raise bad(str(exc)) from None
+    print_summary(summary, out, Console())
+    raise typer.Exit(0 if summary["invariants_hold"] else 1)

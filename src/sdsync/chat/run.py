@@ -1,0 +1,209 @@
+"""One run of the chat: a participant of one channel over libp2p gossipsub.
+
+Theory of operation
+-------------------
+One process is one participant of one channel: a :class:`ReliableChannel` over a
+:class:`~sdsync.transport.Libp2pTransport`, whose state directory holds the chat's
+identity (:mod:`sdsync.chat.identity`) next to the channel's own state, so a restart
+resumes. A :class:`ChatSession` shows the channel's events. Interactive, lines typed on
+stdin are sent; scripted (``sends``, ``wait_converged_s``, ``print_log``), the texts are
+sent in order, the run waits until converged and then lingers one more quiet period before
+it ends — peers still catching up may need its syncs and repairs — and the local log is
+printed as JSON lines on stdout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import sys
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.markup import escape
+
+from sdsync.chat.identity import Identity, load_identity, save_identity
+from sdsync.chat.session import ChatSession
+from sdsync.core import ChannelConfig
+from sdsync.errors import OutgoingBufferFullError
+from sdsync.runtime import ReliableChannel, RuntimeConfig
+
+if TYPE_CHECKING:
+    from sdsync.transport.libp2p import Libp2pTransport
+
+DEFAULT_LISTEN = "/ip4/127.0.0.1/tcp/0"
+
+
+@dataclass(frozen=True, slots=True)
+class ChatOptions:
+    """One run of the chat, as the flags of ``sdsync chat`` describe it."""
+
+    channel: str = "0"
+    name: str | None = None
+    state_dir: Path | None = None
+    listen: str | None = None
+    peers: tuple[str, ...] = ()
+    store: str | None = None
+    drop_rate: float = 0.0
+    seed: int | None = None
+    sends: tuple[str, ...] = ()
+    send_interval_ms: int = 0
+    wait_converged_s: float | None = None
+    quiet_ms: int | None = None
+    min_peers: int = 0
+    print_log: bool = False
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    config: ChannelConfig = field(default_factory=ChannelConfig)
+
+    @property
+    def scripted(self) -> bool:
+        return bool(self.sends) or self.wait_converged_s is not None or self.print_log
+
+    @property
+    def quiet_s(self) -> float:
+        """Default: three sync intervals, so every peer has synced meanwhile."""
+        ms = self.quiet_ms if self.quiet_ms is not None else 3 * self.runtime.sync_interval_ms
+        return ms / 1000
+
+
+async def run_chat(options: ChatOptions, console: Console) -> int:
+    """The whole chat; returns the exit code."""
+    from sdsync.store.client import HttpStoreClient
+    from sdsync.transport.libp2p import Libp2pTransport
+
+    identity = load_identity(options.state_dir, options.name)
+    transport = Libp2pTransport(
+        listen=[options.listen or identity.listen or DEFAULT_LISTEN],
+        peers=options.peers,
+        key=identity.key,
+        drop_rate=options.drop_rate,
+        seed=options.seed,
+    )
+    await transport.start()
+    try:
+        address = transport.listen_addrs[0]
+        if options.state_dir is not None:
+            bound = address.split("/p2p/")[0]
+            save_identity(options.state_dir, Identity(identity.participant_id, identity.key, bound))
+        console.print(f"listening on {address}", highlight=False, soft_wrap=True)
+        console.print(
+            f"you are {escape(identity.participant_id)} in channel {escape(options.channel)}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        store = HttpStoreClient(options.store) if options.store is not None else None
+        channel = ReliableChannel(
+            transport,
+            options.channel,
+            identity.participant_id,
+            config=options.config,
+            runtime=options.runtime,
+            store=store,
+            rng=random.Random(options.seed),
+            state_dir=options.state_dir,
+        )
+        session = ChatSession(channel, console)
+        if channel.state is not None:
+            session.resume()
+        await channel.start()
+        pump = asyncio.create_task(session.pump(channel.events()))
+        try:
+            if options.scripted:
+                return await _script(session, transport, options)
+            await _interact(session, transport)
+            return 0
+        finally:
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pump
+            await channel.close()
+            if store is not None:
+                await store.close()
+    finally:
+        await transport.close()
+
+
+async def _script(session: ChatSession, transport: Libp2pTransport, options: ChatOptions) -> int:
+    topic = session.channel.topic
+    patience = options.wait_converged_s if options.wait_converged_s is not None else 10.0
+    if options.sends and not await transport.wait_for_mesh(
+        topic, max(1, options.min_peers), patience
+    ):
+        session.say("no peer joined the channel yet; sending anyway", style="yellow")
+    for index, text in enumerate(options.sends):
+        if index and options.send_interval_ms:
+            await asyncio.sleep(options.send_interval_ms / 1000)
+        await session.send(text)
+    code = 0
+    if options.wait_converged_s is not None:
+        converged = await session.wait_converged(
+            options.wait_converged_s, options.quiet_s, options.min_peers
+        )
+        failed = session.failed()
+        session.say(
+            "converged" if converged else "not converged (timeout)",
+            style="green" if converged else "red",
+        )
+        if converged:
+            # Peers that are not there yet may still need our syncs and repairs.
+            await asyncio.sleep(options.quiet_s)
+        if failed:
+            session.say(f"{len(failed)} message(s) failed", style="red")
+        code = 0 if converged and not failed else 1
+    session.say(
+        f"frames received {transport.received}, dropped by --drop-rate "
+        f"{transport.randomly_dropped}, rejected {sum(transport.rejected.values())}",
+        style="dim",
+    )
+    if options.print_log:
+        for line in session.log():
+            sys.stdout.write(line.to_json() + "\n")
+        sys.stdout.flush()
+    return code
+
+
+async def _interact(session: ChatSession, transport: Libp2pTransport) -> None:
+    session.say("type a message and Enter to send; /log, /peers, /quit", style="dim")
+    async for text in _stdin_lines():
+        command = text.strip()
+        if command == "/quit":
+            return
+        if command == "/log":
+            for line in session.log():
+                status = session.status.get(line.message_id, "")
+                suffix = f" · {status}" if status else ""
+                session.say(f"{escape(line.sender_id)}: {escape(line.text)}{suffix}")
+            continue
+        if command == "/peers":
+            peers = await transport.mesh_peers(session.channel.topic)
+            session.say(f"{len(peers)} peer(s) in the channel: {', '.join(peers) or '-'}")
+            continue
+        if command:
+            try:
+                await session.send(command)
+            except OutgoingBufferFullError as exc:  # the user may wait and type it again
+                session.say(f"[red]not sent:[/red] {escape(str(exc))}")
+
+
+async def _stdin_lines() -> AsyncIterator[str]:
+    """Lines typed on stdin, without blocking the event loop; ends at end of input.
+
+    A daemon thread reads (stdin may be a file, a pipe or a terminal alike); it is left
+    blocked in read() at exit, which ends with the process.
+    """
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[str | None] = asyncio.Queue()
+
+    def read() -> None:
+        for line in sys.stdin:
+            loop.call_soon_threadsafe(queue.put_nowait, line.rstrip("\n"))
+        loop.call_soon_threadsafe(queue.put_nowait, None)
+
+    threading.Thread(target=read, name="chat-stdin", daemon=True).start()
+    while (line := await queue.get()) is not None:
+        yield line

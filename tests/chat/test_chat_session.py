@@ -1,0 +1,103 @@
+"""The chat's library: its identity file and its view of a channel (sdsync.chat), in
+process over a MemoryNetwork."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import re
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from sdsync.chat import ChatSession, load_identity
+from sdsync.core import BloomParams, ChannelConfig, MessageDelivered, MessageDeliveredEarly
+from sdsync.errors import LocalProtocolError
+from sdsync.runtime import ReliableChannel, RuntimeConfig
+from sdsync.transport import MemoryNetwork
+from sdsync.transport.memory import Faults
+
+
+def test_identity_is_generated_once_and_kept(tmp_path: Path) -> None:
+    first = load_identity(tmp_path, None)
+    again = load_identity(tmp_path, None)
+    assert again == first and first.participant_id.startswith("user-")
+    assert oct((tmp_path / "chat.json").stat().st_mode & 0o777) == "0o600"
+    assert load_identity(tmp_path, first.participant_id) == first
+    with pytest.raises(LocalProtocolError, match="belongs to"):
+        load_identity(tmp_path, "someone-else")
+    (tmp_path / "chat.json").write_text("{not json")
+    with pytest.raises(LocalProtocolError, match="not a chat identity"):
+        load_identity(tmp_path, None)
+
+
+def test_session_shows_statuses_early_deliveries_and_prints_the_log_in_order() -> None:
+    # Resends and syncs 300 ms apart: "first" comes back only after "second" went out,
+    # even when a loaded machine stalls the loop between the two sends.
+    fast = RuntimeConfig(sync_interval_ms=300, resend_interval_ms=300, incoming_sweep_ms=50)
+    config = ChannelConfig(bloom=BloomParams(1_000, 0.01), deliver_early=True)
+
+    async def scenario() -> tuple[str, str, list[str], list[str]]:
+        net = MemoryNetwork(seed=3)
+        screens = [io.StringIO(), io.StringIO()]
+        channels = [
+            ReliableChannel(net.transport(n), "0", n, config=config, runtime=fast)
+            for n in ("alice", "bob")
+        ]
+        sessions = [
+            ChatSession(channel, Console(file=screen, width=200))
+            for channel, screen in zip(channels, screens, strict=True)
+        ]
+        pumps = []
+        for channel, session in zip(channels, sessions, strict=True):
+            await channel.start()
+            pumps.append(asyncio.create_task(session.pump(channel.events())))
+        alice, bob = sessions
+        # bob misses alice's first message, so her second arrives before it.
+        net.faults = Faults(loss=1.0)
+        await alice.send("first")
+        net.faults = Faults()
+        await alice.send("second")
+        await alice.send("second")  # same text again: a message of its own
+        await bob.send("reply")
+        async with asyncio.timeout(30):
+            while not (alice.settled() and bob.settled() and len(bob.log()) == 4):
+                await asyncio.sleep(0.02)
+        for pump in pumps:
+            pump.cancel()
+        for channel in channels:
+            await channel.close()
+        return (
+            screens[0].getvalue(),
+            screens[1].getvalue(),
+            [line.text for line in alice.log()],
+            [line.text for line in bob.log()],
+        )
+
+    alice_screen, bob_screen, alice_log, bob_log = asyncio.run(scenario())
+    assert alice_log == bob_log
+    # "reply" is concurrent with alice's messages; hers keep their causal order.
+    assert [text for text in alice_log if text != "reply"] == ["first", "second", "second"]
+    assert "alice: first · sent" in alice_screen
+    assert re.search(r"first · acknowledged by bob", alice_screen)
+    assert "reply · acknowledged by alice" in bob_screen
+    # bob saw "second" before "first" had arrived: marked, then put in place.
+    assert "(1 earlier missing) alice: second" in bob_screen
+    assert "↑ (earlier in the log) alice: first" in bob_screen
+    assert "in place" in bob_screen
+
+
+def test_a_message_arriving_after_a_later_one_shown_early_is_marked_as_earlier() -> None:
+    # The order the in-process test above can take when bob replies before alice's
+    # messages reach him: nothing but the early "second" is above "first" on screen.
+    screen = io.StringIO()
+    channel = ReliableChannel(MemoryNetwork(seed=1).transport("bob"), "0", "bob")
+    session = ChatSession(channel, Console(file=screen, width=200))
+    session.on_event(MessageDeliveredEarly("m2", "alice", 10, b"second", None, 1))
+    session.on_event(MessageDelivered("m1", "alice", 9, b"first", None))
+    session.on_event(MessageDelivered("m2", "alice", 10, b"second", None))
+    shown = screen.getvalue().splitlines()
+    assert shown[0] == "⚠ (1 earlier missing) alice: second"
+    assert shown[1] == "↑ (earlier in the log) alice: first"
+    assert shown[2].endswith("the messages before it arrived: in place")
