@@ -14,9 +14,9 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
 from sdsync.chat import DEFAULT_LISTEN, ChatOptions, run_chat
+from sdsync.cli.errors import fail
 from sdsync.core import ChannelConfig, RepairConfig
 from sdsync.errors import LocalProtocolError
 from sdsync.runtime import RuntimeConfig
@@ -34,8 +34,7 @@ def chat_main(options: ChatOptions) -> int:
     try:
         return asyncio.run(run_chat(options, console))
     except LocalProtocolError as exc:
-        Console(stderr=True).print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)
-        return 2
+        raise fail(str(exc)) from None
     except KeyboardInterrupt:
         return 130
 

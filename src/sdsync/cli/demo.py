@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from sdsync.cli.errors import fail
 from sdsync.pipeline import pages  # plain formatting: no Spark
 
 if TYPE_CHECKING:
@@ -51,11 +52,11 @@ def demo_command(
     try:
         import pyspark  # noqa: F401
     except ImportError:
-        console.print(
-            "[red]error:[/] the full demo runs Spark: pip install 'sdsync[spark]' (Java 17+);"
-            " `sdsync demo --quick` runs without it"
-        )
-        raise typer.Exit(2) from None
+        raise fail(
+            "the full demo runs Spark: pip install 'sdsync[spark]' (Java 17+);"
+            " `sdsync demo --quick` runs without it",
+            console=console,
+        ) from None
     config = demo_scenario(participants or 12, messages or 600, loss, seed)
     full = run_full_demo(config, out, console)
     print_full_demo(config, full, console)

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from sdsync.cli.errors import fail
 from sdsync.pipeline import ONE_PASS_ROWS
 
 if TYPE_CHECKING:
@@ -40,9 +41,12 @@ Master = Annotated[
 Remote = Annotated[str | None, typer.Option(help="Spark Connect URL, e.g. sc://host:15002.")]
 
 
-def _fail(err: Console, message: str) -> typer.Exit:
-    err.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
-    return typer.Exit(2)
+def spark_missing(exc: ImportError) -> typer.Exit:
+    """Exit code 2, saying which extra to install."""
+    return fail(
+        f"the pipeline needs the 'spark' extra: pip install 'sdsync[spark]' ({exc})",
+        console=Console(stderr=True),
+    )
 
 
 def _run(
@@ -54,27 +58,25 @@ def _run(
     """Start (or join) Spark, run ``job``, map bad input to exit code 2."""
     err = Console(stderr=True)
     if master and remote:
-        raise _fail(err, "--master and --remote are mutually exclusive")
+        raise fail("--master and --remote are mutually exclusive", console=err)
     try:
         from sdsync.errors import InputError
         from sdsync.pipeline.io import input_error_from_spark
         from sdsync.pipeline.progress import Progress
         from sdsync.pipeline.session import SessionOptions, build_session
     except ImportError as exc:  # pragma: no cover - depends on the installation
-        raise _fail(
-            err, f"the pipeline needs the 'spark' extra: pip install 'sdsync[spark]' ({exc})"
-        ) from None
+        raise spark_missing(exc) from None
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise _fail(err, f"cannot create --out {out}: {exc}") from None
+        raise fail(f"cannot create --out {out}: {exc}", console=err) from None
     try:
         with err.status("starting Spark…"):
             try:
                 spark, owned = build_session(SessionOptions(master=master, remote=remote))
             except ImportError as exc:  # Spark Connect's client needs more packages
-                raise _fail(
-                    err, f"--remote needs pip install 'pyspark[connect]==4.3.0' ({exc})"
+                raise fail(
+                    f"--remote needs pip install 'pyspark[connect]==4.3.0' ({exc})", console=err
                 ) from None
         try:
             return job(spark, Progress(spark, err))
@@ -82,12 +84,12 @@ def _run(
             if owned:  # a session we joined (spark-submit, tests) is not ours to stop
                 spark.stop()
     except InputError as exc:
-        raise _fail(err, str(exc)) from None
+        raise fail(str(exc), console=err) from None
     except Exception as exc:
         mapped = input_error_from_spark(exc)
         if mapped is None:
             raise
-        raise _fail(err, str(mapped)) from None
+        raise fail(str(mapped), console=err) from None
 
 
 def _print(title: str, rows: Mapping[str, Any]) -> None:
@@ -183,7 +185,10 @@ def reconcile(
 
     Exit code 0 when all archives hold the same messages, 1 otherwise, 2 on bad input.
     """
-    from sdsync.pipeline.reconcile import ReconcileOptions, parse_archive
+    try:  # parsing the archives needs the pipeline's modules, which need Spark
+        from sdsync.pipeline.reconcile import ReconcileOptions, parse_archive
+    except ImportError as exc:
+        raise spark_missing(exc) from None
 
     archives = [parse_archive(a) for a in archive]
     options = ReconcileOptions(

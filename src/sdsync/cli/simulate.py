@@ -10,15 +10,19 @@ that does not parse or validate.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from inspect import Parameter, Signature, signature
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, get_type_hints
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from sdsync.cli.errors import fail
 from sdsync.errors import LocalProtocolError
 from sdsync.sim.config import (
     ChurnConfig,
@@ -114,27 +118,103 @@ def parse_partition(text: str) -> PartitionConfig:
 
 @dataclass
 class Flags:
-    """Everything `sdsync simulate` takes besides ``--out``; None means "not given"."""
+    """Everything `sdsync simulate` takes besides ``--out`` and ``--events``, each field
+    declared as its option (:func:`takes_flags` shows them to typer); None means "not
+    given"."""
 
-    config: Path | None = None
-    participants: int | None = None
-    messages: int | None = None
-    rate: float | None = None
-    loss: float | None = None
-    burst_loss: str | None = None
-    latency_ms: str | None = None
-    churn: list[str] | None = None
-    partition: list[str] | None = None
-    stores: int | None = None
-    repair: bool | None = None
-    causal_history: int | None = None
-    seed: int | None = None
-    duration_s: float | None = None
-    drain_s: float | None = None
-    channels: int | None = None
-    duplicate: float | None = None
-    reorder: float | None = None
-    sync_interval_ms: int | None = None
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config", exists=True, dir_okay=False, help="Scenario TOML; flags override it."
+        ),
+    ] = None
+    participants: Annotated[int | None, typer.Option(min=2, help="Group size.")] = None
+    messages: Annotated[
+        int | None, typer.Option(min=0, help="Content messages over the workload.")
+    ] = None
+    rate: Annotated[
+        float | None,
+        typer.Option(min=0.0, help="Messages per participant per second (replaces --messages)."),
+    ] = None
+    loss: Annotated[
+        float | None, typer.Option(min=0.0, max=1.0, help="Independent loss per copy.")
+    ] = None
+    burst_loss: Annotated[
+        str | None,
+        typer.Option(
+            metavar="ENTER,EXIT,LOSS",
+            help="Gilbert–Elliott: P(good→bad), P(bad→good) per copy, loss while bad.",
+        ),
+    ] = None
+    latency_ms: Annotated[
+        str | None, typer.Option(metavar="MEAN[,JITTER]", help="One-way latency, ms.")
+    ] = None
+    churn: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="P:START_S-END_S[:lose]",
+            help="Participant P offline in [START, END) s; ':lose' drops volatile state. "
+            "Repeatable; replaces the scenario's churn entries.",
+        ),
+    ] = None
+    partition: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="START_S-HEAL_S[:0,1,2[/3,4]]",
+            help="Partition into halves (or the given groups) until it heals. Repeatable; "
+            "replaces the scenario's partitions.",
+        ),
+    ] = None
+    stores: Annotated[int | None, typer.Option(min=0, help="Store nodes.")] = None
+    repair: Annotated[
+        bool | None, typer.Option("--repair/--no-repair", help="SDS-R on or off.")
+    ] = None
+    causal_history: Annotated[
+        int | None, typer.Option(min=0, help="Causal history entries per message.")
+    ] = None
+    seed: Annotated[int | None, typer.Option(help="Seed of the whole run.")] = None
+    duration_s: Annotated[
+        float | None, typer.Option(min=0.001, help="Workload duration, seconds.")
+    ] = None
+    drain_s: Annotated[
+        float | None,
+        typer.Option(min=0.0, help="After the workload, how long to wait for consistency."),
+    ] = None
+    channels: Annotated[int | None, typer.Option(min=1, help="Channels per participant.")] = None
+    duplicate: Annotated[
+        float | None, typer.Option(min=0.0, max=1.0, help="P(a copy arrives twice).")
+    ] = None
+    reorder: Annotated[
+        float | None, typer.Option(min=0.0, max=1.0, help="P(a copy is held back).")
+    ] = None
+    sync_interval_ms: Annotated[
+        int | None, typer.Option(min=1, help="Base sync interval of every participant.")
+    ] = None
+
+
+def takes_flags(command: Callable[..., None]) -> Callable[..., None]:
+    """``command``, with its ``flags: Flags`` parameter shown to typer as one option per
+    field of :class:`Flags`, in their order; their values reach ``command`` as one Flags."""
+    options = get_type_hints(Flags, include_extras=True)
+    per_field = [
+        Parameter(f.name, Parameter.KEYWORD_ONLY, default=f.default, annotation=options[f.name])
+        for f in fields(Flags)
+    ]
+    # All keyword-only (typer passes values by name), so that a field may stand between
+    # parameters of the command's own whatever their defaults.
+    parameters: list[Parameter] = []
+    for own in signature(command, eval_str=True).parameters.values():
+        parameters += (
+            per_field if own.name == "flags" else [own.replace(kind=Parameter.KEYWORD_ONLY)]
+        )
+
+    @functools.wraps(command)
+    def parsed(**values: Any) -> None:
+        flags = Flags(**{f.name: values.pop(f.name) for f in fields(Flags)})
+        command(flags=flags, **values)
+
+    parsed.__signature__ = Signature(parameters)  # type: ignore[attr-defined]
+    return parsed
 
 
 def build_config(flags: Flags) -> SimConfig:
@@ -219,76 +299,10 @@ def print_summary(summary: dict[str, Any], out: Path, console: Console) -> None:
             console.print(f"wrote {path}")
 
 
+@takes_flags
 def simulate_command(
     out: Annotated[Path, typer.Option("--out", file_okay=False, help="Directory for the outputs.")],
-    config: Annotated[
-        Path | None,
-        typer.Option(
-            "--config", exists=True, dir_okay=False, help="Scenario TOML; flags override it."
-        ),
-    ] = None,
-    participants: Annotated[int | None, typer.Option(min=2, help="Group size.")] = None,
-    messages: Annotated[
-        int | None, typer.Option(min=0, help="Content messages over the workload.")
-    ] = None,
-    rate: Annotated[
-        float | None,
-        typer.Option(min=0.0, help="Messages per participant per second (replaces --messages)."),
-    ] = None,
-    loss: Annotated[
-        float | None, typer.Option(min=0.0, max=1.0, help="Independent loss per copy.")
-    ] = None,
-    burst_loss: Annotated[
-        str | None,
-        typer.Option(
-            metavar="ENTER,EXIT,LOSS",
-            help="Gilbert–Elliott: P(good→bad), P(bad→good) per copy, loss while bad.",
-        ),
-    ] = None,
-    latency_ms: Annotated[
-        str | None, typer.Option(metavar="MEAN[,JITTER]", help="One-way latency, ms.")
-    ] = None,
-    churn: Annotated[
-        list[str] | None,
-        typer.Option(
-            metavar="P:START_S-END_S[:lose]",
-            help="Participant P offline in [START, END) s; ':lose' drops volatile state. "
-            "Repeatable; replaces the scenario's churn entries.",
-        ),
-    ] = None,
-    partition: Annotated[
-        list[str] | None,
-        typer.Option(
-            metavar="START_S-HEAL_S[:0,1,2[/3,4]]",
-            help="Partition into halves (or the given groups) until it heals. Repeatable; "
-            "replaces the scenario's partitions.",
-        ),
-    ] = None,
-    stores: Annotated[int | None, typer.Option(min=0, help="Store nodes.")] = None,
-    repair: Annotated[
-        bool | None, typer.Option("--repair/--no-repair", help="SDS-R on or off.")
-    ] = None,
-    causal_history: Annotated[
-        int | None, typer.Option(min=0, help="Causal history entries per message.")
-    ] = None,
-    seed: Annotated[int | None, typer.Option(help="Seed of the whole run.")] = None,
-    duration_s: Annotated[
-        float | None, typer.Option(min=0.001, help="Workload duration, seconds.")
-    ] = None,
-    drain_s: Annotated[
-        float | None,
-        typer.Option(min=0.0, help="After the workload, how long to wait for consistency."),
-    ] = None,
-    channels: Annotated[int | None, typer.Option(min=1, help="Channels per participant.")] = None,
-    duplicate: Annotated[
-        float | None, typer.Option(min=0.0, max=1.0, help="P(a copy arrives twice).")
-    ] = None,
-    reorder: Annotated[
-        float | None, typer.Option(min=0.0, max=1.0, help="P(a copy is held back).")
-    ] = None,
-    sync_interval_ms: Annotated[
-        int | None, typer.Option(min=1, help="Base sync interval of every participant.")
-    ] = None,
+    flags: Flags,
     events: Annotated[
         bool, typer.Option("--events/--no-events", help="Write events.parquet.")
     ] = True,
@@ -299,48 +313,21 @@ def simulate_command(
     """
     from sdsync.demo import InvalidScenarioError, run_simulation
 
-    flags = Flags(
-        config=config,
-        participants=participants,
-        messages=messages,
-        rate=rate,
-        loss=loss,
-        burst_loss=burst_loss,
-        latency_ms=latency_ms,
-        churn=churn,
-        partition=partition,
-        stores=stores,
-        repair=repair,
-        causal_history=causal_history,
-        seed=seed,
-        duration_s=duration_s,
-        drain_s=drain_s,
-        channels=channels,
-        duplicate=duplicate,
-        reorder=reorder,
-        sync_interval_ms=sync_interval_ms,
-    )
     err = Console(stderr=True)
-
-    def bad(message: str) -> typer.Exit:
-        # Escaped: messages quote TOML tables like "[network]", which rich reads as markup.
-        err.print(f"[red]error:[/] {escape(message)}", highlight=False)
-        return typer.Exit(2)
-
     try:
         sim_config = build_config(flags)
     except ArgumentError as exc:
         raise typer.BadParameter(str(exc), param_hint=exc.option) from None
     except LocalProtocolError as exc:
-        raise bad(str(exc)) from None
+        raise fail(str(exc)) from None
     try:
         # Fail before a long run, not after it, when the outputs cannot be written.
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise bad(f"cannot create --out {out}: {exc}") from None
+        raise fail(f"cannot create --out {out}: {exc}") from None
     try:
         summary = run_simulation(sim_config, out, events=events, console=err)
     except InvalidScenarioError as exc:
-        raise bad(str(exc)) from None
+        raise fail(str(exc)) from None
     print_summary(summary, out, Console())
     raise typer.Exit(0 if summary["invariants_hold"] else 1)

@@ -14,11 +14,14 @@ import os
 import time
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
+
+from sdsync.cli.errors import fail
+
+if TYPE_CHECKING:
+    from sdsync.store import SqlArchive
 
 store_app = typer.Typer(
     help="Store node: archive of Waku messages, 13/WAKU2-STORE v3 REST API, Store Sync, "
@@ -48,13 +51,17 @@ class SyncMethod(StrEnum):
     prolly = "prolly"
 
 
-def _fail(message: str, code: int = 2) -> typer.Exit:
-    Console(stderr=True, soft_wrap=True).print(f"[red]error:[/] {escape(message)}", highlight=False)
-    return typer.Exit(code)
-
-
 def _db_url(db: str | None, data_dir: Path) -> str:
     return db if db is not None else str(data_dir.expanduser() / "store.sqlite3")
+
+
+def _open_archive(url: str) -> SqlArchive:
+    from sdsync.store import open_archive
+
+    try:
+        return open_archive(url)
+    except Exception as exc:  # any driver's failure to open is the operator's to fix
+        raise fail(f"cannot open the archive {url}: {exc}") from None
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -141,7 +148,7 @@ def serve(
 ) -> None:
     """Serve the archive over HTTP until SIGINT or SIGTERM."""
     from sdsync.errors import LocalProtocolError
-    from sdsync.store import NodeConfig, RetentionPolicy, StoreNode, open_archive
+    from sdsync.store import NodeConfig, RetentionPolicy, StoreNode
     from sdsync.store import serve as serve_node
     from sdsync.store.retention import DEFAULT_POLICY
     from sdsync.store.sync import SyncConfig
@@ -154,10 +161,7 @@ def serve(
     except LocalProtocolError as exc:
         raise typer.BadParameter(str(exc), param_hint="--retention") from None
     url = _db_url(db, data_dir)
-    try:
-        archive = open_archive(url)
-    except Exception as exc:  # any driver's failure to open is the operator's to fix
-        raise _fail(f"cannot open the archive {url}: {exc}") from None
+    archive = _open_archive(url)
     config = NodeConfig(
         data_dir=data_dir.expanduser(),
         host=host,
@@ -204,9 +208,9 @@ def serve(
     try:
         asyncio.run(run())
     except OSError as exc:
-        raise _fail(f"cannot listen on {listen}: {exc}") from None
+        raise fail(f"cannot listen on {listen}: {exc}") from None
     except ImportError as exc:  # pragma: no cover - depends on the installation
-        raise _fail(f"--pubsub-topic needs the 'p2p' extra ({exc})") from None
+        raise fail(f"--pubsub-topic needs the 'p2p' extra ({exc})") from None
     print("sdsync store: stopped", flush=True)
 
 
@@ -238,21 +242,18 @@ def sync(
 ) -> None:
     """Sync the local archive with PEER once (Store Sync: reconcile, then transfer)."""
     from sdsync.errors import RemoteProtocolError
-    from sdsync.store import ArchiveUnavailable, StoreUnavailableError, open_archive
+    from sdsync.store import ArchiveUnavailable, StoreUnavailableError
     from sdsync.store.sync import ArchiveHost, SyncConfig, sync_with_peer
 
     url = _db_url(db, data_dir)
-    try:
-        archive = open_archive(url)
-    except Exception as exc:  # any driver's failure to open is the operator's to fix
-        raise _fail(f"cannot open the archive {url}: {exc}") from None
+    archive = _open_archive(url)
     span = SyncConfig(window_s=window).window(time.time_ns())
     try:
         report = asyncio.run(
             sync_with_peer(ArchiveHost(archive), peer, span, method=method.value, token=sync_token)
         )
     except (StoreUnavailableError, RemoteProtocolError, ArchiveUnavailable) as exc:
-        raise _fail(f"sync with {peer} failed: {exc}", code=1) from None
+        raise fail(f"sync with {peer} failed: {exc}", code=1) from None
     finally:
         archive.close()
     if as_json:
@@ -287,19 +288,16 @@ def export(
     """Export the archive as Parquet for `sdsync pipeline reconcile` (see docs/store.md)."""
     import pyarrow as pa
 
-    from sdsync.store import export_parquet, open_archive
+    from sdsync.store import export_parquet
 
     url = _db_url(db, data_dir)
     if db is None and not Path(url).exists():
-        raise _fail(f"no archive at {url} (give --db or --data-dir)")
-    try:
-        archive = open_archive(url)
-    except Exception as exc:  # any driver's failure to open is the operator's to fix
-        raise _fail(f"cannot open the archive {url}: {exc}") from None
+        raise fail(f"no archive at {url} (give --db or --data-dir)")
+    archive = _open_archive(url)
     try:
         report = export_parquet(archive, parquet, start=start, end=end, overwrite=overwrite)
     except (pa.ArrowException, OSError) as exc:
-        raise _fail(f"cannot export to {parquet}: {exc}") from None
+        raise fail(f"cannot export to {parquet}: {exc}") from None
     finally:
         archive.close()
     print(f"exported {report.rows} messages in {report.files} files to {parquet}")

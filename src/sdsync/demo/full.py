@@ -40,6 +40,16 @@ from sdsync.sim.config import (
 STEPS = ("simulation", "consolidate", "reconcile", "report")
 OUTAGE_MS = (120_000, 300_000)
 OFFLINE_MS = (180_000, 330_000)
+# The page's consolidate table: column heading → key of consolidate's summary.
+CONSOLIDATE_COLUMNS = {
+    "canonical entries": "canonical_entries",
+    "participants": "participants",
+    "divergent": "divergent_participants",
+    "missing": "missing_entries",
+    "out of order": "order_violations",
+    "duplicates": "duplicates",
+    "causal gaps": "causal_gaps",
+}
 
 
 def demo_scenario(participants: int, messages: int, loss: float, seed: int) -> SimConfig:
@@ -207,26 +217,8 @@ def _write_page(config: SimConfig, result: FullDemo) -> None:
             ],
             tables=[
                 pages.Table(
-                    [
-                        "canonical entries",
-                        "participants",
-                        "divergent",
-                        "missing",
-                        "out of order",
-                        "duplicates",
-                        "causal gaps",
-                    ],
-                    [
-                        [
-                            pages.count(con["canonical_entries"]),
-                            pages.count(con["participants"]),
-                            pages.count(con["divergent_participants"]),
-                            pages.count(con["missing_entries"]),
-                            pages.count(con["order_violations"]),
-                            pages.count(con["duplicates"]),
-                            pages.count(con["causal_gaps"]),
-                        ]
-                    ],
+                    list(CONSOLIDATE_COLUMNS),
+                    [[pages.count(con[key]) for key in CONSOLIDATE_COLUMNS.values()]],
                 )
             ],
             links=[("consolidate/summary.json", "consolidate/summary.json")],
