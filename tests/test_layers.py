@@ -1,7 +1,7 @@
 """Imports point down the layers only (docs/architecture.md, the house rules).
 
 cli → demo → pipeline → sim / chat / peer → store / runtime → transport / reconcile →
-core → wire → errors.
+core → wire → errors / lifecycle.
 Every ``sdsync.<component>`` import in the source, including those inside functions and
 ``TYPE_CHECKING`` blocks, must name the importing component itself or one below it;
 components that share a layer do not import each other.
@@ -22,7 +22,7 @@ LAYERS = (
     ("transport", "reconcile"),
     ("core",),
     ("wire",),
-    ("errors",),
+    ("errors", "lifecycle"),
 )
 RANK = {component: rank for rank, layer in enumerate(LAYERS) for component in layer}
 

@@ -36,7 +36,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import Any
+from typing import Any, TypeVar
 
 from google.protobuf.message import DecodeError, Message
 
@@ -49,6 +49,8 @@ from sdsync.reconcile.memory import Method, sessions
 from sdsync.reconcile.prolly import MESSAGE_TYPES, MessageType, ProllyParams
 from sdsync.reconcile.rbsr import ITEM_ID_SIZE, Mode, RbsrParams
 from sdsync.reconcile.session import FULL_WINDOW, ReconcileSession, SessionStats, Window
+
+T = TypeVar("T")
 
 WORK_PER_BYTE = 4
 """Store calls and materialized items one ``receive`` may spend per byte in or out."""
@@ -579,6 +581,17 @@ def _struct_op(
     head, parts = rbsr_ranges(data, first) if method == "rbsr" else batch_entries(data)
     if not parts:
         return data
+    if op == "field":  # the part's leading varint (a bound's ts code, a length) set huge
+        i = at % len(parts)
+        n = _varint_at(parts[i], 0)
+        parts[i] = encode_varint(HUGE[value % len(HUGE)]) + parts[i][n:]
+    else:
+        _rearrange(parts, op, at, value)
+    return head + b"".join(parts)
+
+
+def _rearrange(parts: list[T], op: str, at: int, value: int) -> None:
+    """Apply a structural ``op`` other than "field" to a non-empty list of parts."""
     i, j = at % len(parts), value % len(parts)
     if op == "repeat":
         parts[i:i] = [parts[i]] * _repeats(value)
@@ -586,12 +599,8 @@ def _struct_op(
         del parts[i]
     elif op == "swap-parts":
         parts[i], parts[j] = parts[j], parts[i]
-    elif op == "reverse":
+    else:
         parts.reverse()
-    else:  # "field": the part's leading varint (a bound's ts code, a length) set huge
-        n = _varint_at(parts[i], 0)
-        parts[i] = encode_varint(HUGE[value % len(HUGE)]) + parts[i][n:]
-    return head + b"".join(parts)
 
 
 def _repeats(value: int) -> int:
@@ -709,15 +718,7 @@ def _prolly_op(data: bytes, op: str, at: int, value: int, blob: bytes) -> bytes:
     else:
         nodes = lists[at % len(lists)]
         copies = [pb.Node.FromString(n.SerializeToString()) for n in nodes]
-        i, j = at % len(copies), value % len(copies)
-        if op == "repeat":
-            copies[i:i] = [copies[i]] * _repeats(value)
-        elif op == "drop":
-            del copies[i]
-        elif op == "swap-parts":
-            copies[i], copies[j] = copies[j], copies[i]
-        else:
-            copies.reverse()
+        _rearrange(copies, op, at, value)
         del nodes[:]
         nodes.extend(copies)
     encoded: bytes = message.SerializeToString()

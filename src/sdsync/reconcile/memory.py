@@ -19,6 +19,8 @@ from sdsync.reconcile.rbsr import RbsrParams, RbsrSession
 from sdsync.reconcile.session import (
     DEFAULT_MAX_FRAME_SIZE,
     FULL_WINDOW,
+    MethodSession,
+    P,
     ReconcileSession,
     Window,
 )
@@ -60,32 +62,27 @@ def sessions(
 ) -> tuple[ReconcileSession, ReconcileSession]:
     """An initiator over ``a`` and a responder over ``b`` (``max_rounds``: both sessions'
     round limit, None for the method's default)."""
-    size, rounds = max_frame_size, max_rounds
     if method == "rbsr":
-        return (
-            RbsrSession(
-                a,
-                initiator=True,
-                window=window,
-                params=rbsr,
-                max_frame_size=size,
-                max_rounds=rounds,
-            ),
-            RbsrSession.responder(b, params=rbsr, max_frame_size=size, max_rounds=rounds),
-        )
+        return _pair(RbsrSession, rbsr, a, b, window, max_frame_size, max_rounds)
     if method == "prolly":
-        return (
-            ProllySession(
-                a,
-                initiator=True,
-                window=window,
-                params=prolly,
-                max_frame_size=size,
-                max_rounds=rounds,
-            ),
-            ProllySession.responder(b, params=prolly, max_frame_size=size, max_rounds=rounds),
-        )
+        return _pair(ProllySession, prolly, a, b, window, max_frame_size, max_rounds)
     raise LocalProtocolError(f"unknown reconciliation method {method!r}")
+
+
+def _pair(
+    session: type[MethodSession[P]],
+    params: P | None,
+    a: ItemStore,
+    b: ItemStore,
+    window: Window,
+    max_frame_size: int,
+    max_rounds: int | None,
+) -> tuple[ReconcileSession, ReconcileSession]:
+    size, rounds = max_frame_size, max_rounds
+    initiator = session(
+        a, initiator=True, window=window, params=params, max_frame_size=size, max_rounds=rounds
+    )
+    return initiator, session.responder(b, params=params, max_frame_size=size, max_rounds=rounds)
 
 
 def reconcile_in_memory(

@@ -55,7 +55,7 @@ with nothing, one child at a time forever) is cut off by the session's round lim
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from itertools import chain, pairwise
@@ -67,15 +67,8 @@ from sdsync.errors import LocalProtocolError, RemoteProtocolError
 from sdsync.reconcile import prolly_pb2 as pb
 from sdsync.reconcile.codec import minimal_bound
 from sdsync.reconcile.fingerprint import FINGERPRINT_SIZE, HASH_SIZE, fingerprint_of_sum
-from sdsync.reconcile.items import INFINITY_TS, MAX_TIMESTAMP, Bound, Item, ItemStore
-from sdsync.reconcile.session import (
-    DEFAULT_MAX_FRAME_SIZE,
-    FULL_WINDOW,
-    FrameOutcome,
-    ReconcileSession,
-    Window,
-    default_max_rounds,
-)
+from sdsync.reconcile.items import INFINITY_TS, MAX_TIMESTAMP, Bound, Item
+from sdsync.reconcile.session import FrameOutcome, MethodSession, default_max_rounds
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -181,54 +174,17 @@ def _item_node(item: Item) -> pb.Node:
     return pb.Node(timestamp=item[0], data=item[1])
 
 
-class ProllySession(ReconcileSession):
+class ProllySession(MethodSession[ProllyParams]):
     """One side of a Prolly-tree sync (see the module docstring)."""
 
-    def __init__(
-        self,
-        store: ItemStore,
-        *,
-        initiator: bool,
-        window: Window = FULL_WINDOW,
-        params: ProllyParams | None = None,
-        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
-        max_rounds: int | None = None,
-    ) -> None:
-        """``max_rounds``: frames accepted before a peer is cut off (None: the default of
-        :meth:`ProllyParams.default_max_rounds` for ``max_frame_size``)."""
-        self.params = params or ProllyParams()
-        super().__init__(
-            store,
-            initiator=initiator,
-            window=window,
-            max_frame_size=max_frame_size,
-            min_frame_size=self.params.min_frame_size,
-            max_rounds=(
-                self.params.default_max_rounds(max_frame_size) if max_rounds is None else max_rounds
-            ),
-        )
-        self._asked: list[_Pending] = []
-        self._unsent: tuple[list[Item], list[Item]] | None = None
-        self._root_level = 0
-        """Server: the level of our root over the window (asked nodes lie below it)."""
-
-    @classmethod
-    def responder(
-        cls,
-        store: ItemStore,
-        *,
-        params: ProllyParams | None = None,
-        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
-        max_rounds: int | None = None,
-    ) -> ProllySession:
-        """The server side; it takes the window from the client's ``ExchangeRootRequest``."""
-        return cls(
-            store,
-            initiator=False,
-            params=params,
-            max_frame_size=max_frame_size,
-            max_rounds=max_rounds,
-        )
+    Params = ProllyParams
+    # The walk's state, replaced by each commit; these values hold before the first frame.
+    _asked: Sequence[_Pending] = ()
+    """Client: the nodes asked for whose children are due (a reply answers a prefix)."""
+    _unsent: tuple[list[Item], list[Item]] | None = None
+    """Client: what ``SyncDone`` still has to tell the server."""
+    _root_level = 0
+    """Server: the level of our root over the window (asked nodes lie below it)."""
 
     # -- the tree over the store ------------------------------------------------------
 

@@ -78,15 +78,8 @@ from sdsync.reconcile.fingerprint import (
     fingerprint_of_sum,
     varint,
 )
-from sdsync.reconcile.items import INFINITY_TS, MAX_TIMESTAMP, Bound, Item, ItemStore
-from sdsync.reconcile.session import (
-    DEFAULT_MAX_FRAME_SIZE,
-    FULL_WINDOW,
-    FrameOutcome,
-    ReconcileSession,
-    Window,
-    default_max_rounds,
-)
+from sdsync.reconcile.items import INFINITY_TS, MAX_TIMESTAMP, Bound, Item
+from sdsync.reconcile.session import FrameOutcome, MethodSession, default_max_rounds
 
 RBSR_VERSION = 1
 ITEM_ID_SIZE = 16
@@ -334,50 +327,10 @@ class _Answer:
 # -- the session ----------------------------------------------------------------------
 
 
-class RbsrSession(ReconcileSession):
+class RbsrSession(MethodSession[RbsrParams]):
     """One side of an RBSR reconciliation (see the module docstring for the protocol)."""
 
-    def __init__(
-        self,
-        store: ItemStore,
-        *,
-        initiator: bool,
-        window: Window = FULL_WINDOW,
-        params: RbsrParams | None = None,
-        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
-        max_rounds: int | None = None,
-    ) -> None:
-        """``max_rounds``: frames accepted before a peer is cut off (None: the default of
-        :meth:`RbsrParams.default_max_rounds` for ``max_frame_size``)."""
-        self.params = params or RbsrParams()
-        super().__init__(
-            store,
-            initiator=initiator,
-            window=window,
-            max_frame_size=max_frame_size,
-            min_frame_size=self.params.min_frame_size,
-            max_rounds=(
-                self.params.default_max_rounds(max_frame_size) if max_rounds is None else max_rounds
-            ),
-        )
-
-    @classmethod
-    def responder(
-        cls,
-        store: ItemStore,
-        *,
-        params: RbsrParams | None = None,
-        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
-        max_rounds: int | None = None,
-    ) -> RbsrSession:
-        """The answering side; it takes the window from the initiator's first frame."""
-        return cls(
-            store,
-            initiator=False,
-            params=params,
-            max_frame_size=max_frame_size,
-            max_rounds=max_rounds,
-        )
+    Params = RbsrParams
 
     def _initiate(self) -> bytes:
         assert self._end is not None

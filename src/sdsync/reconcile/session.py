@@ -46,6 +46,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Generic, Protocol, Self, TypeVar
 
 from sdsync.errors import LocalProtocolError, RemoteProtocolError
 from sdsync.reconcile.items import INFINITY, INFINITY_TS, MAX_TIMESTAMP, Bound, Item, ItemStore
@@ -241,3 +242,65 @@ class ReconcileSession(ABC):
 
     @abstractmethod
     def _evaluate(self, frame: bytes) -> FrameOutcome: ...
+
+
+class MethodParams(Protocol):
+    """What a method's parameters tell its sessions: the frame size they need at least and
+    the round limit they allow by default."""
+
+    @property
+    def min_frame_size(self) -> int: ...
+
+    def default_max_rounds(self, max_frame_size: int) -> int: ...
+
+
+P = TypeVar("P", bound=MethodParams)
+
+
+class MethodSession(ReconcileSession, Generic[P]):
+    """A session of one method (RBSR, Prolly), set up by the method's parameters ``P``."""
+
+    Params: type[P]
+    """The method's parameter class; its defaults serve a session given no ``params``."""
+
+    def __init__(
+        self,
+        store: ItemStore,
+        *,
+        initiator: bool,
+        window: Window = FULL_WINDOW,
+        params: P | None = None,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        max_rounds: int | None = None,
+    ) -> None:
+        """``max_rounds``: frames accepted before a peer is cut off (None: the default of
+        ``params.default_max_rounds`` for ``max_frame_size``)."""
+        self.params: P = self.Params() if params is None else params
+        super().__init__(
+            store,
+            initiator=initiator,
+            window=window,
+            max_frame_size=max_frame_size,
+            min_frame_size=self.params.min_frame_size,
+            max_rounds=(
+                self.params.default_max_rounds(max_frame_size) if max_rounds is None else max_rounds
+            ),
+        )
+
+    @classmethod
+    def responder(
+        cls,
+        store: ItemStore,
+        *,
+        params: P | None = None,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        max_rounds: int | None = None,
+    ) -> Self:
+        """The answering side; it takes the window from the initiator's first frame."""
+        return cls(
+            store,
+            initiator=False,
+            params=params,
+            max_frame_size=max_frame_size,
+            max_rounds=max_rounds,
+        )

@@ -33,11 +33,11 @@ import random
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from types import TracebackType
 from typing import Protocol
 
 from sdsync.core import ChannelConfig, Event, MessageChannel, MessageDropped, system_clock_ms
 from sdsync.errors import LocalProtocolError, RemoteProtocolError
+from sdsync.lifecycle import AsyncLifecycle
 from sdsync.runtime.driver import ChannelDriver, QueryStore, Step, Transmit
 from sdsync.runtime.policy import RuntimeConfig
 from sdsync.runtime.state import ChannelState, Delivery, LogRecord, Synchronous, state_path
@@ -55,7 +55,7 @@ class StoreClient(Protocol):
         ...
 
 
-class ReliableChannel:
+class ReliableChannel(AsyncLifecycle):
     def __init__(
         self,
         transport: Transport,
@@ -103,18 +103,6 @@ class ReliableChannel:
         self._fetches: set[asyncio.Task[None]] = set()
 
     # -------------------------------------------------------------- lifecycle
-
-    async def __aenter__(self) -> ReliableChannel:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def start(self) -> None:
         if self._tasks:

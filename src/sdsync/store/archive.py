@@ -70,6 +70,13 @@ TIME_INDEX = "messages_time"  # PostgreSQL: the primary key
 PUBSUB_INDEX = "messages_pubsub_time"
 TOPICS_INDEX = "messages_topics"
 HASH_INDEX = "messages_hash"
+TOPIC_INDEXES = f"""
+CREATE INDEX IF NOT EXISTS {PUBSUB_INDEX}
+    ON messages (pubsub_topic, timestamp, message_hash);
+CREATE INDEX IF NOT EXISTS {TOPICS_INDEX}
+    ON messages (pubsub_topic, content_topic, timestamp, message_hash);
+"""
+"""The indexes of the topic query shapes, the same on both backends."""
 Key = tuple[int, bytes]
 """A position in archive order: (timestamp ns, message hash)."""
 ItemArrays = tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]
@@ -331,13 +338,10 @@ class SqlArchive(ABC):
 
     def _scan(self, columns: Sequence[str], start: int | None, end: int | None) -> Iterator[Any]:
         # Keyset batches: no transaction or server cursor stays open between batches.
-        bounds, args = [], []
-        if start is not None:
-            bounds.append("timestamp >= ?")
-            args.append(start)
-        if end is not None:
-            bounds.append("timestamp < ?")
-            args.append(end)
+        bounds: list[str] = []
+        args: list[Any] = []
+        _unless_none(bounds, args, "timestamp >= ?", start)
+        _unless_none(bounds, args, "timestamp < ?", end)
         after: list[Any] = []
         while True:
             where = [*bounds, "(timestamp, message_hash) > (?, ?)"] if after else bounds
@@ -377,12 +381,8 @@ def _filters(
     """
     where: list[str] = []
     args: list[Any] = []
-    if query.pubsub_topic is not None:
-        where.append("pubsub_topic = ?")
-        args.append(query.pubsub_topic)
-    if content_topic is not None:
-        where.append("content_topic = ?")
-        args.append(content_topic)
+    _unless_none(where, args, "pubsub_topic = ?", query.pubsub_topic)
+    _unless_none(where, args, "content_topic = ?", content_topic)
     start, end = query.time_start, query.time_end
     if after is not None and query.forward:
         where.append("(timestamp, message_hash) > (?, ?)")
@@ -392,13 +392,16 @@ def _filters(
         where.append("(timestamp, message_hash) < (?, ?)")
         args.extend(after)
         end = after[0] if end is None else min(end, after[0])
-    if start is not None:
-        where.append("timestamp >= ?")
-        args.append(start)
-    if end is not None:
-        where.append("timestamp <= ?")
-        args.append(end)
+    _unless_none(where, args, "timestamp >= ?", start)
+    _unless_none(where, args, "timestamp <= ?", end)
     return where, args
+
+
+def _unless_none(where: list[str], args: list[Any], condition: str, value: object) -> None:
+    """Add ``condition`` on ``value`` (one ``?``), unless ``value`` is None: no condition."""
+    if value is not None:
+        where.append(condition)
+        args.append(value)
 
 
 def _hash_page(rows: list[Any], query: StoreQuery, after: Key | None) -> list[Any]:

@@ -23,12 +23,12 @@ import json
 import logging
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import replace
-from types import TracebackType
 from typing import Any
 
 import aiohttp
 
 from sdsync.errors import RemoteProtocolError
+from sdsync.lifecycle import AsyncLifecycle
 from sdsync.store import rest
 from sdsync.store.model import MAX_HASHES, Page, StoredMessage, StoreQuery
 from sdsync.transport.base import Received
@@ -43,7 +43,7 @@ class StoreUnavailableError(OSError):
     """The store could not be reached or did not answer in time."""
 
 
-class HttpStoreClient:
+class HttpStoreClient(AsyncLifecycle):
     def __init__(
         self,
         base_url: str,
@@ -58,16 +58,8 @@ class HttpStoreClient:
         self._session = session
         self._owns_session = session is None
 
-    async def __aenter__(self) -> HttpStoreClient:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
+    async def start(self) -> None:
+        """Nothing to start: the HTTP session opens on first use."""
 
     async def close(self) -> None:
         if self._session is not None and self._owns_session:

@@ -34,7 +34,14 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
-from sdsync.store.archive import ItemArrays, Key, SqlArchive, item_arrays, map_driver_errors
+from sdsync.store.archive import (
+    TOPIC_INDEXES,
+    ItemArrays,
+    Key,
+    SqlArchive,
+    item_arrays,
+    map_driver_errors,
+)
 from sdsync.store.schema import create_table
 
 HOUR_NS = 3_600 * 10**9
@@ -47,12 +54,8 @@ _SCHEMA = (
         options="PARTITION BY RANGE (timestamp)",
     )
     + """
-CREATE INDEX IF NOT EXISTS messages_hash ON messages (message_hash);
-CREATE INDEX IF NOT EXISTS messages_pubsub_time
-    ON messages (pubsub_topic, timestamp, message_hash);
-CREATE INDEX IF NOT EXISTS messages_topics
-    ON messages (pubsub_topic, content_topic, timestamp, message_hash);
-"""
+CREATE INDEX IF NOT EXISTS messages_hash ON messages (message_hash);"""
+    + TOPIC_INDEXES
 )
 
 

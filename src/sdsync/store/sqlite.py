@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sdsync.store.archive import Key, SqlArchive, map_driver_errors
+from sdsync.store.archive import TOPIC_INDEXES, Key, SqlArchive, map_driver_errors
 from sdsync.store.schema import create_table
 
 CACHE_KIB = 64 * 1024  # per connection; pages are allocated as they are used
@@ -29,12 +29,8 @@ _SCHEMA = (
     create_table("sqlite")
     + """
 CREATE UNIQUE INDEX IF NOT EXISTS messages_hash ON messages (message_hash);
-CREATE INDEX IF NOT EXISTS messages_time ON messages (timestamp, message_hash);
-CREATE INDEX IF NOT EXISTS messages_pubsub_time
-    ON messages (pubsub_topic, timestamp, message_hash);
-CREATE INDEX IF NOT EXISTS messages_topics
-    ON messages (pubsub_topic, content_topic, timestamp, message_hash);
-"""
+CREATE INDEX IF NOT EXISTS messages_time ON messages (timestamp, message_hash);"""
+    + TOPIC_INDEXES
 )
 
 

@@ -47,7 +47,6 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, TypeVar
 
 import multiaddr
@@ -56,6 +55,7 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 
 from sdsync.errors import LocalProtocolError
+from sdsync.lifecycle import AsyncLifecycle
 from sdsync.transport.base import Envelope, Received
 from sdsync.transport.libp2p_host import TrioHost, run_host
 from sdsync.wire.waku import MAX_WAKU_MESSAGE_BYTES, WakuMessage
@@ -94,7 +94,7 @@ def default_content_topic(pubsub_topic: str) -> str:
     return pubsub_topic.rstrip("/") + "/proto"
 
 
-class Libp2pTransport:
+class Libp2pTransport(AsyncLifecycle):
     """A :class:`~sdsync.transport.Transport` over gossipsub; also a source of envelopes."""
 
     def __init__(
@@ -142,18 +142,6 @@ class Libp2pTransport:
         self._closed = False
 
     # -------------------------------------------------------------- lifecycle
-
-    async def __aenter__(self) -> Libp2pTransport:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def start(self) -> None:
         """Start the host in its own thread; returns once it listens."""

@@ -32,10 +32,9 @@ import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from google.protobuf.message import DecodeError
-
 from sdsync.errors import LocalProtocolError, RejectReason, RemoteProtocolError
 from sdsync.wire import sds_message_pb2 as pb
+from sdsync.wire.untrusted import parse_untrusted
 
 MAX_UINT64 = (1 << 64) - 1
 
@@ -178,13 +177,7 @@ def decode(data: bytes, limits: WireLimits = DEFAULT_LIMITS) -> Message:
             f"message of {len(data)} bytes exceeds the limit of {limits.max_message_bytes}",
             reason=RejectReason.MESSAGE_TOO_LARGE,
         )
-    parsed = pb.SdsMessageView()
-    try:
-        parsed.ParseFromString(bytes(data))
-    except (DecodeError, ValueError, RuntimeError) as exc:
-        raise RemoteProtocolError(
-            f"malformed SDS message: {exc}", reason=RejectReason.MALFORMED
-        ) from None
+    parsed = parse_untrusted(pb.SdsMessageView, bytes(data), "SDS message", RejectReason.MALFORMED)
     return _from_view(parsed, limits)
 
 
@@ -257,13 +250,7 @@ def _entries(raw_entries: Iterable[bytes], limits: WireLimits) -> tuple[HistoryE
 
 
 def _parse_entry(raw: bytes, limits: WireLimits) -> HistoryEntry:
-    parsed = pb.HistoryEntry()
-    try:
-        parsed.ParseFromString(raw)
-    except (DecodeError, ValueError, RuntimeError) as exc:
-        raise RemoteProtocolError(
-            f"malformed history entry: {exc}", reason=RejectReason.MALFORMED
-        ) from None
+    parsed = parse_untrusted(pb.HistoryEntry, raw, "history entry", RejectReason.MALFORMED)
     if not parsed.message_id:
         raise RemoteProtocolError(
             "history entry with an empty message_id", reason=RejectReason.EMPTY_MESSAGE_ID

@@ -22,10 +22,9 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from google.protobuf.message import DecodeError
-
 from sdsync.errors import LocalProtocolError, RejectReason, RemoteProtocolError
 from sdsync.wire import waku_message_pb2 as pb
+from sdsync.wire.untrusted import parse_untrusted
 
 #: nwaku's default maximum message size (150 KiB payload plus envelope).
 MAX_WAKU_MESSAGE_BYTES = 150 * 1024 + 4096
@@ -99,13 +98,7 @@ def decode_waku_message(data: bytes, *, max_bytes: int = MAX_WAKU_MESSAGE_BYTES)
         raise RemoteProtocolError(
             f"WakuMessage of {len(data)} bytes exceeds {max_bytes}", reason=RejectReason.OVERSIZED
         )
-    parsed = pb.WakuMessage()
-    try:
-        parsed.ParseFromString(data)
-    except (DecodeError, RuntimeError, ValueError) as exc:
-        raise RemoteProtocolError(
-            f"malformed WakuMessage: {exc}", reason=RejectReason.NOT_WAKU_MESSAGE
-        ) from exc
+    parsed = parse_untrusted(pb.WakuMessage, data, "WakuMessage", RejectReason.NOT_WAKU_MESSAGE)
     if not parsed.content_topic:
         raise RemoteProtocolError(
             "WakuMessage without a content topic", reason=RejectReason.NOT_WAKU_MESSAGE
