@@ -6,6 +6,10 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 JS     := tests/interop/js
 JSSTAMP := $(JS)/node_modules/.installed-stamp
+# js-waku's relay node (sdk 0.0.27, libp2p 1) and light node (sdk 0.0.36, libp2p 2) cannot
+# share one node_modules: each driver has its own folder.
+WAKU_JS := tests/interop/waku_relay tests/interop/waku_light
+WAKUSTAMPS := $(WAKU_JS:%=%/node_modules/.installed-stamp)
 PYTEST_ARGS ?=
 
 .PHONY: demo test lint typecheck proto bench bench-memory bench-reconcile fuzz clean postgres
@@ -19,6 +23,10 @@ $(STAMP): pyproject.toml
 
 $(JSSTAMP): $(JS)/package.json $(JS)/package-lock.json
 	cd $(JS) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+$(WAKUSTAMPS): %/node_modules/.installed-stamp: %/package.json %/package-lock.json
+	cd $* && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
 # The store tests start a throwaway PostgreSQL cluster (tests/store/conftest.py): they need
@@ -45,13 +53,14 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-test: $(STAMP) $(JSSTAMP) postgres lint typecheck
+test: $(STAMP) $(JSSTAMP) $(WAKUSTAMPS) postgres lint typecheck
 	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
 
 proto: $(STAMP)
 	cd src && PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(CURDIR)/$(PY) -m grpc_tools.protoc -I. \
 		--python_out=. --mypy_out=. sdsync/wire/sds_message.proto sdsync/wire/waku_message.proto \
-		sdsync/reconcile/prolly.proto
+		sdsync/wire/waku_store.proto sdsync/wire/waku_lightpush.proto \
+		sdsync/wire/waku_filter.proto sdsync/wire/waku_metadata.proto sdsync/reconcile/prolly.proto
 
 bench: $(STAMP) $(JSSTAMP)
 	$(PY) bench/core_vs_js.py
@@ -69,4 +78,4 @@ fuzz: $(STAMP)
 	$(PY) bench/fuzz_decoders.py --examples 100000
 
 clean:
-	rm -rf $(VENV) $(JS)/node_modules .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(JS)/node_modules $(WAKU_JS:%=%/node_modules) .pytest_cache .mypy_cache .ruff_cache .hypothesis

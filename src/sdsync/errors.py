@@ -53,12 +53,23 @@ class RejectReason(enum.StrEnum):
     PROTOCOL_VIOLATION = "protocol violation"
 
     # The Waku envelope (sdsync.wire.waku, checked by the libp2p transport).
-    #: A WakuMessage frame larger than the transport's ``max_message_bytes``.
+    #: A WakuMessage frame larger than the transport's ``max_message_bytes``, or a
+    #: length-prefixed Waku RPC frame beyond its ``max_length`` (sdsync.wire.waku_protocols).
     OVERSIZED = "oversized"
     #: Bytes that do not parse as a WakuMessage, or one without a content topic.
     NOT_WAKU_MESSAGE = "not a WakuMessage"
     #: A WakuMessage whose content topic is not the one its pubsub topic carries.
     WRONG_CONTENT_TOPIC = "wrong content topic"
+
+    # The Waku request/response protocols (sdsync.wire.waku_protocols): store, LightPush,
+    # Filter, metadata.
+    #: A length prefix longer than 10 bytes, or a frame that does not parse as the RPC
+    #: expected or holds a value out of range (a hash that is not 32 bytes, an unknown type).
+    MALFORMED_RPC = "malformed Waku RPC"
+    #: A stream that ended inside a frame: in its length prefix or its body.
+    TRUNCATED_FRAME = "truncated frame"
+    #: A peer's content topic that is not ``/application/version/name/encoding``.
+    MALFORMED_CONTENT_TOPIC = "malformed content topic"
 
     # The SDS message (sdsync.wire.codec), judged against its WireLimits.
     #: An SDS message larger than ``WireLimits.max_message_bytes``.

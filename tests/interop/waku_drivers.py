@@ -1,0 +1,184 @@
+"""The js-waku drivers (waku_relay/relay.mjs, waku_light/light.mjs) as Python objects.
+
+Each driver is a Node process speaking JSON lines (see the README.md in its folder): a first
+line saying whether its node started, then one reply per request, with ``{"event": ...}``
+lines in between. Every read here has a deadline, so a driver that hangs fails its test
+instead of stalling the suite, and :meth:`WakuDriver.close` always ends the process.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import shutil
+import subprocess
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from testdeps import in_ci
+
+HERE = Path(__file__).parent
+RELAY_DIR = HERE / "waku_relay"
+LIGHT_DIR = HERE / "waku_light"
+
+Event = dict[str, Any]
+
+
+def require_driver(folder: Path) -> None:
+    """Skip unless Node and ``folder``'s packages are installed; in CI, fail instead."""
+    if shutil.which("node") is None:
+        problem = "Node.js is not installed"
+    elif not (folder / "node_modules" / "@waku" / "sdk").is_dir():
+        problem = f"@waku/sdk is not installed in {folder}: run `npm ci` there (make test does)"
+    else:
+        return
+    if in_ci():
+        pytest.fail(f"{problem}; CI is set, so every test dependency must be installed")
+    pytest.skip(problem)
+
+
+class DriverError(AssertionError):
+    """A driver answered ok=false, went silent or died: the test's failure."""
+
+
+class WakuDriver:
+    def __init__(self, name: str, argv: list[str], *, start_timeout: float = 30.0) -> None:
+        self.name = name
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
+        # Threads read the pipes, so that every read here can time out and a chatty
+        # stderr never fills its pipe; the last of it goes into failure messages.
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._stderr: deque[str] = deque(maxlen=40)
+        self._events: list[Event] = []
+        threading.Thread(target=self._pump, name=f"{name}-stdout", daemon=True).start()
+        threading.Thread(target=self._pump_stderr, name=f"{name}-stderr", daemon=True).start()
+        try:
+            self.started = self._next(time.monotonic() + start_timeout, "its first line")
+        except BaseException:
+            self.close()
+            raise
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def _pump_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        self._stderr.extend(self.proc.stderr)
+
+    def stderr_tail(self) -> str:
+        return "".join(self._stderr)
+
+    def _fail(self, what: str) -> DriverError:
+        return DriverError(f"{self.name}: {what}\n--- its stderr ---\n{self.stderr_tail()}")
+
+    def _next(self, deadline: float, waiting_for: str) -> dict[str, Any]:
+        try:
+            line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise self._fail(f"no {waiting_for} in time") from None
+        if line is None:
+            self._lines.put(None)  # every later read sees the end too
+            raise self._fail(f"exited (code {self.proc.poll()}) while waiting for {waiting_for}")
+        parsed: dict[str, Any] = json.loads(line)
+        return parsed
+
+    def request(self, op: str, *, timeout: float = 15.0, **fields: Any) -> dict[str, Any]:
+        """The reply to one request; events printed meanwhile are kept for :meth:`event`."""
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps({"op": op, **fields}) + "\n")
+            self.proc.stdin.flush()
+        except OSError as exc:
+            raise self._fail(f"cannot take {op}: {exc}") from exc
+        deadline = time.monotonic() + timeout
+        while "event" in (line := self._next(deadline, f"the reply to {op}")):
+            self._events.append(line)
+        return line
+
+    def ok(self, op: str, *, timeout: float = 15.0, **fields: Any) -> dict[str, Any]:
+        reply = self.request(op, timeout=timeout, **fields)
+        if not reply.get("ok"):
+            raise self._fail(str(reply.get("error")))  # it names the op
+        return reply
+
+    def event(self, match: Callable[[Event], bool], *, timeout: float = 15.0) -> Event:
+        """The first event, kept or still to come, that ``match``es (taken off the list)."""
+        deadline = time.monotonic() + timeout
+        seen = 0
+        while True:
+            for index in range(seen, len(self._events)):
+                if match(self._events[index]):
+                    return self._events.pop(index)
+            seen = len(self._events)
+            line = self._next(deadline, "a matching event")
+            if "event" not in line:
+                raise self._fail(f"a reply nobody asked for: {line}")
+            self._events.append(line)
+
+    def close(self) -> None:
+        """Asks the driver to stop, then kills it if it has not within 5 s."""
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write('{"op":"stop"}\n')
+            self.proc.stdin.close()
+        except (OSError, ValueError):
+            pass  # it has gone already, or was closed before
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> WakuDriver:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def relay_argv(
+    *,
+    cluster_id: int = 1,
+    shards: Iterable[int] = (),
+    content_topics: Iterable[str] = (),
+    ws: bool = False,
+) -> list[str]:
+    argv = ["node", str(RELAY_DIR / "relay.mjs"), "--cluster-id", str(cluster_id)]
+    argv += [arg for shard in shards for arg in ("--shard", str(shard))]
+    argv += [arg for topic in content_topics for arg in ("--content-topic", topic)]
+    return [*argv, "--ws"] if ws else argv
+
+
+def light_argv(
+    peer: str,
+    *,
+    cluster_id: int = 1,
+    require: Iterable[str] = ("store", "lightpush", "filter"),
+    timeout_ms: int = 10_000,
+) -> list[str]:
+    return [
+        "node",
+        str(LIGHT_DIR / "light.mjs"),
+        "--peer",
+        peer,
+        "--cluster-id",
+        str(cluster_id),
+        f"--require={','.join(require)}",  # "=": an empty list must stay one argument
+        "--timeout-ms",
+        str(timeout_ms),
+    ]

@@ -1,0 +1,308 @@
+#!/usr/bin/env node
+// A js-waku light node (@waku/sdk 0.0.36) using one service node on loopback, driven by
+// JSON lines: the store, LightPush, Filter and ReliableChannel client sdsync's service
+// nodes must answer. No bootstrap list, no discovery: it dials --peer and nothing else.
+// The first stdout line says the node is ready (the service node identified and offering
+// every --require'd protocol) or why not; then one reply per request line, with Filter
+// pushes and ReliableChannel events interleaved as {"event":...} lines. See README.md.
+import {
+  RequestError,
+  b64,
+  connectedPeers,
+  emit,
+  field,
+  hex,
+  messageOf,
+  payloadOf,
+  serve,
+  unhex,
+  waitFor,
+  wakuMessageJson,
+} from "../waku_jsonl.mjs";
+import { parseArgs } from "node:util";
+import { tcp } from "@libp2p/tcp";
+import { webSockets } from "@libp2p/websockets";
+import { all as anyWsAddress } from "@libp2p/websockets/filters";
+import { multiaddr } from "@multiformats/multiaddr";
+import {
+  ReliableChannel,
+  ReliableChannelEvent,
+  createDecoder,
+  createEncoder,
+  createLightNode,
+  utils,
+  waku,
+} from "@waku/sdk";
+
+const USAGE = `usage: node light.mjs --peer MULTIADDR [--cluster-id N] [--num-shards N]
+  [--require store,lightpush,filter] [--timeout-ms N]`;
+
+// What each --require name needs the service node to offer (identify's protocol list).
+const CODECS = {
+  store: waku.StoreCodec,
+  lightpush: waku.LightPushCodec,
+  "lightpush-v2": waku.LightPushCodecV2,
+  filter: waku.FilterCodecs.SUBSCRIBE,
+};
+
+function parseCli() {
+  const { values } = parseArgs({
+    options: {
+      peer: { type: "string" },
+      "cluster-id": { type: "string", default: "1" },
+      "num-shards": { type: "string", default: "8" },
+      require: { type: "string", default: "store,lightpush,filter" },
+      "timeout-ms": { type: "string", default: "10000" },
+    },
+  });
+  if (!values.peer) throw new Error(`--peer is required\n${USAGE}`);
+  const required = values.require.split(",").filter(Boolean);
+  const unknown = required.filter((name) => !Object.hasOwn(CODECS, name));
+  if (unknown.length) {
+    const known = Object.keys(CODECS).join(", ");
+    throw new Error(`--require: unknown ${unknown.join(", ")} (known: ${known})`);
+  }
+  return {
+    peer: multiaddr(values.peer),
+    networkConfig: {
+      clusterId: Number(values["cluster-id"]),
+      numShardsInCluster: Number(values["num-shards"]),
+    },
+    required,
+    timeoutMs: Number(values["timeout-ms"]),
+  };
+}
+
+async function startNode({ peer, networkConfig, required, timeoutMs }) {
+  const node = await createLightNode({
+    networkConfig,
+    defaultBootstrap: false,
+    libp2p: { transports: [tcp(), webSockets({ filter: anyWsAddress })], hideWebSocketInfo: true },
+  });
+  let connection;
+  try {
+    connection = await node.libp2p.dial(peer, { signal: AbortSignal.timeout(timeoutMs) });
+  } catch (err) {
+    throw new Error(`service node ${peer} is not reachable: ${err.message}`);
+  }
+  // waitForPeers can return before identify has filled the peer store, and the sdk picks
+  // its peers from there: wait for the codecs themselves.
+  const servicePeer = connection.remotePeer;
+  const offered = async () => {
+    const stored = await node.libp2p.peerStore.get(servicePeer).catch(() => undefined);
+    return stored?.protocols ?? [];
+  };
+  const protocols = await waitFor(
+    async () => {
+      const have = await offered();
+      const ready = have.length > 0 && required.every((name) => have.includes(CODECS[name]));
+      return ready ? have : undefined;
+    },
+    timeoutMs,
+    async () => {
+      const have = await offered();
+      if (have.length === 0) return `service node ${servicePeer} never identified itself`;
+      const missing = required.filter((name) => !have.includes(CODECS[name]));
+      const lacks = missing.map((name) => `${name} (${CODECS[name]})`).join(", ");
+      return `service node ${servicePeer} lacks ${lacks}; it offers ${have.join(", ")}`;
+    }
+  );
+  return { node, servicePeer, protocols };
+}
+
+/** Routing of a request: static sharding if it names a "shard", autosharding otherwise. */
+function routingOf(networkConfig, request, contentTopic) {
+  if (request.shard === undefined) return utils.createRoutingInfo(networkConfig, { contentTopic });
+  const { clusterId } = networkConfig;
+  return utils.createRoutingInfo({ clusterId }, { shardId: field(request, "shard", "number") });
+}
+
+function contentTopicsOf(request) {
+  const topics = request.content_topics ?? [field(request, "content_topic", "string")];
+  if (!isListOfStrings(topics) || topics.length === 0) {
+    throw new RequestError(`"content_topics" must be a non-empty list of strings`);
+  }
+  return topics;
+}
+
+const isListOfStrings = (value) => Array.isArray(value) && value.every((v) => typeof v === "string");
+
+const messageJson = (message) => wakuMessageJson(message.pubsubTopic, message.proto, message.hashStr);
+
+/** A ReliableChannel event's detail as JSON: message ids stay strings, bytes become hex. */
+function detailJson(detail) {
+  if (detail instanceof Uint8Array) return hex(detail);
+  if (detail === null || typeof detail !== "object") return detail;
+  return Object.fromEntries(Object.entries(detail).map(([key, value]) => [key, detailJson(value)]));
+}
+
+function storeOptions(request) {
+  const options = { paginationForward: request.forward ?? true };
+  if (request.page_size !== undefined) options.paginationLimit = field(request, "page_size", "number");
+  if (request.cursor !== undefined) options.paginationCursor = unhex(field(request, "cursor", "string"));
+  if (request.hashes !== undefined) {
+    if (!isListOfStrings(request.hashes)) throw new RequestError(`"hashes" must be a list of hex strings`);
+    options.messageHashes = request.hashes.map(unhex);
+  }
+  if (request.time_start_ms !== undefined) {
+    options.timeStart = new Date(field(request, "time_start_ms", "number"));
+  }
+  if (request.time_end_ms !== undefined) options.timeEnd = new Date(field(request, "time_end_ms", "number"));
+  return options;
+}
+
+function operations({ node, networkConfig }, channels) {
+  function decodersOf(request) {
+    return contentTopicsOf(request).map((topic) =>
+      createDecoder(topic, routingOf(networkConfig, request, topic))
+    );
+  }
+
+  function channelOf(request) {
+    const id = field(request, "channel_id", "string");
+    const channel = channels.get(id);
+    if (!channel) throw new RequestError(`no reliable channel ${JSON.stringify(id)}: create it first`);
+    return channel;
+  }
+
+  // The store client pages until the service node answers an empty page; a node that
+  // ignores the cursor would keep it paging forever, so stop at max_messages.
+  async function storeQuery(request) {
+    const decoders = decodersOf(request);
+    const options = storeOptions(request);
+    const limit = request.max_messages ?? 10_000;
+    const pages = []; // only the generator shows them
+    const messages = [];
+    let truncated = false;
+    if ((request.mode ?? "generator") === "generator") {
+      for await (const page of node.store.queryGenerator(decoders, options)) {
+        const decoded = await Promise.all(page);
+        pages.push(decoded.map((message) => message?.hashStr ?? null));
+        messages.push(...decoded.filter(Boolean));
+        if (messages.length >= limit) {
+          truncated = true;
+          break;
+        }
+      }
+    } else if (request.mode === "ordered_callback") {
+      await node.store.queryWithOrderedCallback(
+        decoders,
+        (message) => {
+          messages.push(message);
+          truncated = messages.length >= limit;
+          return truncated;
+        },
+        options
+      );
+    } else {
+      throw new RequestError(`"mode" must be "generator" or "ordered_callback"`);
+    }
+    const hashes = messages.map((m) => m.hashStr);
+    return {
+      hashes,
+      pages: pages.length ? pages : undefined,
+      messages: messages.map(messageJson),
+      truncated,
+    };
+  }
+
+  return {
+    store_query: storeQuery,
+
+    async lightpush(request) {
+      const contentTopic = field(request, "content_topic", "string");
+      const encoder = createEncoder({
+        contentTopic,
+        routingInfo: routingOf(networkConfig, request, contentTopic),
+        ephemeral: request.ephemeral === true,
+      });
+      const message = messageOf(request);
+      const proto = await encoder.toProtoObj(message);
+      const result = await node.lightPush.send(encoder, message, {
+        autoRetry: false,
+        useLegacy: request.legacy === true,
+      });
+      const failures = result.failures.map((failure) => ({
+        error: failure.error,
+        peer_id: failure.peerId?.toString() ?? null,
+      }));
+      if (result.successes.length === 0) {
+        throw new Error(`no service node took the message: ${JSON.stringify(failures)}`);
+      }
+      return {
+        ...wakuMessageJson(encoder.pubsubTopic, proto, waku.messageHashStr(encoder.pubsubTopic, proto)),
+        successes: result.successes.map(String),
+        failures,
+      };
+    },
+
+    async filter_subscribe(request) {
+      const decoders = decodersOf(request);
+      const subscribed = await node.filter.subscribe(decoders, (message) =>
+        emit({ event: "filter_message", ...messageJson(message) })
+      );
+      if (!subscribed) {
+        throw new Error(`no service node took the subscription to ${contentTopicsOf(request)}`);
+      }
+      return { pubsub_topic: decoders[0].pubsubTopic };
+    },
+
+    async reliable_channel_create(request) {
+      const channelId = field(request, "channel_id", "string");
+      if (channels.has(channelId)) {
+        throw new RequestError(`reliable channel ${JSON.stringify(channelId)} exists`);
+      }
+      const contentTopic = field(request, "content_topic", "string");
+      const routingInfo = routingOf(networkConfig, request, contentTopic);
+      const channel = await ReliableChannel.create(
+        node,
+        channelId,
+        field(request, "sender_id", "string"),
+        createEncoder({ contentTopic, routingInfo }),
+        createDecoder(contentTopic, routingInfo),
+        request.options ?? {}
+      );
+      for (const type of Object.values(ReliableChannelEvent)) {
+        channel.addEventListener(type, (event) => {
+          // A received message's payload is the SDS content; its proto still holds the
+          // Waku message that carried it (and that its hash names).
+          const detail =
+            type === "message-received"
+              ? { ...messageJson(event.detail), payload: b64(event.detail.payload) }
+              : detailJson(event.detail);
+          emit({ event: "reliable", channel_id: channelId, type, detail });
+        });
+      }
+      channels.set(channelId, channel);
+      return { channel_id: channelId, pubsub_topic: routingInfo.pubsubTopic };
+    },
+
+    async reliable_send(request) {
+      return { message_id: channelOf(request).send(payloadOf(request)) };
+    },
+
+    async peers() {
+      return { peers: await connectedPeers(node.libp2p) };
+    },
+  };
+}
+
+let started;
+try {
+  const config = parseCli();
+  started = { ...(await startNode(config)), networkConfig: config.networkConfig };
+} catch (err) {
+  emit({ ok: false, error: `light node did not start: ${err.message}` });
+  process.exit(1);
+}
+emit({
+  ok: true,
+  peer_id: started.node.libp2p.peerId.toString(),
+  service_peer: started.servicePeer.toString(),
+  service_protocols: [...started.protocols].sort(),
+});
+const channels = new Map();
+await serve(operations(started, channels), async () => {
+  for (const channel of channels.values()) channel.stop();
+  await started.node.stop();
+});
