@@ -70,6 +70,10 @@ class RejectReason(enum.StrEnum):
     TRUNCATED_FRAME = "truncated frame"
     #: A peer's content topic that is not ``/application/version/name/encoding``.
     MALFORMED_CONTENT_TOPIC = "malformed content topic"
+    #: A relayed WakuMessage without a timestamp (14/WAKU2-MESSAGE: Waku relay requires one).
+    NO_TIMESTAMP = "no timestamp"
+    #: A Waku relay message with ``from``, ``seqno``, a signature or a key (StrictNoSign).
+    SIGNED_RELAY_MESSAGE = "signed relay message"
 
     # The SDS message (sdsync.wire.codec), judged against its WireLimits.
     #: An SDS message larger than ``WireLimits.max_message_bytes``.

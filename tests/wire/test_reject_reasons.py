@@ -96,6 +96,7 @@ def test_every_reason_has_a_case_here_or_in_the_transport_tests() -> None:
     given = {p.values[-1] for p in SDS_CASES + WAKU_CASES}
     elsewhere = {R.WRONG_CONTENT_TOPIC, R.PROTOCOL_VIOLATION}  # the transport, the default
     elsewhere |= {R.MALFORMED_RPC, R.TRUNCATED_FRAME, R.MALFORMED_CONTENT_TOPIC}  # Waku RPCs
+    elsewhere |= {R.NO_TIMESTAMP, R.SIGNED_RELAY_MESSAGE}  # the transport's Waku mode
     assert given | elsewhere == set(RejectReason)
 
 

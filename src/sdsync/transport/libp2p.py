@@ -33,6 +33,26 @@ only this node's application misses them), to exercise SDS under loss.
 
 ``close()`` lets the outbox drain (briefly), cancels the trio nursery, which tears down
 host, pubsub and router, and joins the thread.
+
+Waku mode
+---------
+``waku=WakuRelayConfig(...)`` makes the transport a Waku Relay node (docs/network.md):
+gossipsub under ``/vac/waku/relay/2.0.0``, unsigned messages (StrictNoSign) identified by
+sha256 of their bytes as js-waku does, and ``/vac/waku/metadata/1.0.0`` answered. The
+topic a channel names stays what it was; the transport maps it to a content topic
+(``content_topic``, e.g. ``/sds/1/<channel>/proto``) and that to the pubsub topic
+``/waku/2/rs/<cluster>/<shard>`` of a static shard or of autosharding
+(:meth:`WakuRelayConfig.pubsub_topic`). A subscriber gets the messages of its content
+topic only, since other applications share the shard; subscribing to a
+``/waku/2/rs/...`` topic itself gets every message on it. The validator checks
+14/WAKU2-MESSAGE (size, timestamp, a well-formed content topic) and relays any content
+topic. The Waku message hash on the real pubsub topic is the retrieval hint, as before.
+
+Both modes offer request/response streams for the Waku services (store query, LightPush,
+Filter): :meth:`Libp2pTransport.serve` answers a protocol with a handler on the asyncio
+loop, :meth:`Libp2pTransport.request` asks a peer (one frame out, one back) and
+:meth:`Libp2pTransport.push` sends one frame unanswered. Listen addresses may be TCP or
+websocket (``/ip4/127.0.0.1/tcp/0/ws``), which is what a browser's js-waku can dial.
 """
 
 from __future__ import annotations
@@ -50,15 +70,24 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import multiaddr
+import trio
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 
-from sdsync.errors import LocalProtocolError
+from sdsync.errors import LocalProtocolError, RemoteProtocolError
 from sdsync.lifecycle import AsyncLifecycle
 from sdsync.transport.base import Envelope, Received
-from sdsync.transport.libp2p_host import TrioHost, run_host
+from sdsync.transport.libp2p_host import Handler, TrioHost, run_host
 from sdsync.wire.waku import MAX_WAKU_MESSAGE_BYTES, WakuMessage
+from sdsync.wire.waku_protocols import (
+    MAX_RPC_BYTES,
+    TWN_CLUSTER_ID,
+    TWN_SHARD_COUNT,
+    WakuMetadata,
+    parse_content_topic,
+    shard_pubsub_topic,
+)
 
 logger = logging.getLogger("sdsync.transport.libp2p")
 
@@ -68,6 +97,8 @@ _CLOSE_TIMEOUT_S = 10.0
 _OUTBOX_LIMIT = 256
 _FLUSH_S = 2.0
 _FLUSH_POLL_S = 0.005
+_STREAM_TIMEOUT_S = 10.0
+_SHARD_TOPIC_PREFIX = "/waku/2/rs/"
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +113,30 @@ class GossipParams:
     # or restart).
     redial_interval_s: float = 1.0
     dial_timeout_s: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class WakuRelayConfig:
+    """The Waku mode of :class:`Libp2pTransport`: which cluster, and how content topics
+    map to shards — all on ``shard`` (static sharding), or autosharded over
+    ``shard_count`` shards when ``shard`` is None (The Waku Network: cluster 1, 8)."""
+
+    cluster_id: int = TWN_CLUSTER_ID
+    shard: int | None = None
+    shard_count: int = TWN_SHARD_COUNT
+
+    def __post_init__(self) -> None:
+        if self.cluster_id < 0 or self.shard_count < 1:
+            raise LocalProtocolError(f"no cluster {self.cluster_id} of {self.shard_count} shards")
+        if self.shard is not None and self.shard < 0:
+            raise LocalProtocolError(f"no shard {self.shard}")
+
+    def pubsub_topic(self, content_topic: str) -> str:
+        """The pubsub topic ``/waku/2/rs/<cluster>/<shard>`` that carries ``content_topic``."""
+        if self.shard is not None:
+            parse_content_topic(content_topic)  # well-formed all the same
+            return shard_pubsub_topic(self.cluster_id, self.shard)
+        return parse_content_topic(content_topic).pubsub_topic(self.cluster_id, self.shard_count)
 
 
 def new_identity_key() -> bytes:
@@ -108,6 +163,7 @@ class Libp2pTransport(AsyncLifecycle):
         seed: int | None = None,
         max_message_bytes: int = MAX_WAKU_MESSAGE_BYTES,
         gossip: GossipParams | None = None,
+        waku: WakuRelayConfig | None = None,
     ) -> None:
         if not 0.0 <= drop_rate <= 1.0:
             raise LocalProtocolError("drop_rate must be a probability")
@@ -121,9 +177,15 @@ class Libp2pTransport(AsyncLifecycle):
         self.drop_rate = drop_rate
         self.max_message_bytes = max_message_bytes
         self.gossip = gossip if gossip is not None else GossipParams()
+        self.waku = waku
         self._rng = random.Random(seed)
         # Written on the trio thread; plain counters, read for reporting.
         self.rejected: Counter[str] = Counter()
+        # Request/response streams that timed out, or broke, by protocol id.
+        self.stream_timeouts: Counter[str] = Counter()
+        self.stream_failures: Counter[str] = Counter()
+        # protocol id -> (handler, max request bytes, timeout), for a host yet to start.
+        self._served: dict[str, tuple[Handler, int, float]] = {}
         self.received = 0
         self.randomly_dropped = 0
         self.listen_addrs: list[str] = []
@@ -196,6 +258,7 @@ class Libp2pTransport(AsyncLifecycle):
         it waits only while ``_OUTBOX_LIMIT`` frames are queued. A caller holding a lock
         across ``publish`` (ReliableChannel does) is thus not held up by a slow peer.
         """
+        pubsub_topic, _ = self._route(topic)
         message = WakuMessage(
             payload=data, content_topic=self.content_topic(topic), timestamp=self._timestamp()
         )
@@ -208,9 +271,9 @@ class Libp2pTransport(AsyncLifecycle):
             self._running()
             self._outbox_room.clear()
             await self._outbox_room.wait()
-        self._running().send(topic, frame)
+        self._running().send(pubsub_topic, frame)
         self._outbox += 1
-        return message.hash(topic)
+        return message.hash(pubsub_topic)
 
     def _sent(self) -> None:
         """The trio thread handed one more publication to pubsub (runs on the loop)."""
@@ -248,6 +311,16 @@ class Libp2pTransport(AsyncLifecycle):
         with self._lock:
             return sorted({*self._frames, *self._envelopes})
 
+    def _route(self, topic: str) -> tuple[str, str | None]:
+        """The pubsub topic that carries the caller's ``topic``, and the content topic
+        its subscribers want (None: every one)."""
+        if self.waku is None:
+            return topic, self.content_topic(topic)
+        if topic.startswith(_SHARD_TOPIC_PREFIX):
+            return topic, None
+        content_topic = self.content_topic(topic)
+        return self.waku.pubsub_topic(content_topic), content_topic
+
     # -------------------------------------------------------------- peers
 
     async def connect(self, address: str) -> None:
@@ -280,6 +353,122 @@ class Libp2pTransport(AsyncLifecycle):
                 return False
             await asyncio.sleep(0.05)
         return True
+
+    # -------------------------------------------------------------- request/response
+
+    async def serve(
+        self,
+        protocol_id: str,
+        handler: Handler,
+        *,
+        max_request_bytes: int = MAX_RPC_BYTES,
+        timeout_s: float = _STREAM_TIMEOUT_S,
+    ) -> None:
+        """Answer ``protocol_id`` streams: each carries one request frame, which
+        ``await handler(peer_id, request)`` answers on this loop with a frame (or with
+        None: no answer); then the stream is closed.
+
+        A request above ``max_request_bytes``, a truncated one, or an exchange not done
+        within ``timeout_s`` (a peer that never sends or never reads) is refused: the
+        stream is reset, and the refusal logged and counted (:attr:`rejected` by reason,
+        :attr:`stream_timeouts` by protocol). An exception from ``handler`` resets the
+        stream too (:attr:`stream_failures`).
+        """
+        if self._closed:
+            raise LocalProtocolError("transport is closed")
+
+        async def logged(peer: str, request: bytes) -> bytes | None:
+            try:
+                return await handler(peer, request)
+            except Exception:
+                logger.exception("%s handler failed on a request from %s", protocol_id, peer)
+                raise
+
+        self._served[protocol_id] = (logged, max_request_bytes, timeout_s)
+        trio_side = self._trio
+        if trio_side is None:
+            return  # the host serves it when it starts
+
+        async def register() -> None:
+            trio_side.serve(protocol_id, trio_side.on_loop(logged), max_request_bytes, timeout_s)
+
+        await self._call(register)
+
+    async def request(
+        self,
+        peer: str,
+        protocol_id: str,
+        payload: bytes,
+        *,
+        max_response_bytes: int = MAX_RPC_BYTES,
+        timeout_s: float = _STREAM_TIMEOUT_S,
+    ) -> bytes:
+        """Send ``payload`` as one frame to ``peer`` (a multiaddr with ``/p2p/<id>``,
+        dialled first, or the id of a connected peer) on ``protocol_id``; returns the
+        answer frame's body.
+
+        Raises TimeoutError if the exchange takes longer than ``timeout_s``,
+        RemoteProtocolError if the answer is above ``max_response_bytes``, truncated or
+        missing, and ConnectionError if the peer cannot be reached on that protocol.
+        """
+        peer_id = await self._reach(peer)
+        trio_side = self._running()
+        return await self._stream_call(
+            peer,
+            protocol_id,
+            lambda: trio_side.request(peer_id, protocol_id, payload, max_response_bytes, timeout_s),
+        )
+
+    async def push(
+        self, peer: str, protocol_id: str, payload: bytes, *, timeout_s: float = _STREAM_TIMEOUT_S
+    ) -> None:
+        """Send ``payload`` as one frame to ``peer`` on ``protocol_id``, expecting no
+        answer (Filter's MessagePush). Raises as :meth:`request` does."""
+        peer_id = await self._reach(peer)
+        trio_side = self._running()
+        await self._stream_call(
+            peer, protocol_id, lambda: trio_side.push(peer_id, protocol_id, payload, timeout_s)
+        )
+
+    async def metadata(self) -> WakuMetadata:
+        """What we answer on ``/vac/waku/metadata/1.0.0``: our cluster and the shards we
+        relay (Waku mode only)."""
+        if self.waku is None:
+            raise LocalProtocolError("metadata needs the Waku mode (waku=WakuRelayConfig())")
+        trio_side = self._running()
+
+        async def shards() -> tuple[int, ...]:
+            return trio_side.shards()
+
+        return WakuMetadata(cluster_id=self.waku.cluster_id, shards=await self._call(shards))
+
+    async def _reach(self, peer: str) -> ID:
+        if not peer.startswith("/"):
+            try:
+                return ID.from_base58(peer)
+            except Exception as exc:
+                raise LocalProtocolError(f"bad peer id {peer!r}: {exc}") from None
+        info = _peer_info(peer)
+        trio_side = self._running()
+        try:
+            await self._call(lambda: trio_side.dial(info))
+        except (LocalProtocolError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            raise ConnectionError(f"cannot reach {peer}: {exc!r}") from exc
+        return info.peer_id
+
+    async def _stream_call(
+        self, peer: str, protocol_id: str, work: Callable[[], Awaitable[T]]
+    ) -> T:
+        try:
+            return await self._call(work)
+        except trio.TooSlowError:
+            raise TimeoutError(f"{peer} did not complete {protocol_id} in time") from None
+        except (RemoteProtocolError, LocalProtocolError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            raise ConnectionError(f"{protocol_id} with {peer} failed: {exc!r}") from exc
 
     # -------------------------------------------------------------- thread plumbing
 

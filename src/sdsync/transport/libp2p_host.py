@@ -22,21 +22,40 @@ The outbox publishes in order, waiting for room in py-libp2p's per-peer queues (
 drop when full) — but not for a peer that stopped taking frames, whose connection is
 closed at length (:class:`_DrainWatch`). Inbound frames are checked as a gossipsub topic
 validator, so a bad frame is neither delivered nor relayed.
+
+Two modes, chosen by the transport's ``waku`` setting. Without it, gossipsub runs under
+its own protocol ids with signed, sequenced messages whose id is the Waku message hash.
+In the Waku mode it is Waku Relay: :class:`~sdsync.transport.libp2p_patches.WakuGossipSub`
+under ``/vac/waku/relay/2.0.0``, unsigned publications, message id sha256(data) as
+js-waku's, the 14/WAKU2-MESSAGE checks in the validator, and ``/vac/waku/metadata/1.0.0``
+answered with our cluster and shards.
+
+Request/response streams (:meth:`TrioHost.serve`, :meth:`TrioHost.request`,
+:meth:`TrioHost.push`) carry one uvarint-length-prefixed frame each way
+(:func:`~sdsync.wire.waku_protocols.read_frame`), all within one deadline. A served
+request goes to its handler on the asyncio loop (:meth:`TrioHost._on_loop`: the trio task
+awaits a trio event that the asyncio side sets through the token, so neither loop
+blocks); the answer comes back as a frame, then the stream is closed. A frame above the
+limit, a truncated one, or a peer that never sends or never reads costs that stream only:
+it is reset, logged and counted (``rejected`` by reason, ``stream_timeouts`` by protocol).
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 import hashlib
 import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sized
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 from libp2p import new_host
-from libp2p.abc import IHost
+from libp2p.abc import IHost, INetStream
+from libp2p.custom_types import TProtocol
+from libp2p.network.stream.exceptions import StreamEOF
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, PROTOCOL_ID_V12, GossipSub
@@ -45,8 +64,16 @@ from libp2p.tools.anyio_service import background_trio_service
 
 from sdsync.errors import LocalProtocolError, RejectReason, RemoteProtocolError
 from sdsync.transport.base import Envelope, Received
-from sdsync.transport.libp2p_patches import PEER_QUEUE_RPCS, DeliveringPubsub
-from sdsync.wire.waku import decode_waku_message
+from sdsync.transport.libp2p_patches import PEER_QUEUE_RPCS, DeliveringPubsub, WakuGossipSub
+from sdsync.wire.waku import WakuMessage, decode_waku_message
+from sdsync.wire.waku_protocols import (
+    METADATA_PROTOCOL,
+    RELAY_PROTOCOL,
+    WakuMetadata,
+    encode_frame,
+    parse_content_topic,
+    read_frame,
+)
 
 if TYPE_CHECKING:
     from sdsync.transport.libp2p import Libp2pTransport
@@ -58,6 +85,14 @@ _STALL_S = 5.0
 # A queue stuck this long is a wedged connection rather than a slow peer.
 _WEDGED_S = 20.0
 _ROOM_POLL_S = 0.005
+T = TypeVar("T")
+_METADATA_TIMEOUT_S = 10.0
+_SHARD_TOPIC_PREFIX = "/waku/2/rs/"
+
+#: ``(peer_id, request) -> answer``: a served protocol's handler. A Responder runs on the
+#: trio thread, a Handler (the transport's user's) on the asyncio loop.
+Responder = Callable[[str, bytes], Awaitable[bytes | None]]
+Handler = Callable[[str, bytes], Awaitable[bytes | None]]
 
 
 def run_host(transport: Libp2pTransport, ready: concurrent.futures.Future[TrioHost]) -> None:
@@ -78,9 +113,9 @@ class TrioHost:
     def __init__(self, transport: Libp2pTransport) -> None:
         self.transport = transport
         gossip = transport.gossip
+        self.waku = transport.waku is not None
         self.host: IHost = new_host(key_pair=transport._key_pair, listen_addrs=transport._listen)
-        self.router = GossipSub(
-            protocols=[PROTOCOL_ID_V12, PROTOCOL_ID_V11, PROTOCOL_ID],
+        router_options: dict[str, Any] = dict(
             degree=gossip.degree,
             degree_low=gossip.degree_low,
             degree_high=gossip.degree_high,
@@ -89,13 +124,25 @@ class TrioHost:
             # and our own publications; SDS rate control belongs to the application.
             spam_protection_enabled=False,
         )
+        self.router: GossipSub
+        if self.waku:
+            self.router = WakuGossipSub(
+                protocols=[TProtocol(RELAY_PROTOCOL)],
+                relay_protocols=(RELAY_PROTOCOL,),
+                **router_options,
+            )
+        else:
+            self.router = GossipSub(
+                protocols=[PROTOCOL_ID_V12, PROTOCOL_ID_V11, PROTOCOL_ID],
+                **router_options,
+            )
         self.pubsub = DeliveringPubsub(
             self.host,
             self.router,
             deliver=self._deliver,
             # Waku relay publishes unsigned; authenticity is the application's concern.
             strict_signing=False,
-            msg_id_constructor=_gossip_message_id,
+            msg_id_constructor=_relay_message_id if self.waku else _gossip_message_id,
             # Oversized frames must reach the validator to be counted, within reason.
             max_inbound_rpc_size=max(1 << 20, 2 * transport.max_message_bytes),
         )
@@ -126,6 +173,10 @@ class TrioHost:
             await self.pubsub.wait_until_ready()
             for topic in self.transport._topics():
                 await self._join(topic)
+            for protocol, (handler, max_bytes, timeout_s) in self.transport._served.items():
+                self.serve(protocol, self.on_loop(handler), max_bytes, timeout_s)
+            if self.waku:
+                self.serve(METADATA_PROTOCOL, self._answer_metadata, 1024, _METADATA_TIMEOUT_S)
             nursery.start_soon(self._redial_forever)
             nursery.start_soon(self._send_forever)
             ready.set_result(self)
@@ -164,6 +215,7 @@ class TrioHost:
         return sorted(p.to_base58() for p in self.host.get_connected_peers())
 
     async def mesh_peers(self, topic: str) -> list[str]:
+        topic = self.transport._route(topic)[0]
         if topic in self.router.mesh:
             peers = self.router.mesh[topic]
         else:
@@ -172,27 +224,59 @@ class TrioHost:
 
     # Trio side proper.
 
+    def shards(self) -> tuple[int, ...]:
+        """The shards of our cluster whose pubsub topics we relay."""
+        waku = self.transport.waku
+        assert waku is not None
+        prefix = f"{_SHARD_TOPIC_PREFIX}{waku.cluster_id}/"
+        return tuple(
+            sorted(
+                int(t[len(prefix) :])
+                for t in self._joined
+                if t.startswith(prefix) and t[len(prefix) :].isdigit()
+            )
+        )
+
     async def _join(self, topic: str) -> None:
-        if topic in self._joined:
+        pubsub_topic = self.transport._route(topic)[0]
+        if pubsub_topic in self._joined:
             return
-        self._joined.add(topic)
-        self.pubsub.set_topic_validator(topic, self._validate, is_async_validator=False)
-        await self.pubsub.subscribe(topic)
+        self._joined.add(pubsub_topic)
+        validator = self._validate_waku if self.waku else self._validate
+        self.pubsub.set_topic_validator(pubsub_topic, validator, is_async_validator=False)
+        await self.pubsub.subscribe(pubsub_topic)
 
     def _validate(self, forwarder: ID, msg: rpc_pb2.Message) -> bool:
         """Topic validator: is this a frame we would deliver and relay?"""
         transport = self.transport
         topic = msg.topicIDs[0] if msg.topicIDs else ""
+        return self._judge(
+            topic,
+            lambda: _check_envelope(
+                msg.data, transport.content_topic(topic), transport.max_message_bytes
+            ),
+        )
+
+    def _validate_waku(self, forwarder: ID, msg: rpc_pb2.Message) -> bool:
+        """Topic validator of Waku relay: unsigned, and a valid 14/WAKU2-MESSAGE on any
+        well-formed content topic (other applications share the shard; we relay theirs)."""
+        topic = msg.topicIDs[0] if msg.topicIDs else ""
+        return self._judge(
+            topic, lambda: _check_relay_message(msg, self.transport.max_message_bytes)
+        )
+
+    def _judge(self, topic: str, check: Callable[[], object]) -> bool:
         try:
-            _check_envelope(msg.data, transport.content_topic(topic), transport.max_message_bytes)
+            check()
         except RemoteProtocolError as exc:
-            transport.rejected[exc.reason] += 1
-            logger.warning("%s: dropped a frame on %s: %s", transport.peer_id[-8:], topic, exc)
+            self.transport.rejected[exc.reason] += 1
+            logger.warning("%s: dropped a frame on %s: %s", self.transport.peer_id[-8:], topic, exc)
             return False
         return True
 
     def _deliver(self, msg: rpc_pb2.Message, own: bool) -> None:
-        """A validated publication: hand it to the asyncio subscribers."""
+        """A validated publication: hand it to the asyncio subscribers of its pubsub
+        topic (and content topic, where they asked for one)."""
         if own:
             return
         transport = self.transport
@@ -202,25 +286,39 @@ class TrioHost:
             return
         loop = transport._loop
         assert loop is not None
-        for topic in msg.topicIDs:
-            message = decode_waku_message(msg.data, max_bytes=transport.max_message_bytes)
-            envelope = Envelope(topic, message, message.hash(topic))
-            with transport._lock:
-                frames = list(transport._frames.get(topic, ()))
-                envelopes = list(transport._envelopes.get(topic, ()))
+        message = decode_waku_message(msg.data, max_bytes=transport.max_message_bytes)
+        for pubsub_topic in msg.topicIDs:
+            envelope = Envelope(pubsub_topic, message, message.hash(pubsub_topic))
             frame = Received(message.payload, envelope.message_hash)
+            frames, envelopes = self._subscribers(pubsub_topic, message)
             for queue in frames:
                 loop.call_soon_threadsafe(queue.put_nowait, frame)
             for envelope_queue in envelopes:
                 loop.call_soon_threadsafe(envelope_queue.put_nowait, envelope)
 
+    def _subscribers(
+        self, pubsub_topic: str, message: WakuMessage
+    ) -> tuple[list[asyncio.Queue[Received | None]], list[asyncio.Queue[Envelope | None]]]:
+        """The frame and envelope queues of the subscriptions ``message`` belongs to."""
+        transport = self.transport
+
+        def wanted(topic: str) -> bool:
+            routed, content_topic = transport._route(topic)
+            return routed == pubsub_topic and content_topic in (None, message.content_topic)
+
+        with transport._lock:
+            frames = [q for t, qs in transport._frames.items() if wanted(t) for q in qs]
+            envelopes = [q for t, qs in transport._envelopes.items() if wanted(t) for q in qs]
+        return frames, envelopes
+
     async def _send_forever(self) -> None:
         loop = self.transport._loop
         assert loop is not None
+        publish = self.pubsub.publish_unsigned if self.waku else self.pubsub.publish
         async for topic, frame in self._outbox_out:
             try:
                 await self._room_to_send()
-                await self.pubsub.publish(topic, frame)
+                await publish(topic, frame)
             except Exception as exc:
                 self.transport.publish_failures += 1
                 logger.warning("publishing on %s failed: %r", topic, exc)
@@ -274,6 +372,122 @@ class TrioHost:
     async def dial(self, info: PeerInfo) -> None:
         with trio.fail_after(self.transport.gossip.dial_timeout_s):
             await self.host.connect(info)
+
+    # Request/response streams.
+
+    def serve(self, protocol: str, responder: Responder, max_bytes: int, timeout_s: float) -> None:
+        """Answer ``protocol``: one request frame in, ``responder``'s frame (if any) out."""
+
+        async def handle(stream: INetStream) -> None:
+            await self._answer(stream, protocol, responder, max_bytes, timeout_s)
+
+        self.host.set_stream_handler(TProtocol(protocol), handle)
+
+    async def _answer(
+        self,
+        stream: INetStream,
+        protocol: str,
+        responder: Responder,
+        max_bytes: int,
+        timeout_s: float,
+    ) -> None:
+        peer = stream.muxed_conn.peer_id.to_base58()
+        try:
+            with trio.fail_after(timeout_s):
+                request = await read_frame(_reader(stream), max_bytes)
+                # None: the peer closed the stream unused (js-waku does, for metadata).
+                answer = None if request is None else await responder(peer, request)
+                if answer is not None:
+                    await stream.write(encode_frame(answer))
+                await stream.close()
+            return
+        except RemoteProtocolError as exc:
+            self.transport.rejected[exc.reason] += 1
+            logger.warning("%s from %s refused: %s", protocol, peer, exc)
+        except trio.TooSlowError:
+            self.transport.stream_timeouts[protocol] += 1
+            logger.warning("%s from %s: no exchange within %s s", protocol, peer, timeout_s)
+        except Exception as exc:  # the stream broke, or the handler failed (logged there)
+            self.transport.stream_failures[protocol] += 1
+            logger.warning("%s from %s failed: %r", protocol, peer, exc)
+        with contextlib.suppress(Exception):
+            await stream.reset()
+
+    def on_loop(self, handler: Handler) -> Responder:
+        """A responder that runs ``handler`` on the asyncio loop (see :meth:`_on_loop`)."""
+
+        async def respond(peer: str, request: bytes) -> bytes | None:
+            return await self._on_loop(lambda: handler(peer, request))
+
+        return respond
+
+    async def _on_loop(self, work: Callable[[], Awaitable[T]]) -> T:
+        """Run ``work()`` on the asyncio loop; await its outcome without blocking either
+        loop. Cancelled here (a deadline), it is cancelled there too."""
+        loop = self.transport._loop
+        assert loop is not None and self.token is not None
+        token = self.token
+        done = trio.Event()
+
+        async def run() -> T:
+            return await work()
+
+        future = asyncio.run_coroutine_threadsafe(run(), loop)
+
+        def settled(_: object) -> None:  # runs on the asyncio thread
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(done.set)
+
+        future.add_done_callback(settled)
+        try:
+            await done.wait()
+        except trio.Cancelled:
+            future.cancel()
+            raise
+        return future.result()
+
+    async def request(
+        self, peer: ID, protocol: str, payload: bytes, max_response_bytes: int, timeout_s: float
+    ) -> bytes:
+        with trio.fail_after(timeout_s):
+            stream = await self.host.new_stream(peer, [TProtocol(protocol)])
+            try:
+                await stream.write(encode_frame(payload))
+                answer = await read_frame(_reader(stream), max_response_bytes)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await stream.reset()
+                raise
+            with contextlib.suppress(Exception):
+                await stream.close()
+        if answer is None:
+            raise RemoteProtocolError(
+                f"{peer} closed its {protocol} stream without answering",
+                reason=RejectReason.TRUNCATED_FRAME,
+            )
+        return answer
+
+    async def push(self, peer: ID, protocol: str, payload: bytes, timeout_s: float) -> None:
+        with trio.fail_after(timeout_s):
+            stream = await self.host.new_stream(peer, [TProtocol(protocol)])
+            try:
+                await stream.write(encode_frame(payload))
+                await stream.close()
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await stream.reset()
+                raise
+
+    async def _answer_metadata(self, peer: str, request: bytes) -> bytes:
+        """``/vac/waku/metadata/1.0.0``: the peer's cluster and shards in, ours out."""
+        theirs = WakuMetadata.from_bytes(request)
+        waku = self.transport.waku
+        assert waku is not None
+        if theirs.cluster_id not in (None, waku.cluster_id):
+            logger.info(
+                "peer %s is on cluster %s, we are on %s", peer, theirs.cluster_id, waku.cluster_id
+            )
+        return WakuMetadata(cluster_id=waku.cluster_id, shards=self.shards()).to_bytes()
 
     async def _redial_forever(self) -> None:
         while True:
@@ -336,6 +550,39 @@ def _check_envelope(data: bytes, content_topic: str, max_bytes: int) -> None:
             f"wrong content topic: {message.content_topic!r}, expected {content_topic!r}",
             reason=RejectReason.WRONG_CONTENT_TOPIC,
         )
+
+
+def _check_relay_message(msg: rpc_pb2.Message, max_bytes: int) -> None:
+    """Raises RemoteProtocolError unless ``msg`` is an unsigned relay message holding a
+    WakuMessage of at most ``max_bytes`` with a timestamp and a well-formed content topic."""
+    if msg.from_id or msg.seqno or msg.signature or msg.key:
+        raise RemoteProtocolError(
+            "a Waku relay message must carry no from, seqno, signature or key (StrictNoSign)",
+            reason=RejectReason.SIGNED_RELAY_MESSAGE,
+        )
+    message = decode_waku_message(msg.data, max_bytes=max_bytes)
+    if message.timestamp is None:
+        raise RemoteProtocolError(
+            "a relayed WakuMessage needs a timestamp", reason=RejectReason.NO_TIMESTAMP
+        )
+    parse_content_topic(message.content_topic, remote=True)
+
+
+def _relay_message_id(msg: rpc_pb2.Message) -> bytes:
+    """js-waku's gossipsub message id: sha256 of the WakuMessage bytes."""
+    return hashlib.sha256(msg.data).digest()
+
+
+def _reader(stream: INetStream) -> Callable[[int], Awaitable[bytes]]:
+    """``stream.read`` as :func:`read_frame` wants it: ``b""`` at the end of the stream."""
+
+    async def read(n: int) -> bytes:
+        try:
+            return await stream.read(n)
+        except StreamEOF:
+            return b""
+
+    return read
 
 
 def _gossip_message_id(msg: rpc_pb2.Message) -> bytes:

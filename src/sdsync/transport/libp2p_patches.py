@@ -13,7 +13,22 @@ replaces one behaviour of the pinned py-libp2p:
 * :class:`RoomyQueues` enlarges each peer's outbound queue, which drops whole RPCs when
   full.
 
-tests/transport/test_libp2p.py checks each of them against the pinned version.
+Waku Relay (gossipsub v1.1 under ``/vac/waku/relay/2.0.0``, unsigned: StrictNoSign) needs
+more, and only in the transport's Waku mode:
+
+* :meth:`DeliveringPubsub.publish_unsigned` sends a message with only ``data`` and
+  ``topicIDs``: py-libp2p's ``publish`` always sets ``from`` and ``seqno``, and js-waku
+  drops any message that carries a seqno;
+* :class:`WakuGossipSub` takes a peer that speaks the relay protocol id as a gossipsub
+  v1.1 peer (py-libp2p's ``add_peer`` raises on any id it does not know, and the peer is
+  never added); skips the equivocation check for unsigned messages (it keys on
+  ``from``+``seqno``, empty for all of them, so from the second message on nothing was
+  forwarded); and keys its message cache, which answers IWANT and feeds IHAVE, by the
+  pubsub's message id instead of ``from``+``seqno`` (:class:`KeyedMessageCache`: keyed on
+  the empty ``from``+``seqno``, it would hold the first unsigned message only).
+
+tests/transport/test_libp2p.py and tests/transport/test_waku_relay.py check each of them
+against the pinned version.
 """
 
 from __future__ import annotations
@@ -26,7 +41,10 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 from libp2p.abc import INetStream
+from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
+from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
+from libp2p.pubsub.mcache import CacheEntry, MessageCache
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.rpc_queue import RpcQueue
@@ -51,10 +69,24 @@ class DeliveringPubsub(Pubsub):
         # forever to catch equivocation: a host restarted with the same identity within
         # as many seconds as it published messages would have its new messages rejected.
         self.counter = time.time_ns()
+        # Our unsigned publications in flight: they carry no `from` to recognise them by.
+        self._own_unsigned: list[rpc_pb2.Message] = []
 
     def notify_subscriptions(self, publish_message: rpc_pb2.Message) -> None:
-        own = publish_message.from_id == self.my_id.to_bytes()
+        own = publish_message.from_id == self.my_id.to_bytes() or any(
+            publish_message is mine for mine in self._own_unsigned
+        )
         self._deliver(publish_message, own)
+
+    async def publish_unsigned(self, topic: str, data: bytes) -> None:
+        """Publish ``data`` as Waku relay does (StrictNoSign): no ``from``, ``seqno``,
+        ``signature`` or ``key``, which ``publish`` would always set."""
+        message = rpc_pb2.Message(data=data, topicIDs=[topic])
+        self._own_unsigned.append(message)
+        try:
+            await self.push_msg(self.my_id, message)
+        finally:
+            self._own_unsigned.remove(message)
 
     async def continuously_read_stream(self, stream: INetStream) -> None:
         """Read a peer's RPCs; one that does not decode costs that peer its stream.
@@ -90,3 +122,48 @@ class RoomyQueues(dict[ID, RpcQueue]):
     def __setitem__(self, peer: ID, queue: RpcQueue) -> None:
         queue._queue.max_size = PEER_QUEUE_RPCS
         super().__setitem__(peer, queue)
+
+
+class WakuGossipSub(GossipSub):
+    """GossipSub that relays Waku's way: under extra protocol ids taken as gossipsub v1.1
+    (``relay_protocols``), with unsigned messages."""
+
+    def __init__(self, *args: Any, relay_protocols: tuple[str, ...], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.relay_protocols = relay_protocols
+
+    def attach(self, pubsub: Pubsub) -> None:
+        super().attach(pubsub)
+        self.mcache = KeyedMessageCache(
+            self.mcache.window_size, self.mcache.history_size, pubsub.get_message_id
+        )
+
+    def add_peer(self, peer_id: ID, protocol_id: TProtocol | None) -> None:
+        if protocol_id in self.relay_protocols:
+            protocol_id = PROTOCOL_ID_V11
+        super().add_peer(peer_id, protocol_id)
+
+    def _check_equivocation(self, msg: rpc_pb2.Message) -> bool:
+        # Equivocation is one sender giving one seqno to two messages: an unsigned
+        # message has neither, and its id is a hash of its data.
+        if not msg.from_id and not msg.seqno:
+            return True
+        return bool(super()._check_equivocation(msg))
+
+
+class KeyedMessageCache(MessageCache):
+    """Gossipsub's message cache keyed by the pubsub's message id, which is also what
+    IHAVE announces and IWANT asks for."""
+
+    def __init__(
+        self, window_size: int, history_size: int, message_id: Callable[[rpc_pb2.Message], bytes]
+    ) -> None:
+        super().__init__(window_size, history_size)
+        self._message_id = message_id
+
+    def put(self, msg: rpc_pb2.Message) -> None:
+        mid = self._message_id(msg)
+        if mid in self.msgs:
+            return
+        self.msgs[mid] = msg
+        self.history[0].append(CacheEntry(mid, msg.topicIDs))
