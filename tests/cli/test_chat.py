@@ -1,8 +1,9 @@
 """`sdsync chat`: the command, as real processes on loopback (the library behind it, its
 identity file and its view of a channel: tests/chat/).
 
-The multi-process tests run three `sdsync chat` processes on 127.0.0.1 (ports chosen by
-the OS) with 20 % of received frames dropped, and compare their `--print-log` outputs.
+The multi-process tests run three `sdsync chat` processes (four, in a line) on 127.0.0.1
+(ports chosen by the OS) with 20 % of received frames dropped, and compare their
+`--print-log` outputs.
 They wait for conditions with generous liveness bounds and never assert on timing.
 """
 
@@ -38,14 +39,16 @@ FAST = [
     "1000",
     "--drop-rate",
     "0.2",
-    "--min-peers",
-    "2",
     # A long quiet period (7 sync intervals) ends a run only when the whole group is
     # quiet, even on a loaded machine where a process can stall for a second.
     "--quiet-ms",
     "2000",
     "--print-log",
 ]
+
+
+# Three processes, each connected to both others: every peer is a neighbour.
+FULL_MESH_OF_THREE = ["--min-peers", "2", "--min-mesh", "2"]
 
 
 def test_a_state_dir_of_someone_else_is_refused(tmp_path: Path) -> None:
@@ -154,7 +157,7 @@ def assert_same_logs(logs: list[list[dict[str, object]]], texts: Counter[str]) -
 
 def test_three_processes_at_20_percent_drop_end_with_identical_logs(tmp_path: Path) -> None:
     n = 50
-    wait = ["--wait-converged", str(PATIENCE_S)]
+    wait = ["--wait-converged", str(PATIENCE_S), *FULL_MESH_OF_THREE]
     a = Chat(tmp_path, "A", 1, [], [*wait, *sends("a", n)])
     b = Chat(tmp_path, "B", 2, [a], [*wait, *sends("b", n)])
     c = Chat(tmp_path, "C", 3, [a, b], [*wait, *sends("c", n)])
@@ -170,7 +173,7 @@ def test_three_processes_at_20_percent_drop_end_with_identical_logs(tmp_path: Pa
 
 def test_a_killed_process_restarts_from_its_state_dir_and_catches_up(tmp_path: Path) -> None:
     n = 50
-    wait = ["--wait-converged", str(PATIENCE_S)]
+    wait = ["--wait-converged", str(PATIENCE_S), *FULL_MESH_OF_THREE]
     # A and C keep sending while B is away, and wait for a long quiet period, so they
     # are still there when B comes back.
     steady = [*wait, "--send-interval-ms", "100", "--quiet-ms", "5000"]
@@ -197,3 +200,25 @@ def test_a_killed_process_restarts_from_its_state_dir_and_catches_up(tmp_path: P
     assert set(accepted) <= set(from_b) <= {f"b{i:02d}" for i in range(len(accepted) + 1)}
     expected = Counter(f"{p}{i:02d}" for p in "ac" for i in range(n)) + Counter(from_b)
     assert_same_logs(logs, expected)  # ...and nothing is duplicated
+
+
+def test_a_line_of_four_where_each_dials_only_the_previous_one_converges(
+    tmp_path: Path,
+) -> None:
+    # The ends have one neighbour, the middles two, yet each hears from all three others
+    # through relays: --min-peers 3 (participants) with the default --min-mesh 1.
+    n = 10
+    group = ["--wait-converged", str(PATIENCE_S / 2), "--min-peers", "3"]
+    chats: list[Chat] = []
+    try:
+        for seed, name in enumerate("ABCD", start=1):
+            previous = chats[-1:]
+            chats.append(Chat(tmp_path, name, seed, previous, [*group, *sends(name.lower(), n)]))
+        logs = [chat.finish() for chat in chats]
+    finally:
+        for chat in chats:
+            chat.stop()
+    expected = Counter(f"{p}{i:02d}" for p in "abcd" for i in range(n))
+    assert_same_logs(logs, expected)
+    for chat in chats:  # none sat out its whole patience waiting for a mesh
+        assert "sending anyway" not in chat.err.read_text(), chat.name

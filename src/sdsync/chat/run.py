@@ -9,7 +9,11 @@ resumes. A :class:`ChatSession` shows the channel's events. Interactive, lines t
 stdin are sent; scripted (``sends``, ``wait_converged_s``, ``print_log``), the texts are
 sent in order, the run waits until converged and then lingers one more quiet period before
 it ends — peers still catching up may need its syncs and repairs — and the local log is
-printed as JSON lines on stdout.
+printed as JSON lines on stdout. Two numbers of peers are asked for, and they differ in any
+group that is not a full mesh: ``min_mesh``, the gossipsub neighbours to wait for before the
+first send (py-libp2p publishes to nobody before its mesh forms), and ``min_peers``, the
+participants heard from before converged (relayed through others, so it can be the whole
+group even in a line of chats each connected to the previous one).
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ class ChatOptions:
     wait_converged_s: float | None = None
     quiet_ms: int | None = None
     min_peers: int = 0
+    min_mesh: int = 1
     print_log: bool = False
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     config: ChannelConfig = field(default_factory=ChannelConfig)
@@ -131,10 +136,14 @@ async def run_chat(options: ChatOptions, console: Console) -> int:
 async def _script(session: ChatSession, transport: Libp2pTransport, options: ChatOptions) -> int:
     topic = session.channel.topic
     patience = options.wait_converged_s if options.wait_converged_s is not None else 10.0
-    if options.sends and not await transport.wait_for_mesh(
-        topic, max(1, options.min_peers), patience
-    ):
-        session.say("no peer joined the channel yet; sending anyway", style="yellow")
+    # Only the neighbours we are connected to are in our mesh, however many participants
+    # the group has: --min-peers (participants heard from) cannot be the number to wait for.
+    if options.sends and not await transport.wait_for_mesh(topic, options.min_mesh, patience):
+        session.say(
+            f"fewer than {options.min_mesh} peer(s) in the channel's mesh (--min-mesh) "
+            f"after {patience:g} s; sending anyway",
+            style="yellow",
+        )
     for index, text in enumerate(options.sends):
         if index and options.send_interval_ms:
             await asyncio.sleep(options.send_interval_ms / 1000)

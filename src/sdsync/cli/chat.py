@@ -111,10 +111,18 @@ def chat_command(
         int,
         typer.Option(
             min=0,
-            help="Converged needs messages from this many other participants; --send also "
-            "waits (up to the --wait-converged time) for this many peers in the mesh.",
+            help="Converged needs messages from this many other participants (directly or "
+            "relayed).",
         ),
     ] = 0,
+    min_mesh: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="--send first waits (up to the --wait-converged time, else 10 s) for this "
+            "many peers in the channel's gossipsub mesh, i.e. directly connected.",
+        ),
+    ] = 1,
     print_log: Annotated[
         bool,
         typer.Option("--print-log", help="At the end, print the local log as JSON lines."),
@@ -160,6 +168,7 @@ def chat_command(
             wait_converged_s=wait_converged,
             quiet_ms=quiet_ms,
             min_peers=min_peers,
+            min_mesh=min_mesh,
             print_log=print_log,
             runtime=RuntimeConfig(
                 sync_interval_ms=sync_interval_ms,

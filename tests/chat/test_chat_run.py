@@ -1,0 +1,111 @@
+"""One run of the chat (sdsync.chat.run_chat) and the flags that configure it: --min-peers
+(participants heard from, for converged) and --min-mesh (mesh peers to wait for before
+sending) reach the places that use them. In process, the libp2p transport replaced by one
+over a MemoryNetwork that records what the run asked of its mesh."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from typing import Any
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from sdsync.chat import ChatOptions, run_chat
+from sdsync.cli import chat as chat_cli
+from sdsync.cli.main import app
+from sdsync.runtime import ReliableChannel, RuntimeConfig
+from sdsync.transport import MemoryNetwork
+from sdsync.transport import libp2p as libp2p_module
+from sdsync.transport.memory import MemoryTransport
+
+FAST = RuntimeConfig(sync_interval_ms=100, resend_interval_ms=200, incoming_sweep_ms=50)
+
+
+def options_from_the_command_line(monkeypatch: pytest.MonkeyPatch, *args: str) -> ChatOptions:
+    seen: list[ChatOptions] = []
+
+    def chat_main(options: ChatOptions) -> int:
+        seen.append(options)
+        return 0
+
+    monkeypatch.setattr(chat_cli, "chat_main", chat_main)
+    result = CliRunner().invoke(app, ["chat", *args])
+    assert result.exit_code == 0, result.output
+    return seen[0]
+
+
+def test_min_peers_and_min_mesh_are_separate_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    default = options_from_the_command_line(monkeypatch)
+    assert (default.min_peers, default.min_mesh) == (0, 1)
+    given = options_from_the_command_line(monkeypatch, "--min-peers", "3", "--min-mesh", "2")
+    assert (given.min_peers, given.min_mesh) == (3, 2)
+    # --min-mesh 0: send without waiting for anyone.
+    assert options_from_the_command_line(monkeypatch, "--min-mesh", "0").min_mesh == 0
+
+
+def test_a_negative_min_mesh_is_bad_usage() -> None:
+    result = CliRunner().invoke(app, ["chat", "--min-mesh", "-1"])
+    assert result.exit_code == 2
+
+
+class RecordingTransport(MemoryTransport):
+    """What run_chat uses of Libp2pTransport, over a MemoryNetwork."""
+
+    def __init__(self, network: MemoryNetwork, mesh_waits: list[tuple[int, float]]) -> None:
+        super().__init__(network, "me")
+        self.mesh_waits = mesh_waits
+        self.listen_addrs = ["/memory/me"]
+        self.received = self.randomly_dropped = 0
+        self.rejected: dict[str, int] = {}
+
+    async def start(self) -> None:
+        pass
+
+    async def wait_for_mesh(self, topic: str, count: int, timeout_s: float) -> bool:
+        self.mesh_waits.append((count, timeout_s))
+        return True
+
+
+def run_beside_one_peer(
+    monkeypatch: pytest.MonkeyPatch, options: ChatOptions, mesh_waits: list[tuple[int, float]]
+) -> int:
+    """run_chat's exit code, in a group of two: the chat and bob, who acknowledges."""
+    network = MemoryNetwork(seed=5)
+
+    def transport(**_: Any) -> RecordingTransport:
+        return RecordingTransport(network, mesh_waits)
+
+    async def scenario() -> int:
+        bob = ReliableChannel(network.transport("bob"), options.channel, "bob", runtime=FAST)
+        await bob.start()
+        try:
+            return await run_chat(options, Console(file=io.StringIO()))
+        finally:
+            await bob.close()
+
+    monkeypatch.setattr(libp2p_module, "Libp2pTransport", transport)
+    return asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(("min_peers", "converged"), [(1, True), (2, False)])
+def test_min_peers_is_for_converged_and_min_mesh_for_the_wait_before_sending(
+    monkeypatch: pytest.MonkeyPatch, min_peers: int, converged: bool
+) -> None:
+    options = ChatOptions(
+        name="me",
+        sends=("hello",),
+        wait_converged_s=3.0,
+        quiet_ms=300,
+        min_peers=min_peers,
+        min_mesh=4,
+        runtime=FAST,
+    )
+    mesh_waits: list[tuple[int, float]] = []
+    code = run_beside_one_peer(monkeypatch, options, mesh_waits)
+    # One other participant: converged needs no more than that; the mesh wait asks for
+    # exactly --min-mesh, whatever --min-peers is.
+    assert code == (0 if converged else 1)
+    assert mesh_waits == [(4, 3.0)]
