@@ -192,6 +192,8 @@ EXPORTS: dict[str, frozenset[str]] = {
             "StoreQuery",
             "StoreUnavailableError",
             "StoredMessage",
+            "WakuStoreClient",
+            "answer_store_query",
             "export_parquet",
             "open_archive",
             "serve",

@@ -29,10 +29,10 @@ def walk(archive: SqlArchive, query: StoreQuery) -> tuple[list[bytes], int]:
     while True:
         page = archive.query(query)
         pages += 1
-        hashes = hashes + page.hashes if query.forward else page.hashes + hashes
+        hashes = hashes + page.hashes if query.pagination_forward else page.hashes + hashes
         if page.cursor is None:
             return hashes, pages
-        query = replace(query, cursor=page.cursor)
+        query = replace(query, pagination_cursor=page.cursor)
 
 
 def test_insert_is_idempotent_and_counts_only_new(archive: SqlArchive) -> None:
@@ -74,7 +74,7 @@ def test_round_trip_keeps_every_field(archive: SqlArchive) -> None:
 def test_pagination_visits_everything_once_in_order(archive: SqlArchive, forward: bool) -> None:
     messages = make_messages(230, seed=forward)
     archive.insert(messages)
-    hashes, pages = walk(archive, StoreQuery(page_size=25, forward=forward))
+    hashes, pages = walk(archive, StoreQuery(pagination_limit=25, pagination_forward=forward))
     assert hashes == [m.message_hash for m in in_order(messages)]
     assert pages == 10  # 9 full pages and 5 left over; no empty trailing page
 
@@ -82,7 +82,9 @@ def test_pagination_visits_everything_once_in_order(archive: SqlArchive, forward
 def test_backward_page_is_the_newest_in_chronological_order(archive: SqlArchive) -> None:
     messages = in_order(make_messages(40))
     archive.insert(messages)
-    page = archive.query(StoreQuery(page_size=10, forward=False, include_data=True))
+    page = archive.query(
+        StoreQuery(pagination_limit=10, pagination_forward=False, include_data=True)
+    )
     assert page.hashes == [m.message_hash for m in messages[-10:]]
     assert page.messages == messages[-10:]
     assert page.cursor == messages[-10].message_hash  # the last one visited going back
@@ -91,7 +93,7 @@ def test_backward_page_is_the_newest_in_chronological_order(archive: SqlArchive)
 def test_page_size_defaults_to_20_and_is_clamped_to_100(archive: SqlArchive) -> None:
     archive.insert(make_messages(150))
     assert len(archive.query(StoreQuery()).hashes) == DEFAULT_PAGE_SIZE
-    assert len(archive.query(StoreQuery(page_size=1000)).hashes) == MAX_PAGE_SIZE
+    assert len(archive.query(StoreQuery(pagination_limit=1000)).hashes) == MAX_PAGE_SIZE
 
 
 def test_without_data_a_page_has_hashes_only(archive: SqlArchive) -> None:
@@ -117,11 +119,15 @@ def test_content_filter_and_inclusive_time_range(archive: SqlArchive) -> None:
         if m.message.content_topic in topics and start <= m.timestamp <= end
     ]
     query = StoreQuery(
-        pubsub_topic=PUBSUB, content_topics=topics, time_start=start, time_end=end, page_size=33
+        pubsub_topic=PUBSUB,
+        content_topics=topics,
+        time_start=start,
+        time_end=end,
+        pagination_limit=33,
     )
     assert walk(archive, query)[0] == expected
-    assert walk(archive, replace(query, forward=False))[0] == expected
-    only_pubsub = walk(archive, StoreQuery(pubsub_topic="/waku/2/rs/1/9", page_size=100))[0]
+    assert walk(archive, replace(query, pagination_forward=False))[0] == expected
+    only_pubsub = walk(archive, StoreQuery(pubsub_topic="/waku/2/rs/1/9", pagination_limit=100))[0]
     assert only_pubsub == [m.message_hash for m in in_order(other_pubsub)]
 
 
@@ -137,7 +143,7 @@ def test_query_by_hashes_returns_only_those_held(archive: SqlArchive) -> None:
 def test_unknown_cursor_is_a_bad_request(archive: SqlArchive) -> None:
     archive.insert(make_messages(3))
     with pytest.raises(QueryError) as err:
-        archive.query(StoreQuery(cursor=b"\x01" * 32))
+        archive.query(StoreQuery(pagination_cursor=b"\x01" * 32))
     assert err.value.status == StatusCode.BAD_REQUEST
 
 
@@ -159,7 +165,7 @@ def test_same_timestamp_orders_by_hash(archive: SqlArchive) -> None:
     rng = random.Random(9)
     twins = [make_message(rng, T0) for _ in range(30)]
     archive.insert(twins)
-    hashes, _ = walk(archive, StoreQuery(page_size=4))
+    hashes, _ = walk(archive, StoreQuery(pagination_limit=4))
     assert hashes == sorted(m.message_hash for m in twins)
     assert [h for _, h in archive.items(T0, T0 + 1)] == hashes
 

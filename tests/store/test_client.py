@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 from storetest import PUBSUB, T0, TOKEN, in_order, make_messages, running
 
 from sdsync.errors import RemoteProtocolError
@@ -63,7 +64,7 @@ def test_pages_follow_the_cursor_and_post_ingests(archive: SqlArchive, tmp_path:
             HttpStoreClient(node.url, token=TOKEN) as client,
         ):
             assert await client.post(messages) == {"received": 130, "stored": 130, "duplicates": 0}
-            query = StoreQuery(include_data=True, pubsub_topic=PUBSUB, page_size=50)
+            query = StoreQuery(include_data=True, pubsub_topic=PUBSUB, pagination_limit=50)
             pages = [page async for page in client.pages(query)]
         assert [len(p.messages) for p in pages] == [50, 50, 30]
         assert [m for p in pages for m in p.messages] == in_order(messages)
@@ -85,6 +86,85 @@ def test_a_store_error_status_is_a_remote_error(archive: SqlArchive, tmp_path: P
     async def scenario() -> None:
         async with running(archive, tmp_path) as node, HttpStoreClient(node.url) as client:
             with pytest.raises(RemoteProtocolError, match="unknown cursor"):
-                await client.query(StoreQuery(cursor=b"\x02" * 32))
+                await client.query(StoreQuery(pagination_cursor=b"\x02" * 32))
+
+    asyncio.run(scenario())
+
+
+# -- nwaku's answers, as nwaku gives them
+
+
+async def _fake_nwaku(reply: web.Response) -> tuple[web.AppRunner, str]:
+    """A server that answers every store query with ``reply``, as an nwaku node might."""
+
+    async def handler(request: web.Request) -> web.Response:
+        return reply
+
+    app = web.Application()
+    app.router.add_get("/store/v3/messages", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}"
+
+
+@pytest.mark.parametrize(
+    ("status", "error"),
+    [
+        (429, StoreUnavailableError),
+        (503, StoreUnavailableError),
+        (504, StoreUnavailableError),
+        (300, RemoteProtocolError),
+        (400, RemoteProtocolError),
+    ],
+)
+def test_a_status_inside_a_200_is_read(status: int, error: type[Exception]) -> None:
+    """nwaku answers a query it forwarded with HTTP 200 and the real status inside: 429,
+    503 and 504 mean "not now" (an OSError the runtime retries later, or elsewhere), the
+    others are the store's error."""
+    body = {"requestId": "abc", "statusCode": status, "statusDesc": "peer said so", "messages": []}
+
+    async def scenario() -> None:
+        runner, url = await _fake_nwaku(web.json_response(body))
+        try:
+            async with HttpStoreClient(url) as client:
+                with pytest.raises(error, match="peer said so"):
+                    await client.query(StoreQuery())
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(scenario())
+
+
+def test_a_text_plain_error_is_an_error_with_its_text() -> None:
+    reply = web.Response(status=400, text="Invalid pageSize: 'x'\n", content_type="text/plain")
+
+    async def scenario() -> None:
+        runner, url = await _fake_nwaku(reply)
+        try:
+            async with HttpStoreClient(url) as client:
+                with pytest.raises(RemoteProtocolError, match="HTTP 400: Invalid pageSize: 'x'"):
+                    await client.query(StoreQuery())
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(scenario())
+
+
+def test_content_topics_without_a_pubsub_topic_are_served(
+    archive: SqlArchive, tmp_path: Path
+) -> None:
+    messages = make_messages(60)  # over three content topics, one pubsub topic
+    archive.insert(messages)
+    topic = "/app/1/acks/proto"
+
+    async def scenario() -> None:
+        async with running(archive, tmp_path) as node, HttpStoreClient(node.url) as client:
+            query = StoreQuery(content_topics=(topic,), pagination_limit=100)
+            page = await client.query(query)
+        assert page.hashes == [
+            m.message_hash for m in in_order(messages) if m.message.content_topic == topic
+        ]
 
     asyncio.run(scenario())

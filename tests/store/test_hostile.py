@@ -117,7 +117,7 @@ BAD_QUERIES: list[tuple[dict[str, str], str]] = [
     ({"hashes": "zz"}, "bad_hash"),
     ({"cursor": "0x" + "11" * 31}, "bad_cursor"),
     ({"cursor": "0x" + "11" * 32}, "unknown_cursor"),
-    ({"contentTopics": "/a/1/b/proto"}, "content_topics_without_pubsub"),
+    ({"contentTopics": ",".join(f"/a/1/t{i}/proto" for i in range(11))}, "too_many_content_topics"),
     ({"includeData": "maybe"}, "bad_include_data"),
 ]
 

@@ -20,9 +20,9 @@ from sdsync.store.rest import page_json, parse_query, query_params, read_entries
             content_topics=("/a/1/b/proto", "/a/1/c/proto"),
             time_start=T0,
             time_end=T0 + 5,
-            cursor=b"\x07" * 32,
-            forward=False,
-            page_size=55,
+            pagination_cursor=b"\x07" * 32,
+            pagination_forward=False,
+            pagination_limit=55,
         ),
         StoreQuery(message_hashes=(b"\x01" * 32, b"\x02" * 32), include_data=True),
     ],
@@ -33,17 +33,17 @@ def test_query_parameters_round_trip(query: StoreQuery) -> None:
 
 def test_nwaku_defaults_for_absent_or_non_positive_values() -> None:
     query = parse_query({"pageSize": "0", "startTime": "0", "endTime": "-5"})
-    assert query == StoreQuery(page_size=DEFAULT_PAGE_SIZE)
-    assert parse_query({"pageSize": "500"}).page_size == 100
+    assert query == StoreQuery(pagination_limit=DEFAULT_PAGE_SIZE)
+    assert parse_query({"pageSize": "500"}).pagination_limit == 100
 
 
 def test_query_rules_are_enforced_on_construction() -> None:
-    with pytest.raises(QueryError, match="pubsub topic"):
-        StoreQuery(content_topics=("/a/1/b/proto",))
+    with pytest.raises(QueryError, match="at most 10 content topics"):
+        StoreQuery(content_topics=tuple(f"/a/1/t{i}/proto" for i in range(11)))
     with pytest.raises(QueryError, match="no content filter"):
         StoreQuery(message_hashes=(bytes(32),), time_start=T0)
     with pytest.raises(QueryError, match="positive"):
-        StoreQuery(page_size=0)
+        StoreQuery(pagination_limit=0)
 
 
 @pytest.mark.parametrize("include_data", [True, False])
@@ -73,3 +73,33 @@ def test_remote_garbage_is_a_remote_error() -> None:
     for body in ([], {"messages": "x"}, {"statusCode": 503, "statusDesc": "busy"}):
         with pytest.raises(RemoteProtocolError):
             read_page(body, include_data=True)
+
+
+@pytest.mark.parametrize(
+    ("value", "forward"),
+    [(None, True), ("true", True), ("false", False), ("TRUE", False), ("1", False), ("", False)],
+)
+def test_ascending_is_true_only_when_absent_or_exactly_true(
+    value: str | None, forward: bool
+) -> None:
+    params = {} if value is None else {"ascending": value}
+    assert parse_query(params).pagination_forward is forward
+
+
+def test_content_topics_need_no_pubsub_topic_and_are_at_most_ten() -> None:
+    topics = tuple(f"/a/1/t{i}/proto" for i in range(11))
+    assert parse_query({"contentTopics": ",".join(topics[:10])}).content_topics == topics[:10]
+    with pytest.raises(QueryError, match="at most 10") as refused:
+        parse_query({"contentTopics": ",".join(topics)})
+    assert refused.value.reason == "too_many_content_topics"
+
+
+def test_a_proof_is_read_and_checked_but_not_kept() -> None:
+    """nwaku's messages may carry an RLN ``proof``: accepted, not archived (nwaku's
+    archive has no column for it either), and a proof that is not base64 is refused."""
+    entry = page_json(Page([], make_messages(1)), "r")["messages"][0]
+    with_proof = {**entry, "message": {**entry["message"], "proof": "cHJvb2Y="}}
+    assert read_entries({"messages": [with_proof]}) == read_entries({"messages": [entry]})
+    bad = {**entry, "message": {**entry["message"], "proof": "***"}}
+    with pytest.raises(RemoteProtocolError, match="proof"):
+        read_entries({"messages": [bad]})

@@ -48,7 +48,7 @@ def test_v3_query_json_shape_matches_nwaku(archive: SqlArchive, tmp_path: Path) 
             )
         assert status == 200
         assert body["statusCode"] == 200 and body["statusDesc"] == "OK"
-        assert isinstance(body["requestId"], str) and "paginationCursor" not in body
+        assert body["requestId"] == "" and "paginationCursor" not in body  # as nwaku, locally
         assert body["messages"] == [
             {
                 "messageHash": VECTOR_HASH,
@@ -95,7 +95,7 @@ def test_pagination_over_http(sqlite_archive: SqlArchive, tmp_path: Path) -> Non
         ({"startTime": "yesterday"}, "startTime"),
         ({"hashes": "zz"}, "not hex"),
         ({"hashes": "0x" + "00" * 31}, "32 bytes"),
-        ({"contentTopics": "/a/1/b/proto"}, "pubsub topic"),
+        ({"contentTopics": ",".join(f"/a/1/t{i}/proto" for i in range(11))}, "at most 10"),
         ({"hashes": "0x" + "00" * 32, "pubsubTopic": PUBSUB}, "no content filter"),
         ({"cursor": "0x" + "11" * 32}, "unknown cursor"),
         ({"includeData": "maybe"}, "includeData"),

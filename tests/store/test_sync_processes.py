@@ -143,7 +143,7 @@ async def _hashes(http: aiohttp.ClientSession, node: Node) -> set[bytes]:
     """Every hash the node serves, read page by page through the v3 API."""
     found: set[bytes] = set()
     async with HttpStoreClient(node.url, session=http) as client:
-        async for page in client.pages(StoreQuery(page_size=MAX_PAGE_SIZE)):
+        async for page in client.pages(StoreQuery(pagination_limit=MAX_PAGE_SIZE)):
             found.update(page.hashes)
     return found
 

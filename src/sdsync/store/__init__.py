@@ -6,7 +6,8 @@ SDS recovers a missing message by its *retrieval hint*, the deterministic Waku m
 hash; a store node is where that hint is redeemed.  It archives every full message it
 hears, keyed by that hash, ordered by ``(timestamp, message_hash)``, and answers v3
 queries — by hashes, or by pubsub topic, content topics and time range, a page at a
-time with a cursor — over nwaku's REST API, so existing tooling can query it.
+time with a cursor — over nwaku's REST API, so existing tooling can query it, and over
+libp2p (``/vac/waku/store-query/3.0.0``), so Waku clients such as js-waku can.
 
 The parts, from the bottom up:
 
@@ -22,9 +23,12 @@ The parts, from the bottom up:
 * :mod:`~sdsync.store.host` — the node as the HTTP API and Store Sync see it, and the
   one ingestion path into the archive;
 * :mod:`~sdsync.store.rest`, :mod:`~sdsync.store.server` — the HTTP API (aiohttp);
+* :mod:`~sdsync.store.waku_store` — the same queries over libp2p (sans-I/O: the
+  transport carries the bytes), and :class:`~sdsync.store.waku_store.WakuStoreClient`;
 * :mod:`~sdsync.store.resume` — Store Resume from a random peer after downtime;
 * :mod:`~sdsync.store.node` — the node that runs all of it (``sdsync store serve``);
-* :mod:`~sdsync.store.client` — the HTTP client, also the runtime's StoreClient;
+* :mod:`~sdsync.store.client` — the HTTP client, also the runtime's StoreClient (as
+  the Waku one is);
 * :mod:`~sdsync.store.export` — Parquet for the Spark pipeline.
 """
 
@@ -42,6 +46,7 @@ from sdsync.store.model import (
 )
 from sdsync.store.node import NodeConfig, StoreNode, serve
 from sdsync.store.retention import RetentionPolicy
+from sdsync.store.waku_store import WakuStoreClient, answer_store_query
 
 __all__ = [
     "DEFAULT_PAGE_SIZE",
@@ -60,6 +65,8 @@ __all__ = [
     "StoreQuery",
     "StoreUnavailableError",
     "StoredMessage",
+    "WakuStoreClient",
+    "answer_store_query",
     "export_parquet",
     "open_archive",
     "serve",

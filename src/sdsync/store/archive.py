@@ -18,6 +18,8 @@ no filter (time bounds, cursor)        ``(timestamp, message_hash)``
 ``pubsubTopic`` + one content topic    ``(pubsub_topic, content_topic, timestamp,
                                        message_hash)``
 ``pubsubTopic`` + n content topics     the same, n range scans merged in order
+content topics, no ``pubsubTopic``     ``(content_topic, timestamp, message_hash)``,
+                                       one range scan per topic, merged in order
 ``hashes``                             unique ``message_hash`` (at most 100 lookups,
                                        ordered in memory)
 =====================================  ================================================
@@ -69,14 +71,23 @@ _ABOVE_EVERY_HASH = b"\xff" * 33
 TIME_INDEX = "messages_time"  # PostgreSQL: the primary key
 PUBSUB_INDEX = "messages_pubsub_time"
 TOPICS_INDEX = "messages_topics"
+CONTENT_INDEX = "messages_content_time"
 HASH_INDEX = "messages_hash"
 TOPIC_INDEXES = f"""
 CREATE INDEX IF NOT EXISTS {PUBSUB_INDEX}
     ON messages (pubsub_topic, timestamp, message_hash);
 CREATE INDEX IF NOT EXISTS {TOPICS_INDEX}
     ON messages (pubsub_topic, content_topic, timestamp, message_hash);
+CREATE INDEX IF NOT EXISTS {CONTENT_INDEX}
+    ON messages (content_topic, timestamp, message_hash);
 """
 """The indexes of the topic query shapes, the same on both backends."""
+_INDEX = {  # (content topics?, pubsub topic?): the index of that shape
+    (False, False): TIME_INDEX,
+    (False, True): PUBSUB_INDEX,
+    (True, True): TOPICS_INDEX,
+    (True, False): CONTENT_INDEX,
+}
 Key = tuple[int, bytes]
 """A position in archive order: (timestamp ns, message hash)."""
 ItemArrays = tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]
@@ -238,25 +249,26 @@ class SqlArchive(ABC):
         return int(self._fetch(sql, [start, end])[0][0])
 
     def query(self, query: StoreQuery) -> Page:
-        after = self._cursor_key(query.cursor) if query.cursor is not None else None
+        cursor, size = query.pagination_cursor, query.pagination_limit
+        after = self._cursor_key(cursor) if cursor is not None else None
         rows = self._fetch(*self._page_statement(query, after))
         if query.message_hashes:  # every row found (at most MAX_HASHES): paged here
             rows = _hash_page(rows, query, after)
-        cursor = bytes(rows[query.page_size - 1][0]) if len(rows) > query.page_size else None
-        rows = rows[: query.page_size]
-        if not query.forward:
+        next_cursor = bytes(rows[size - 1][0]) if len(rows) > size else None
+        rows = rows[:size]
+        if not query.pagination_forward:
             rows.reverse()  # pages are always chronological; the cursor says where we were
         return Page(
             hashes=[bytes(r[0]) for r in rows],
             messages=[_message(r) for r in rows] if query.include_data else [],
-            cursor=cursor,
+            cursor=next_cursor,
         )
 
     def _page_statement(self, query: StoreQuery, after: Key | None) -> tuple[str, list[Any]]:
         """The statement answering one page of ``query`` after the cursor row ``after``.
 
         Each shape is an index range scan returning rows in result order (the module doc
-        lists the indexes), so a page reads ``page_size + 1`` rows however many match.
+        lists the indexes), so a page reads ``pagination_limit + 1`` rows however many match.
         Hashes are unique-index lookups only: the at most
         :data:`~sdsync.store.model.MAX_HASHES` rows found are ordered and paged by
         :meth:`query`.  Several content topics are one range scan per topic, merged in
@@ -267,17 +279,14 @@ class SqlArchive(ABC):
             lookup = f"message_hash IN ({', '.join('?' * len(query.message_hashes))})"
             sql = f"SELECT {columns} FROM {self._table(HASH_INDEX)} WHERE {lookup}"
             return sql, list(query.message_hashes)
-        direction = "ASC" if query.forward else "DESC"
+        direction = "ASC" if query.pagination_forward else "DESC"
         order = f"ORDER BY timestamp {direction}, message_hash {direction}"
-        if query.content_topics:
-            index = TOPICS_INDEX
-        else:
-            index = PUBSUB_INDEX if query.pubsub_topic is not None else TIME_INDEX
+        index = _INDEX[bool(query.content_topics), query.pubsub_topic is not None]
         arms = []
         for topic in dict.fromkeys(query.content_topics) or (None,):  # a topic twice: once
             where, args = _filters(query, after, topic)
             arms.append((f"SELECT {columns} FROM {self._table(index)} {_where(where)}", args))
-        limit = query.page_size + 1
+        limit = query.pagination_limit + 1
         if len(arms) == 1:
             arm, args = arms[0]
             return f"{arm} {order} LIMIT ?", [*args, limit]
@@ -384,7 +393,7 @@ def _filters(
     _unless_none(where, args, "pubsub_topic = ?", query.pubsub_topic)
     _unless_none(where, args, "content_topic = ?", content_topic)
     start, end = query.time_start, query.time_end
-    if after is not None and query.forward:
+    if after is not None and query.pagination_forward:
         where.append("(timestamp, message_hash) > (?, ?)")
         args.extend(after)
         start = after[0] if start is None else max(start, after[0])
@@ -405,15 +414,15 @@ def _unless_none(where: list[str], args: list[Any], condition: str, value: objec
 
 
 def _hash_page(rows: list[Any], query: StoreQuery, after: Key | None) -> list[Any]:
-    """The ``page_size + 1`` rows of a hash query's page, from all the rows it found."""
+    """The ``pagination_limit + 1`` rows of a hash query's page, from all the rows it found."""
 
     def key(row: Any) -> Key:
         return int(row[1]), bytes(row[0])
 
     if after is not None:
-        rows = [r for r in rows if (key(r) > after if query.forward else key(r) < after)]
-    rows.sort(key=key, reverse=not query.forward)
-    return rows[: query.page_size + 1]
+        rows = [r for r in rows if (key(r) > after if query.pagination_forward else key(r) < after)]
+    rows.sort(key=key, reverse=not query.pagination_forward)
+    return rows[: query.pagination_limit + 1]
 
 
 def item_arrays(stamps: Sequence[npt.NDArray[np.int64]], hashes: Sequence[bytes]) -> ItemArrays:

@@ -21,19 +21,26 @@ What fails is said with our own errors, so that no code above the archive knows 
 database driver: a failing database raises
 :class:`~sdsync.store.archive.ArchiveUnavailable` (HTTP 503), a node already running
 ``max_concurrent_queries`` queries :class:`QueriesBusy` (HTTP 429).
+
+Both ways a v3 query arrives, REST (:mod:`~sdsync.store.server`) and libp2p
+(:mod:`~sdsync.store.waku_store`), answer it with :func:`answer_query`: a page, or a
+:class:`QueryFailure` with the v3 status to answer, each counted alike in the node's
+metrics (queries by status, refusals by route and reason).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from typing import Any, ParamSpec, Protocol, TypeVar
 
-from sdsync.store.archive import Archive
+from sdsync.store.archive import Archive, ArchiveUnavailable
 from sdsync.store.metrics import StoreMetrics
-from sdsync.store.model import Page, StoredMessage, StoreQuery
+from sdsync.store.model import Page, QueryError, StatusCode, StoredMessage, StoreQuery
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -131,3 +138,60 @@ class ArchiveHost:
         self.metrics.ingested.labels(source=source).inc(new)
         self.metrics.duplicates.labels(source=source).inc(len(messages) - new)
         return new
+
+
+# -- answering v3 queries
+
+MAX_REASON_CHARS = 300
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line and at most :data:`MAX_REASON_CHARS` long."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= MAX_REASON_CHARS else flat[: MAX_REASON_CHARS - 3] + "..."
+
+
+@dataclass(frozen=True)
+class QueryFailure:
+    """A v3 query not answered: the status to answer with, and why (one line)."""
+
+    status: StatusCode
+    description: str
+
+
+def refuse_query(
+    node: SyncHost,
+    route: str,
+    reason: str,
+    description: str,
+    status: StatusCode = StatusCode.BAD_REQUEST,
+) -> QueryFailure:
+    """A query refused at ``route`` (a request that is no valid query), counted under
+    ``reason``."""
+    node.metrics.refuse(route, reason)
+    return _failed(node, status, description)
+
+
+async def answer_query(node: ServedNode, query: StoreQuery, route: str) -> Page | QueryFailure:
+    """One page of ``query`` from ``node``, or why not: 400 for a query the archive
+    refuses (an unknown cursor), 429 when the node is busy, 503 when its archive fails, 504
+    past its query timeout."""
+    started = time.perf_counter()
+    try:
+        page = await node.query(query)
+    except QueryError as exc:
+        return refuse_query(node, route, exc.reason, exc.description, exc.status)
+    except QueriesBusy as exc:
+        return refuse_query(node, route, "too_many_queries", str(exc), StatusCode.TOO_MANY_REQUESTS)
+    except TimeoutError:
+        return _failed(node, StatusCode.GATEWAY_TIMEOUT, "query timed out")
+    except ArchiveUnavailable as exc:
+        return _failed(node, StatusCode.SERVICE_UNAVAILABLE, f"archive unavailable: {exc}")
+    node.metrics.queries.labels(status=str(int(StatusCode.OK))).inc()
+    node.metrics.query_seconds.observe(time.perf_counter() - started)
+    return page
+
+
+def _failed(node: SyncHost, status: StatusCode, description: str) -> QueryFailure:
+    node.metrics.queries.labels(status=str(int(status))).inc()
+    return QueryFailure(status, one_line(description))

@@ -32,10 +32,12 @@ from enum import IntEnum
 
 from sdsync.errors import LocalProtocolError, RemoteProtocolError
 from sdsync.wire.waku import HASH_SIZE, MAX_WAKU_MESSAGE_BYTES, WakuMessage
+from sdsync.wire.waku_protocols import MAX_STORE_PAGE_SIZE, StoreQueryRequest
 
 DEFAULT_PAGE_SIZE = 20
-MAX_PAGE_SIZE = 100
-MAX_CONTENT_TOPICS = 100
+MAX_PAGE_SIZE = MAX_STORE_PAGE_SIZE
+MAX_CONTENT_TOPICS = 10
+"""Per query, as nwaku's archive allows."""
 MAX_HASHES = 100
 MAX_TOPIC_BYTES = 1024
 """Of a pubsub or a content topic, in UTF-8: both go into PostgreSQL index entries,
@@ -197,26 +199,25 @@ def check_ingestible(
     check_timestamp(message.timestamp, now_ns, max_future_ns)
 
 
-@dataclass(frozen=True)
-class StoreQuery:
-    """One v3 store query. Times are Unix nanoseconds, both bounds inclusive."""
+@dataclass(frozen=True, slots=True)
+class StoreQuery(StoreQueryRequest):
+    """One v3 store query the store can answer: the protocol's
+    :class:`~sdsync.wire.waku_protocols.StoreQueryRequest`, with the store's defaults and
+    rules.  Times are Unix nanoseconds, both bounds inclusive.
 
-    include_data: bool = False
-    pubsub_topic: str | None = None
-    content_topics: tuple[str, ...] = ()
-    time_start: int | None = None
-    time_end: int | None = None
-    message_hashes: tuple[bytes, ...] = ()
-    cursor: bytes | None = None
-    forward: bool = True
-    page_size: int = DEFAULT_PAGE_SIZE
+    Both ways in build one: the REST parameters (:func:`~sdsync.store.rest.parse_query`)
+    and a libp2p request (:func:`~sdsync.store.waku_store.store_query`).  Unlike the
+    protobuf's defaults, a query is ascending and has a page size unless told otherwise,
+    as nwaku reads both.  Content topics without a pubsub topic are a filter of their
+    own, as nwaku serves them.
+    """
+
+    request_id: str = ""
+    pagination_forward: bool = True
+    pagination_limit: int = DEFAULT_PAGE_SIZE
 
     def __post_init__(self) -> None:
         bad = StatusCode.BAD_REQUEST
-        if self.content_topics and self.pubsub_topic is None:
-            raise QueryError(
-                bad, "content topics need a pubsub topic", "content_topics_without_pubsub"
-            )
         if self.message_hashes and (
             self.pubsub_topic is not None
             or self.content_topics
@@ -232,21 +233,25 @@ class StoreQuery:
                 f"at most {MAX_CONTENT_TOPICS} content topics per query",
                 "too_many_content_topics",
             )
+        for topic in filter(None, (self.pubsub_topic, *self.content_topics)):
+            problem = topic_problem(topic)
+            if problem is not None:
+                raise QueryError(bad, f"a topic {problem}", "bad_topic")
         if len(self.message_hashes) > MAX_HASHES:
             raise QueryError(
                 bad, f"at most {MAX_HASHES} message hashes per query", "too_many_hashes"
             )
         for value in self.message_hashes:
             check_hash(value)
-        if self.cursor is not None:
-            check_hash(self.cursor, "bad_cursor")
+        if self.pagination_cursor is not None:
+            check_hash(self.pagination_cursor, "bad_cursor")
         for name, time in (("startTime", self.time_start), ("endTime", self.time_end)):
             if time is not None and not INT64_MIN <= time <= INT64_MAX:
                 raise QueryError(bad, f"{name} does not fit a signed 64-bit integer", "bad_time")
-        if self.page_size < 1:
+        if self.pagination_limit < 1:
             raise QueryError(bad, "the page size must be positive", "bad_page_size")
         # The store, not the client, bounds the work of one query (nwaku clamps too).
-        object.__setattr__(self, "page_size", min(self.page_size, MAX_PAGE_SIZE))
+        object.__setattr__(self, "pagination_limit", min(self.pagination_limit, MAX_PAGE_SIZE))
 
 
 @dataclass(frozen=True)

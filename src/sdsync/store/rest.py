@@ -6,12 +6,17 @@ Both ends of the HTTP API use this module, so what the server writes is by
 construction what the client reads.  Query parameters: ``includeData``,
 ``pubsubTopic``, ``contentTopics`` (comma separated), ``startTime``/``endTime``
 (Unix ns; values <= 0 mean "no bound", as in nwaku), ``hashes`` (comma separated hex,
-``0x`` optional), ``cursor`` (hex), ``ascending`` (default true) and ``pageSize``
-(<= 0: the default).
+``0x`` optional), ``cursor`` (hex), ``ascending`` (true when absent or exactly ``true``,
+as in nwaku: ``TRUE`` or ``1`` mean descending) and ``pageSize`` (<= 0: the default).
+Content topics may come without a pubsub topic (nwaku serves that too), at most
+:data:`~sdsync.store.model.MAX_CONTENT_TOPICS` of them.
 A response is ``{requestId, statusCode, statusDesc, messages: [{messageHash,
 message?, pubsubTopic?}], paginationCursor?}`` with hashes as ``0x`` hex and bytes
 as base64; a message carries ``payload``, ``contentTopic``, ``meta`` (when not empty),
-``version``, ``timestamp`` and ``ephemeral``.
+``version``, ``timestamp`` and ``ephemeral``.  nwaku's messages may also carry a
+``proof`` (RLN, base64): it is read as any other field, checked and then dropped, as
+nwaku's archive drops it (its columns, and ours, have no place for it; the message hash
+does not cover it), so our answers never carry one.
 
 Every parameter is checked before the archive sees it: integers (times, page size) are
 ASCII decimal within a signed 64-bit range, topics are storable (UTF-8, no NUL, at most
@@ -52,7 +57,6 @@ from sdsync.store.model import (
     StatusCode,
     StoredMessage,
     StoreQuery,
-    topic_problem,
 )
 from sdsync.wire.waku import WakuMessage, decode_waku_message
 
@@ -86,33 +90,31 @@ _JSON_CLASS = bytes(  # a translate table: every byte to its class, 0 for all ot
 
 def parse_query(params: Mapping[str, str]) -> StoreQuery:
     """A StoreQuery from URL parameters; QueryError (400) when they are malformed."""
-    bad = StatusCode.BAD_REQUEST
     include = params.get("includeData", "").strip().lower()
     if include and include not in _TRUE | _FALSE:
         raise QueryError(
-            bad, f"includeData must be true or false, not {include[:40]!r}", "bad_include_data"
+            StatusCode.BAD_REQUEST,
+            f"includeData must be true or false, not {include[:40]!r}",
+            "bad_include_data",
         )
-    pubsub_topic = params.get("pubsubTopic") or None
-    content_topics = tuple(t for t in params.get("contentTopics", "").split(",") if t)
-    for topic in filter(None, (pubsub_topic, *content_topics)):
-        problem = topic_problem(topic)
-        if problem is not None:
-            raise QueryError(bad, f"a topic {problem}", "bad_topic")
     page_size = _integer(params, "pageSize", "bad_page_size")
     if page_size is None or page_size <= 0:  # nwaku's reading of a zero or negative size
         page_size = DEFAULT_PAGE_SIZE
     return StoreQuery(
         include_data=include in _TRUE,
-        pubsub_topic=pubsub_topic,
-        content_topics=content_topics,
+        pubsub_topic=params.get("pubsubTopic") or None,
+        content_topics=tuple(t for t in params.get("contentTopics", "").split(",") if t),
         time_start=_time(params, "startTime"),
         time_end=_time(params, "endTime"),
         message_hashes=tuple(
             _hex(h, "hashes", "bad_hash") for h in params.get("hashes", "").split(",") if h
         ),
-        cursor=_hex(params["cursor"], "cursor", "bad_cursor") if params.get("cursor") else None,
-        forward=params.get("ascending", "true").strip().lower() not in _FALSE,
-        page_size=page_size,
+        pagination_cursor=(
+            _hex(params["cursor"], "cursor", "bad_cursor") if params.get("cursor") else None
+        ),
+        # nwaku's reading: descending is anything but an absent or exact "true".
+        pagination_forward=params.get("ascending", "true") == "true",
+        pagination_limit=page_size,
     )
 
 
@@ -120,8 +122,8 @@ def query_params(query: StoreQuery) -> dict[str, str]:
     """The URL parameters that :func:`parse_query` reads back as ``query``."""
     params = {
         "includeData": _bool(query.include_data),
-        "ascending": _bool(query.forward),
-        "pageSize": str(query.page_size),
+        "ascending": _bool(query.pagination_forward),
+        "pageSize": str(query.pagination_limit),
     }
     if query.pubsub_topic is not None:
         params["pubsubTopic"] = query.pubsub_topic
@@ -133,8 +135,8 @@ def query_params(query: StoreQuery) -> dict[str, str]:
         params["endTime"] = str(query.time_end)
     if query.message_hashes:
         params["hashes"] = ",".join(_to_hex(h) for h in query.message_hashes)
-    if query.cursor is not None:
-        params["cursor"] = _to_hex(query.cursor)
+    if query.pagination_cursor is not None:
+        params["cursor"] = _to_hex(query.pagination_cursor)
     return params
 
 
@@ -347,6 +349,8 @@ def read_entry(entry: Any) -> StoredMessage:
         raise RemoteProtocolError("timestamp and version must be integers")
     if not isinstance(content_topic, str):
         raise RemoteProtocolError("contentTopic must be a string")
+    if "proof" in message:  # nwaku's RLN proof: read, checked, not kept (module doc)
+        _unb64(message["proof"], "proof")
     try:
         waku = WakuMessage(
             payload=_unb64(message.get("payload", ""), "payload"),

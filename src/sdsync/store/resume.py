@@ -100,7 +100,7 @@ async def resume(
         report.attempts += 1
         report.peer = peer
         query = StoreQuery(
-            include_data=True, time_start=start, time_end=window[1], page_size=MAX_PAGE_SIZE
+            include_data=True, time_start=start, time_end=window[1], pagination_limit=MAX_PAGE_SIZE
         )
         try:
             async with client(peer) as store:

@@ -8,7 +8,8 @@ Routes, and who may call them:
   (:mod:`sdsync.store.rest`).  Malformed parameters answer 400; an unknown cursor 400;
   more than ``max_concurrent_queries`` in flight 429; a failing database 503; a query
   running past ``query_timeout_s`` 504.  The HTTP status equals the body's
-  ``statusCode``.
+  ``statusCode``; ``requestId`` is ``""``, as nwaku answers a query it does not forward.
+  The same node answers the same queries over libp2p (:mod:`~sdsync.store.waku_store`).
 * ``POST /store/v3/messages`` — token: ingest messages (JSON entries as the query
   returns them, or one protobuf WakuMessage with ``?pubsubTopic=``).  The whole
   request is rejected (400, nothing stored) if any message's hash does not match it.
@@ -44,8 +45,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import time
-import uuid
 from collections.abc import Mapping
 
 from aiohttp import web
@@ -55,18 +54,23 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sdsync.errors import RemoteProtocolError
 from sdsync.store import rest
 from sdsync.store.archive import ArchiveUnavailable
-from sdsync.store.host import QueriesBusy, ServedNode
+from sdsync.store.host import (
+    QueryFailure,
+    ServedNode,
+    answer_query,
+    one_line,
+    refuse_query,
+)
 from sdsync.store.model import (
     InvalidMessageError,
+    Page,
     QueryError,
-    StatusCode,
     StoredMessage,
     check_ingestible,
 )
 
 NODE: web.AppKey[ServedNode] = web.AppKey("node")
 MAX_BODY_BYTES = 32 * 1024 * 1024
-MAX_REASON_CHARS = 300
 
 
 def create_app(
@@ -106,33 +110,19 @@ async def archive_unavailable(request: web.Request, handler: Handler) -> web.Str
 
 async def query_messages(request: web.Request) -> web.Response:
     node = request.app[NODE]
-    request_id = uuid.uuid4().hex
-    started = time.perf_counter()
+    route = route_label(request)
+    outcome: Page | QueryFailure
     try:
-        page = await node.query(rest.parse_query(request.query))
+        query = rest.parse_query(request.query)
     except QueryError as exc:
-        node.metrics.refuse(route_label(request), exc.reason)
-        return _query_error(node, exc.status, exc.description, request_id)
-    except QueriesBusy as exc:
-        node.metrics.refuse(route_label(request), "too_many_queries")
-        return _query_error(node, StatusCode.TOO_MANY_REQUESTS, str(exc), request_id)
-    except TimeoutError:
-        return _query_error(node, StatusCode.GATEWAY_TIMEOUT, "query timed out", request_id)
-    except ArchiveUnavailable as exc:
-        return _query_error(
-            node, StatusCode.SERVICE_UNAVAILABLE, f"archive unavailable: {exc}", request_id
-        )
-    node.metrics.queries.labels(status=str(int(StatusCode.OK))).inc()
-    node.metrics.query_seconds.observe(time.perf_counter() - started)
-    return web.json_response(rest.page_json(page, request_id))
-
-
-def _query_error(
-    node: ServedNode, status: StatusCode, description: str, request_id: str
-) -> web.Response:
-    node.metrics.queries.labels(status=str(int(status))).inc()
-    body = rest.error_json(status, one_line(description), request_id)
-    return web.json_response(body, status=int(status))
+        outcome = refuse_query(node, route, exc.reason, exc.description, exc.status)
+    else:
+        outcome = await answer_query(node, query, route)
+    # nwaku's requestId for a query it answers itself rather than forwards.
+    if isinstance(outcome, QueryFailure):
+        body = rest.error_json(outcome.status, outcome.description, request_id="")
+        return web.json_response(body, status=int(outcome.status))
+    return web.json_response(rest.page_json(outcome, request_id=""))
 
 
 # -- refusals
@@ -142,12 +132,6 @@ def route_label(request: web.Request) -> str:
     """``METHOD /path/{template}`` of the route ``request`` matched (bounded, never data)."""
     resource = request.match_info.route.resource
     return f"{request.method} {resource.canonical if resource is not None else '(none)'}"
-
-
-def one_line(text: str) -> str:
-    """``text`` on one line and at most :data:`MAX_REASON_CHARS` long."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= MAX_REASON_CHARS else flat[: MAX_REASON_CHARS - 3] + "..."
 
 
 def refuse(

@@ -336,7 +336,7 @@ async def _learn_topics(
         if config.pubsub_topics:
             session.archived_topics[topic] = topic in config.pubsub_topics
         else:
-            probe = StoreQuery(pubsub_topic=topic, page_size=1)
+            probe = StoreQuery(pubsub_topic=topic, pagination_limit=1)
             page = await node.in_archive(node.archive.query, probe)
             session.archived_topics[topic] = bool(page.hashes)
 

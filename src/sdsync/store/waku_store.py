@@ -1,0 +1,199 @@
+"""13/WAKU2-STORE v3 over libp2p (``/vac/waku/store-query/3.0.0``): the store's answers
+and a client for the runtime.
+
+Theory of operation
+-------------------
+A peer opens a stream, writes one uvarint-length-prefixed StoreQueryRequest and reads one
+StoreQueryResponse back (:mod:`sdsync.wire.waku_protocols` has the codecs and frames).
+Nothing here touches a socket: the transport hands the request's bytes to
+:func:`answer_store_query` and sends back the bytes it returns, or hands a whole stream's
+``read``/``write`` to :func:`serve_store_stream`, which adds the framing.
+
+The answer comes from the node's one query engine, the same as the REST API's
+(:mod:`~sdsync.store.server`): the request *is* a :class:`~sdsync.store.model.StoreQuery`
+once the store's defaults are applied (:func:`store_query`: an absent or zero
+``pagination_limit`` is 20, a larger one than 100 is 100), and the node admits and times
+it (:meth:`~sdsync.store.host.ServedNode.query`).  So the status codes are the REST
+API's: 200, 400 for a request we cannot answer (malformed bytes, exclusive filters, an
+unknown cursor), 429 when the node runs as many queries as it may, 503 when its archive
+fails, 504 past its query timeout; ``request_id`` is echoed (``""`` when the request did
+not parse).  A page is in chronological order whichever the direction, and its
+``pagination_cursor`` is the hash of its last entry in the direction of travel (the
+first of the page going backward), absent on the last page.  js-waku's client pages on
+with the hash of the page's last message (its first, backward) until a page is empty;
+our cursor rule is the same, so it reads every message once.
+
+Hostile input never escapes as an exception: a request that does not parse (or is
+truncated, or longer than :data:`~sdsync.wire.waku_protocols.MAX_RPC_BYTES`) is answered
+with 400, and every refusal is counted in ``sdsync_store_refused_total{route, reason}``
+with ``route`` the protocol id and ``reason`` a fixed word (``malformed_rpc``,
+``truncated_frame``, ``oversized``, or the query's own, e.g. ``hashes_with_filter``).
+
+:class:`WakuStoreClient` is the other side, for the runtime: the same
+:class:`~sdsync.store.client.StoreQueries` interface as the HTTP client (so a
+ReliableChannel fetches missing messages by hash from any Waku store peer), over a
+``request(protocol_id, payload) -> response`` callable that carries one request body to
+a peer and returns its response body (the transport frames both; bind the peer and the
+response limit :data:`~sdsync.wire.waku_protocols.MAX_STORE_RESPONSE_BYTES` into it).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import fields, replace
+
+from sdsync.errors import RejectReason, RemoteProtocolError
+from sdsync.store.client import StoreQueries, StoreUnavailableError, check_status
+from sdsync.store.host import QueryFailure, ServedNode, answer_query, refuse_query
+from sdsync.store.model import (
+    DEFAULT_PAGE_SIZE,
+    Page,
+    QueryError,
+    StatusCode,
+    StoredMessage,
+    StoreQuery,
+)
+from sdsync.wire.waku_protocols import (
+    MAX_RPC_BYTES,
+    STORE_QUERY_PROTOCOL,
+    StoreQueryRequest,
+    StoreQueryResponse,
+    WakuMessageKeyValue,
+    encode_frame,
+    read_frame,
+)
+
+ROUTE = STORE_QUERY_PROTOCOL
+"""The ``route`` label of this protocol's refusals and queries."""
+Request = Callable[[str, bytes], Awaitable[bytes]]
+"""Carry a request body to a store peer under a protocol id; its response body."""
+
+
+# -- serving
+
+
+def store_query(request: StoreQueryRequest) -> StoreQuery:
+    """The query ``request`` asks, with the store's defaults: QueryError (400) if the store
+    cannot answer it.  An empty pubsub topic is none, as an empty ``pubsubTopic`` is in
+    REST."""
+    asked = {f.name: getattr(request, f.name) for f in fields(request)}
+    asked["pubsub_topic"] = request.pubsub_topic or None
+    asked["pagination_limit"] = request.pagination_limit or DEFAULT_PAGE_SIZE
+    return StoreQuery(**asked)
+
+
+async def answer_store_query(node: ServedNode, request: bytes) -> bytes:
+    """The StoreQueryResponse bytes that answer the StoreQueryRequest bytes ``request``."""
+    if len(request) > MAX_RPC_BYTES:
+        return _refused(node, "", "oversized", f"a request of {len(request)} bytes is too large")
+    try:
+        parsed = StoreQueryRequest.from_bytes(request)
+    except RemoteProtocolError as exc:
+        return _refused(node, "", _label(exc), str(exc))
+    try:
+        query = store_query(parsed)
+    except QueryError as exc:
+        return _refused(node, parsed.request_id, exc.reason, exc.description)
+    outcome = await answer_query(node, query, ROUTE)
+    if isinstance(outcome, QueryFailure):
+        return _failure(parsed.request_id, outcome)
+    return StoreQueryResponse(
+        request_id=parsed.request_id,
+        status_code=int(StatusCode.OK),
+        status_desc="OK",
+        messages=_entries(outcome, query.include_data),
+        pagination_cursor=outcome.cursor,
+    ).to_bytes()
+
+
+def _label(exc: RemoteProtocolError) -> str:
+    """The fixed word a peer's bad frame is counted under (``malformed_rpc``...)."""
+    return exc.reason.name.lower() if isinstance(exc.reason, RejectReason) else exc.reason
+
+
+def _entries(page: Page, include_data: bool) -> tuple[WakuMessageKeyValue, ...]:
+    if not include_data:
+        return tuple(WakuMessageKeyValue(message_hash=h) for h in page.hashes)
+    return tuple(
+        WakuMessageKeyValue(m.message_hash, m.message, m.pubsub_topic) for m in page.messages
+    )
+
+
+def _refused(node: ServedNode, request_id: str, reason: str, description: str) -> bytes:
+    return _failure(request_id, refuse_query(node, ROUTE, reason, description))
+
+
+def _failure(request_id: str, failure: QueryFailure) -> bytes:
+    return StoreQueryResponse(
+        request_id=request_id, status_code=int(failure.status), status_desc=failure.description
+    ).to_bytes()
+
+
+async def serve_store_stream(
+    node: ServedNode,
+    read: Callable[[int], Awaitable[bytes]],
+    write: Callable[[bytes], Awaitable[None]],
+) -> None:
+    """Answer the one framed request of a stream: ``read(n)`` gives 1 to ``n`` bytes
+    (``b""`` at its end), ``write`` sends bytes.  A frame that is truncated or too long is
+    answered with 400 and counted; a stream closed before a request gets no answer."""
+    try:
+        request = await read_frame(read, MAX_RPC_BYTES)
+    except RemoteProtocolError as exc:
+        await write(encode_frame(_refused(node, "", _label(exc), str(exc))))
+        return
+    if request is not None:
+        await write(encode_frame(await answer_store_query(node, request)))
+
+
+# -- asking
+
+
+class WakuStoreClient(StoreQueries):
+    """A store peer asked over ``/vac/waku/store-query/3.0.0``; the runtime's
+    StoreClient like :class:`~sdsync.store.client.HttpStoreClient`.
+
+    ``request(protocol_id, payload)`` carries one request body to the peer and returns its
+    response body; a peer that cannot be reached or does not answer in time raises
+    ``OSError`` or ``TimeoutError`` there, which this client reports as
+    :class:`~sdsync.store.client.StoreUnavailableError`.
+    """
+
+    def __init__(self, request: Request, *, name: str = "waku store peer") -> None:
+        self._request = request
+        self.name = name
+
+    async def query(self, query: StoreQuery) -> Page:
+        request_id = uuid.uuid4().hex
+        payload = replace(query, request_id=request_id).to_bytes()
+        try:
+            answer = await self._request(STORE_QUERY_PROTOCOL, payload)
+        except (OSError, TimeoutError) as exc:
+            raise StoreUnavailableError(f"{self.name}: {exc or type(exc).__name__}") from exc
+        response = StoreQueryResponse.from_bytes(answer)
+        check_status(self.name, response.status_code, response.status_desc)
+        if response.request_id != request_id:
+            raise RemoteProtocolError(
+                f"{self.name}: answered request {response.request_id[:80]!r}, not {request_id}"
+            )
+        return Page(
+            hashes=[_entry_hash(self.name, e) for e in response.messages],
+            messages=[_stored(self.name, e) for e in response.messages]
+            if query.include_data
+            else [],
+            cursor=response.pagination_cursor,
+        )
+
+
+def _entry_hash(name: str, entry: WakuMessageKeyValue) -> bytes:
+    if entry.message_hash is None:
+        raise RemoteProtocolError(f"{name}: an entry without a message hash")
+    return entry.message_hash
+
+
+def _stored(name: str, entry: WakuMessageKeyValue) -> StoredMessage:
+    """The entry's message, its hash checked (RemoteProtocolError otherwise)."""
+    if entry.message is None or entry.pubsub_topic is None:
+        raise RemoteProtocolError(f"{name}: an entry without its message or pubsub topic")
+    return StoredMessage(_entry_hash(name, entry), entry.pubsub_topic, entry.message)
