@@ -140,6 +140,16 @@ def test_query_by_hashes_returns_only_those_held(archive: SqlArchive) -> None:
     assert all(m.message_hash in wanted[:10] for m in page.messages)
 
 
+def test_a_query_by_hashes_may_name_its_pubsub_topic(archive: SqlArchive) -> None:
+    # js-waku's store client sends its decoder's pubsub topic with the hashes.
+    here = make_messages(10)
+    elsewhere = [StoredMessage.of("/waku/2/rs/1/5", m.message) for m in make_messages(10, 2)]
+    archive.insert([*here, *elsewhere])
+    hashes = tuple(m.message_hash for m in [*here, *elsewhere])
+    page = archive.query(StoreQuery(message_hashes=hashes, pubsub_topic=PUBSUB))
+    assert page.hashes == [m.message_hash for m in in_order(here)]
+
+
 def test_unknown_cursor_is_a_bad_request(archive: SqlArchive) -> None:
     archive.insert(make_messages(3))
     with pytest.raises(QueryError) as err:

@@ -68,3 +68,12 @@ def test_export_command_writes_parquet(tmp_path: Path) -> None:
         app, ["store", "export", "--data-dir", str(tmp_path / "none"), "--parquet", str(out)]
     )
     assert missing.exit_code == 2
+
+
+def test_serve_refuses_a_shard_topic_of_another_cluster(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        app,
+        ["store", "serve", "--data-dir", str(tmp_path), "--pubsub-topic", "/waku/2/rs/2/0"],
+    )
+    assert result.exit_code == 2
+    assert "not on cluster 1" in result.output

@@ -40,8 +40,9 @@ def test_nwaku_defaults_for_absent_or_non_positive_values() -> None:
 def test_query_rules_are_enforced_on_construction() -> None:
     with pytest.raises(QueryError, match="at most 10 content topics"):
         StoreQuery(content_topics=tuple(f"/a/1/t{i}/proto" for i in range(11)))
-    with pytest.raises(QueryError, match="no content filter"):
+    with pytest.raises(QueryError, match="no content topics or time range"):
         StoreQuery(message_hashes=(bytes(32),), time_start=T0)
+    StoreQuery(message_hashes=(bytes(32),), pubsub_topic="/waku/2/rs/1/7")  # a filter
     with pytest.raises(QueryError, match="positive"):
         StoreQuery(pagination_limit=0)
 

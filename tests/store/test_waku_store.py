@@ -211,7 +211,10 @@ def test_malformed_truncated_and_oversized_requests_answer_400_and_count(
     }
     bad_queries = {
         "hashes_with_filter": StoreQueryRequest(
-            request_id="h", pubsub_topic=PUBSUB, message_hashes=(b"\x01" * 32,)
+            request_id="h",
+            pubsub_topic=PUBSUB,
+            content_topics=TOPICS[:1],
+            message_hashes=(b"\x01" * 32,),
         ),
         "too_many_content_topics": StoreQueryRequest(
             request_id="t",

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Iterable
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -32,6 +33,8 @@ store_app = typer.Typer(
 
 DEFAULT_DATA_DIR = Path(os.environ.get("XDG_DATA_HOME") or "~/.local/share") / "sdsync" / "store"
 DEFAULT_LISTEN = "127.0.0.1:8645"
+DEFAULT_RELAY_LISTEN = "/ip4/127.0.0.1/tcp/0"
+SHARD_TOPIC_PREFIX = "/waku/2/rs/"
 
 DataDir = Annotated[
     Path,
@@ -117,8 +120,10 @@ def serve(
     pubsub_topic: Annotated[
         list[str] | None,
         typer.Option(
-            help="Archive this pubsub topic from the libp2p relay; repeatable. Store Sync then"
-            " accepts only these topics (without: only topics the archive already holds)."
+            help="Archive this topic from the Waku relay; repeatable: a shard's pubsub topic"
+            " /waku/2/rs/CLUSTER/SHARD (every message on it), or a channel's /sds/1/NAME (its"
+            " content topic /sds/1/NAME/proto, on its autoshard). Store Sync then accepts only"
+            " these pubsub topics (without: only topics the archive already holds)."
         ),
     ] = None,
     sync_token: Annotated[
@@ -137,9 +142,24 @@ def serve(
             " are refused (nwaku: 20).",
         ),
     ] = 20.0,
+    relay_shard: Annotated[
+        list[int] | None,
+        typer.Option(
+            min=0,
+            help="Archive every message on this shard of --relay-cluster-id"
+            " (/waku/2/rs/CLUSTER/SHARD); repeatable.",
+        ),
+    ] = None,
+    relay_cluster_id: Annotated[
+        int, typer.Option(min=0, help="Waku cluster of the relay (1: The Waku Network).")
+    ] = 1,
     relay_listen: Annotated[
-        str, typer.Option(help="libp2p listen multiaddr (with --pubsub-topic).")
-    ] = "/ip4/127.0.0.1/tcp/0",
+        list[str] | None,
+        typer.Option(
+            help="libp2p listen multiaddr of the relay (/ip4/HOST/tcp/PORT, or …/tcp/PORT/ws"
+            " for browsers); repeatable. [default: /ip4/127.0.0.1/tcp/0]"
+        ),
+    ] = None,
     relay_peer: Annotated[
         list[str] | None,
         typer.Option(help="libp2p multiaddr (…/p2p/<id>) of a relay peer; repeatable."),
@@ -152,6 +172,7 @@ def serve(
     from sdsync.store import serve as serve_node
     from sdsync.store.retention import DEFAULT_POLICY
     from sdsync.store.sync import SyncConfig
+    from sdsync.wire.waku_protocols import STORE_QUERY_PROTOCOL
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
     host, port = parse_listen(listen)
@@ -160,6 +181,8 @@ def serve(
         policies = tuple(RetentionPolicy.parse(s) for s in specs if s != "none")
     except LocalProtocolError as exc:
         raise typer.BadParameter(str(exc), param_hint="--retention") from None
+    relay_topics = _relay_topics(pubsub_topic or (), relay_shard or (), relay_cluster_id)
+    sync_topics = _archived_topics(relay_topics, relay_cluster_id)
     url = _db_url(db, data_dir)
     archive = _open_archive(url)
     config = NodeConfig(
@@ -170,13 +193,13 @@ def serve(
         retention=policies,
         retention_interval_s=retention_interval,
         peers=tuple(peer or ()),
-        relay_topics=tuple(pubsub_topic or ()),
+        relay_topics=relay_topics,
         timestamp_variance_s=timestamp_variance,
         sync=SyncConfig(
             interval_s=sync_interval or None,
             method=sync_method.value,
             window_s=sync_window,
-            pubsub_topics=tuple(pubsub_topic or ()),
+            pubsub_topics=sync_topics,
             token=sync_token,
         ),
     )
@@ -192,26 +215,71 @@ def serve(
         if relay_addrs:
             print(
                 f"sdsync store: relay on {', '.join(relay_addrs)}, "
-                f"archiving {', '.join(config.relay_topics)}",
+                f"archiving {', '.join(config.relay_topics)} (Waku relay, cluster "
+                f"{relay_cluster_id}); serving {STORE_QUERY_PROTOCOL}",
                 flush=True,
             )
 
     async def run() -> None:
         if not config.relay_topics:
             return await serve_node(StoreNode(archive, config), on_ready=ready)
-        from sdsync.transport.libp2p import Libp2pTransport
+        from sdsync.transport.libp2p import Libp2pTransport, WakuRelayConfig
 
-        async with Libp2pTransport(listen=[relay_listen], peers=relay_peer or ()) as relay:
+        async with Libp2pTransport(
+            listen=relay_listen or [DEFAULT_RELAY_LISTEN],
+            peers=relay_peer or (),
+            waku=WakuRelayConfig(cluster_id=relay_cluster_id),
+        ) as relay:
             relay_addrs.extend(relay.listen_addrs)
-            await serve_node(StoreNode(archive, config, relay=relay), on_ready=ready)
+            node = StoreNode(archive, config, relay=relay, libp2p=relay)
+            await serve_node(node, on_ready=ready)
 
     try:
         asyncio.run(run())
     except OSError as exc:
         raise fail(f"cannot listen on {listen}: {exc}") from None
+    except LocalProtocolError as exc:  # a bad --relay-listen or --relay-peer
+        raise fail(f"cannot start the relay: {exc}") from None
     except ImportError as exc:  # pragma: no cover - depends on the installation
-        raise fail(f"--pubsub-topic needs the 'p2p' extra ({exc})") from None
+        raise fail(f"the relay needs the 'p2p' extra ({exc})") from None
     print("sdsync store: stopped", flush=True)
+
+
+def _relay_topics(
+    pubsub_topics: Iterable[str], shards: Iterable[int], cluster_id: int
+) -> tuple[str, ...]:
+    """The topics the relay archives: ``--pubsub-topic``s, then ``--relay-shard``s' topics."""
+    from sdsync.wire.waku_protocols import shard_pubsub_topic
+
+    own = f"{SHARD_TOPIC_PREFIX}{cluster_id}/"
+    for topic in pubsub_topics:
+        if topic.startswith(SHARD_TOPIC_PREFIX) and not topic.startswith(own):
+            raise typer.BadParameter(
+                f"{topic} is not on cluster {cluster_id} (--relay-cluster-id)",
+                param_hint="--pubsub-topic",
+            )
+    shard_topics = (shard_pubsub_topic(cluster_id, shard) for shard in shards)
+    return tuple(dict.fromkeys([*pubsub_topics, *shard_topics]))
+
+
+def _archived_topics(relay_topics: Iterable[str], cluster_id: int) -> tuple[str, ...]:
+    """The pubsub topics messages of ``relay_topics`` are archived under: a shard's own,
+    a channel's autoshard (as the transport routes them)."""
+    channels = [t for t in relay_topics if not t.startswith(SHARD_TOPIC_PREFIX)]
+    if not channels:
+        return tuple(relay_topics)
+    from sdsync.errors import LocalProtocolError
+
+    try:
+        from sdsync.transport.libp2p import WakuRelayConfig, default_content_topic
+    except ImportError as exc:  # pragma: no cover - depends on the installation
+        raise fail(f"the relay needs the 'p2p' extra ({exc})") from None
+    waku = WakuRelayConfig(cluster_id=cluster_id)
+    try:
+        shards = {t: waku.pubsub_topic(default_content_topic(t)) for t in channels}
+    except LocalProtocolError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--pubsub-topic") from None
+    return tuple(dict.fromkeys(shards.get(t, t) for t in relay_topics))
 
 
 def _redacted(url: str) -> str:

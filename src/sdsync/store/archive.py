@@ -20,7 +20,7 @@ no filter (time bounds, cursor)        ``(timestamp, message_hash)``
 ``pubsubTopic`` + n content topics     the same, n range scans merged in order
 content topics, no ``pubsubTopic``     ``(content_topic, timestamp, message_hash)``,
                                        one range scan per topic, merged in order
-``hashes``                             unique ``message_hash`` (at most 100 lookups,
+``hashes`` (with ``pubsubTopic``)      unique ``message_hash`` (at most 100 lookups,
                                        ordered in memory)
 =====================================  ================================================
 
@@ -277,8 +277,11 @@ class SqlArchive(ABC):
         columns = ", ".join(COLUMNS if query.include_data else COLUMNS[:2])
         if query.message_hashes:
             lookup = f"message_hash IN ({', '.join('?' * len(query.message_hashes))})"
-            sql = f"SELECT {columns} FROM {self._table(HASH_INDEX)} WHERE {lookup}"
-            return sql, list(query.message_hashes)
+            args: list[Any] = list(query.message_hashes)
+            if query.pubsub_topic is not None:
+                lookup += " AND pubsub_topic = ?"
+                args.append(query.pubsub_topic)
+            return f"SELECT {columns} FROM {self._table(HASH_INDEX)} WHERE {lookup}", args
         direction = "ASC" if query.pagination_forward else "DESC"
         order = f"ORDER BY timestamp {direction}, message_hash {direction}"
         index = _INDEX[bool(query.content_topics), query.pubsub_topic is not None]

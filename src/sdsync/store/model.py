@@ -218,14 +218,15 @@ class StoreQuery(StoreQueryRequest):
 
     def __post_init__(self) -> None:
         bad = StatusCode.BAD_REQUEST
+        # A pubsub topic may narrow a query by hashes: js-waku's store client always
+        # sends its decoder's, and nwaku answers the hashes on that topic.
         if self.message_hashes and (
-            self.pubsub_topic is not None
-            or self.content_topics
-            or self.time_start is not None
-            or self.time_end is not None
+            self.content_topics or self.time_start is not None or self.time_end is not None
         ):
             raise QueryError(
-                bad, "a query by message hashes takes no content filter", "hashes_with_filter"
+                bad,
+                "a query by message hashes takes no content topics or time range",
+                "hashes_with_filter",
             )
         if len(self.content_topics) > MAX_CONTENT_TOPICS:
             raise QueryError(

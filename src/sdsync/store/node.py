@@ -15,7 +15,10 @@ background tasks:
   ``sync.interval_s`` (the first one interval after start: resume covers the start);
 * when a relay (a p2p transport that hands out whole WakuMessages, such as
   :class:`~sdsync.transport.libp2p.Libp2pTransport`) and pubsub topics are configured,
-  one *relay* task per topic archives every message heard on it.
+  one *relay* task per topic archives every message heard on it;
+* when a libp2p host is given (``sdsync store serve`` gives its relay's), the node
+  answers ``/vac/waku/store-query/3.0.0`` on it
+  (:func:`~sdsync.store.waku_store.answer_store_query`: the query engine of the REST API).
 
 Every path that adds messages — HTTP ingestion, Store Resume, a relay subscription and
 Store Sync — goes through :meth:`~sdsync.store.host.ArchiveHost.ingest`, which counts
@@ -45,7 +48,7 @@ import random
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,7 +72,9 @@ from sdsync.store.retention import DEFAULT_POLICY, RetentionPolicy
 from sdsync.store.server import create_app
 from sdsync.store.sync import PREFIX as SYNC_PREFIX
 from sdsync.store.sync import PeriodicSync, SyncConfig, responder_app
+from sdsync.store.waku_store import answer_store_query
 from sdsync.wire.waku import WakuMessage
+from sdsync.wire.waku_protocols import STORE_QUERY_PROTOCOL
 
 logger = logging.getLogger("sdsync.store")
 
@@ -113,6 +118,16 @@ class Relay(Protocol):
     def subscribe_envelopes(self, topic: str) -> AsyncIterator[Envelope]: ...
 
 
+class StreamServer(Protocol):
+    """The request/response side of a libp2p host: ``handler(peer, request)`` answers
+    each request frame of ``protocol_id`` with a frame (the host frames, bounds and times
+    the exchange, and refuses bad frames itself)."""
+
+    async def serve(
+        self, protocol_id: str, handler: Callable[[str, bytes], Awaitable[bytes | None]]
+    ) -> None: ...
+
+
 class StoreNode(ArchiveHost):
     def __init__(
         self,
@@ -122,10 +137,12 @@ class StoreNode(ArchiveHost):
         clock_ns: Callable[[], int] = time.time_ns,
         rng: random.Random | None = None,
         relay: Relay | None = None,
+        libp2p: StreamServer | None = None,
     ) -> None:
         self._executor = ThreadPoolExecutor(config.threads, thread_name_prefix="archive")
         super().__init__(archive, executor=self._executor)
         self.relay = relay
+        self.libp2p = libp2p
         self.config = config
         self.last_online = LastOnline(config.data_dir / "last_online")
         self.resume_report: ResumeReport | None = None
@@ -176,6 +193,8 @@ class StoreNode(ArchiveHost):
             for topic in config.relay_topics:
                 envelopes = self.relay.subscribe_envelopes(topic)
                 self._tasks.append(self._spawn(self._archive_relay(envelopes), f"relay {topic}"))
+        if self.libp2p is not None:
+            await self.libp2p.serve(STORE_QUERY_PROTOCOL, self._answer_store_query)
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -285,6 +304,9 @@ class StoreNode(ArchiveHost):
                 await self.ingest([stored], source="relay")
             except ArchiveUnavailable:  # the message is lost here; Store Sync can repair it
                 logger.exception("archiving a relay message failed")
+
+    async def _answer_store_query(self, peer: str, request: bytes) -> bytes:
+        return await answer_store_query(self, request)
 
     async def resume(self, window: tuple[int, int]) -> None:
         async def archive(messages: list[StoredMessage]) -> int:
