@@ -1,6 +1,7 @@
 """One run of the chat (sdsync.chat.run_chat) and the flags that configure it: --min-peers
 (participants heard from, for converged) and --min-mesh (mesh peers to wait for before
-sending) reach the places that use them. In process, the libp2p transport replaced by one
+sending) reach the places that use them, and the transport is a Waku relay of the cluster
+and shard given (--cluster-id, --shard). In process, the libp2p transport replaced by one
 over a MemoryNetwork that records what the run asked of its mesh."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from sdsync.cli.main import app
 from sdsync.runtime import ReliableChannel, RuntimeConfig
 from sdsync.transport import MemoryNetwork
 from sdsync.transport import libp2p as libp2p_module
+from sdsync.transport.libp2p import WakuRelayConfig
 from sdsync.transport.memory import MemoryTransport
 
 FAST = RuntimeConfig(sync_interval_ms=100, resend_interval_ms=200, incoming_sweep_ms=50)
@@ -51,6 +53,33 @@ def test_a_negative_min_mesh_is_bad_usage() -> None:
     assert result.exit_code == 2
 
 
+def test_cluster_and_shard_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    default = options_from_the_command_line(monkeypatch)
+    assert (default.cluster_id, default.shard) == (1, None)  # autosharding in The Waku Network
+    given = options_from_the_command_line(monkeypatch, "--cluster-id", "42", "--shard", "3")
+    assert (given.cluster_id, given.shard) == (42, 3)
+    for flag in ("--cluster-id", "--shard"):
+        assert CliRunner().invoke(app, ["chat", flag, "-1"]).exit_code == 2
+
+
+@pytest.mark.parametrize(
+    ("cluster_id", "shard", "pubsub_topic"),
+    [(1, None, "/waku/2/rs/1/7"), (42, 3, "/waku/2/rs/42/3")],
+)
+def test_the_chat_is_a_waku_relay_and_says_on_which_topics(
+    monkeypatch: pytest.MonkeyPatch, cluster_id: int, shard: int | None, pubsub_topic: str
+) -> None:
+    options = ChatOptions(
+        name="me", channel="probe", cluster_id=cluster_id, shard=shard, print_log=True
+    )
+    made: list[dict[str, Any]] = []
+    screen = io.StringIO()
+    assert run_beside_one_peer(monkeypatch, options, [], made, screen) == 0
+    assert made[0]["waku"] == WakuRelayConfig(cluster_id=cluster_id, shard=shard)
+    # What a js-waku relay node needs to join (/sds/1/probe/proto autoshards to 7).
+    assert f"content topic /sds/1/probe/proto on {pubsub_topic}" in screen.getvalue()
+
+
 class RecordingTransport(MemoryTransport):
     """What run_chat uses of Libp2pTransport, over a MemoryNetwork."""
 
@@ -70,19 +99,26 @@ class RecordingTransport(MemoryTransport):
 
 
 def run_beside_one_peer(
-    monkeypatch: pytest.MonkeyPatch, options: ChatOptions, mesh_waits: list[tuple[int, float]]
+    monkeypatch: pytest.MonkeyPatch,
+    options: ChatOptions,
+    mesh_waits: list[tuple[int, float]],
+    made: list[dict[str, Any]] | None = None,
+    screen: io.StringIO | None = None,
 ) -> int:
-    """run_chat's exit code, in a group of two: the chat and bob, who acknowledges."""
+    """run_chat's exit code, in a group of two: the chat and bob, who acknowledges. The
+    transport's arguments go to ``made``, what the chat prints to ``screen``."""
     network = MemoryNetwork(seed=5)
 
-    def transport(**_: Any) -> RecordingTransport:
+    def transport(**arguments: Any) -> RecordingTransport:
+        if made is not None:
+            made.append(arguments)
         return RecordingTransport(network, mesh_waits)
 
     async def scenario() -> int:
         bob = ReliableChannel(network.transport("bob"), options.channel, "bob", runtime=FAST)
         await bob.start()
         try:
-            return await run_chat(options, Console(file=io.StringIO()))
+            return await run_chat(options, Console(file=screen or io.StringIO(), width=200))
         finally:
             await bob.close()
 

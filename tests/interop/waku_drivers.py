@@ -29,12 +29,20 @@ LIGHT_DIR = HERE / "waku_light"
 Event = dict[str, Any]
 
 
-def require_driver(folder: Path) -> None:
-    """Skip unless Node and ``folder``'s packages are installed; in CI, fail instead."""
+def require_driver(folder: Path, *packages: str) -> None:
+    """Skip unless Node and ``folder``'s packages (@waku/sdk and ``packages``) are
+    installed; in CI, fail instead."""
+    missing = [
+        package
+        for package in ("@waku/sdk", *packages)
+        if not (folder / "node_modules" / package).is_dir()
+    ]
     if shutil.which("node") is None:
         problem = "Node.js is not installed"
-    elif not (folder / "node_modules" / "@waku" / "sdk").is_dir():
-        problem = f"@waku/sdk is not installed in {folder}: run `npm ci` there (make test does)"
+    elif missing:
+        problem = (
+            f"{', '.join(missing)} not installed in {folder}: run `npm ci` there (make test does)"
+        )
     else:
         return
     if in_ci():

@@ -1,5 +1,5 @@
-"""The group chat over libp2p gossipsub that ``sdsync chat`` runs (docs/chat.md): its
-identity file, its view of a ReliableChannel, and one run of it."""
+"""The group chat over Waku Relay that ``sdsync chat`` runs (docs/chat.md): its identity
+file, its view of a ReliableChannel, and one run of it."""
 
 from sdsync.chat.identity import Identity, load_identity, save_identity
 from sdsync.chat.run import DEFAULT_LISTEN, ChatOptions, run_chat

@@ -1,14 +1,20 @@
-"""One run of the chat: a participant of one channel over libp2p gossipsub.
+"""One run of the chat: a participant of one channel over Waku Relay.
 
 Theory of operation
 -------------------
 One process is one participant of one channel: a :class:`ReliableChannel` over a
-:class:`~sdsync.transport.Libp2pTransport`, whose state directory holds the chat's
-identity (:mod:`sdsync.chat.identity`) next to the channel's own state, so a restart
-resumes. A :class:`ChatSession` shows the channel's events. Interactive, lines typed on
-stdin are sent; scripted (``sends``, ``wait_converged_s``, ``print_log``), the texts are
-sent in order, the run waits until converged and then lingers one more quiet period before
-it ends — peers still catching up may need its syncs and repairs — and the local log is
+:class:`~sdsync.transport.Libp2pTransport` in its Waku mode, whose state directory holds
+the chat's identity (:mod:`sdsync.chat.identity`) next to the channel's own state, so a
+restart resumes. The Waku mode is what lets a js-waku relay node join the channel: the
+channel's topic ``/sds/1/<channel>`` travels as the content topic
+``/sds/1/<channel>/proto`` on the pubsub topic ``/waku/2/rs/<cluster>/<shard>``, the shard
+given (static sharding) or derived from the content topic (autosharding); the run prints
+both at start, for whoever joins from js-waku.
+
+A :class:`ChatSession` shows the channel's events. Interactive, lines typed on stdin are
+sent; scripted (``sends``, ``wait_converged_s``, ``print_log``), the texts are sent in
+order, the run waits until converged and then lingers one more quiet period before it
+ends — peers still catching up may need its syncs and repairs — and the local log is
 printed as JSON lines on stdout. Two numbers of peers are asked for, and they differ in any
 group that is not a full mesh: ``min_mesh``, the gossipsub neighbours to wait for before the
 first send (py-libp2p publishes to nobody before its mesh forms), and ``min_peers``, the
@@ -36,6 +42,7 @@ from sdsync.chat.session import ChatSession
 from sdsync.core import ChannelConfig
 from sdsync.errors import OutgoingBufferFullError
 from sdsync.runtime import ReliableChannel, RuntimeConfig
+from sdsync.wire.waku_protocols import TWN_CLUSTER_ID
 
 if TYPE_CHECKING:
     from sdsync.transport.libp2p import Libp2pTransport
@@ -61,6 +68,8 @@ class ChatOptions:
     quiet_ms: int | None = None
     min_peers: int = 0
     min_mesh: int = 1
+    cluster_id: int = TWN_CLUSTER_ID
+    shard: int | None = None  # None: autosharding of the content topic
     print_log: bool = False
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     config: ChannelConfig = field(default_factory=ChannelConfig)
@@ -79,15 +88,21 @@ class ChatOptions:
 async def run_chat(options: ChatOptions, console: Console) -> int:
     """The whole chat; returns the exit code."""
     from sdsync.store.client import HttpStoreClient
-    from sdsync.transport.libp2p import Libp2pTransport
+    from sdsync.transport.libp2p import (
+        Libp2pTransport,
+        WakuRelayConfig,
+        default_content_topic,
+    )
 
     identity = load_identity(options.state_dir, options.name)
+    waku = WakuRelayConfig(cluster_id=options.cluster_id, shard=options.shard)
     transport = Libp2pTransport(
         listen=[options.listen or identity.listen or DEFAULT_LISTEN],
         peers=options.peers,
         key=identity.key,
         drop_rate=options.drop_rate,
         seed=options.seed,
+        waku=waku,
     )
     await transport.start()
     try:
@@ -111,6 +126,12 @@ async def run_chat(options: ChatOptions, console: Console) -> int:
             store=store,
             rng=random.Random(options.seed),
             state_dir=options.state_dir,
+        )
+        content_topic = default_content_topic(channel.topic)
+        console.print(
+            f"Waku relay: content topic {content_topic} on {waku.pubsub_topic(content_topic)}",
+            highlight=False,
+            soft_wrap=True,
         )
         session = ChatSession(channel, console)
         if channel.state is not None:

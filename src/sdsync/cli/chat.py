@@ -20,6 +20,7 @@ from sdsync.cli.errors import fail
 from sdsync.core import ChannelConfig, RepairConfig
 from sdsync.errors import LocalProtocolError
 from sdsync.runtime import RuntimeConfig
+from sdsync.wire.waku_protocols import TWN_CLUSTER_ID
 
 
 def configure_logging() -> None:
@@ -123,6 +124,17 @@ def chat_command(
             "many peers in the channel's gossipsub mesh, i.e. directly connected.",
         ),
     ] = 1,
+    cluster_id: Annotated[
+        int, typer.Option(min=0, help="Waku cluster of the relay (1: The Waku Network).")
+    ] = TWN_CLUSTER_ID,
+    shard: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="Relay on /waku/2/rs/<cluster>/<shard> (static sharding); default: the "
+            "content topic's autosharding shard.",
+        ),
+    ] = None,
     print_log: Annotated[
         bool,
         typer.Option("--print-log", help="At the end, print the local log as JSON lines."),
@@ -145,9 +157,10 @@ def chat_command(
         int, typer.Option(min=1, help="SDS-R: latest repair request/response.")
     ] = _REPAIR.t_max_ms,
 ) -> None:
-    """Group chat over libp2p gossipsub; run one per terminal (docs/chat.md).
+    """Group chat over Waku Relay; run one per terminal (docs/chat.md).
 
-    It prints its own address: give that to the others with --peer.
+    It prints its own address: give that to the others with --peer. js-waku relay nodes
+    join with the content topic and pubsub topic it prints.
 
     Type a line to send it; its status follows. /log, /peers, /quit.
 
@@ -169,6 +182,8 @@ def chat_command(
             quiet_ms=quiet_ms,
             min_peers=min_peers,
             min_mesh=min_mesh,
+            cluster_id=cluster_id,
+            shard=shard,
             print_log=print_log,
             runtime=RuntimeConfig(
                 sync_interval_ms=sync_interval_ms,

@@ -3,6 +3,7 @@
 // TCP, driven by JSON lines: the Waku Relay peer sdsync's nodes must interoperate with.
 // The first stdout line is the started node (or why it did not start); then one reply per
 // request line, with received messages interleaved as {"event":"message",...} lines.
+// With the sds_* ops (sds.mjs) it is also an SDS participant (@waku/sds 0.0.8) on the relay.
 // See README.md in this folder.
 import {
   RequestError,
@@ -22,6 +23,7 @@ import { multiaddr } from "@multiformats/multiaddr";
 import { messageHashStr } from "@waku/message-hash";
 import { createDecoder, createEncoder, utils } from "@waku/sdk";
 import { createRelayNode } from "@waku/sdk/relay";
+import { sdsOperations } from "./sds.mjs";
 
 const USAGE = `usage: node relay.mjs [--cluster-id N] (--shard N ... | --content-topic T ...)
   [--port N] [--ws]`;
@@ -79,7 +81,28 @@ function checkRelayed(node, pubsubTopic) {
   }
 }
 
-function operations(node, clusterId) {
+/** The encoder and decoder of a request's content topic, on a topic the node relays. */
+function codersOf(node, clusterId) {
+  return {
+    encoder(request) {
+      const encoder = createEncoder({
+        contentTopic: field(request, "content_topic", "string"),
+        pubsubTopicShardInfo: routingOf(clusterId, request),
+        ephemeral: request.ephemeral === true,
+      });
+      checkRelayed(node, encoder.pubsubTopic);
+      return encoder;
+    },
+    decoder(request) {
+      const contentTopic = field(request, "content_topic", "string");
+      const decoder = createDecoder(contentTopic, routingOf(clusterId, request));
+      checkRelayed(node, decoder.pubsubTopic);
+      return decoder;
+    },
+  };
+}
+
+function operations(node, coders, clusterId) {
   const gossipSub = node.relay.gossipSub;
   return {
     async dial(request) {
@@ -89,9 +112,7 @@ function operations(node, clusterId) {
     },
 
     async subscribe(request) {
-      const contentTopic = field(request, "content_topic", "string");
-      const decoder = createDecoder(contentTopic, routingOf(clusterId, request));
-      checkRelayed(node, decoder.pubsubTopic);
+      const decoder = coders.decoder(request);
       node.relay.subscribe(decoder, ({ pubsubTopic, proto }) =>
         emit({ event: "message", ...messageJson(pubsubTopic, proto) })
       );
@@ -99,12 +120,7 @@ function operations(node, clusterId) {
     },
 
     async publish(request) {
-      const encoder = createEncoder({
-        contentTopic: field(request, "content_topic", "string"),
-        pubsubTopicShardInfo: routingOf(clusterId, request),
-        ephemeral: request.ephemeral === true,
-      });
-      checkRelayed(node, encoder.pubsubTopic);
+      const encoder = coders.encoder(request);
       const message = messageOf(request);
       const proto = await encoder.toProtoObj(message);
       const result = await node.relay.send(encoder, message);
@@ -172,4 +188,10 @@ emit({
   multiaddrs: node.libp2p.getMultiaddrs().map(String),
   pubsub_topics: node.pubsubTopics,
 });
-await serve(operations(node, config.networkConfig.clusterId), () => node.stop());
+const clusterId = config.networkConfig.clusterId;
+const coders = codersOf(node, clusterId);
+const sds = sdsOperations(node, coders);
+await serve({ ...operations(node, coders, clusterId), ...sds.ops }, async () => {
+  sds.stop();
+  await node.stop();
+});
