@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from sdsync.store import Archive, NodeConfig, StoredMessage, StoreNode
+from sdsync.store.light import LightHost
 from sdsync.store.node import Relay, StreamServer
 from sdsync.wire.waku import WakuMessage
 
@@ -67,12 +68,15 @@ async def running(
     clock_ns: Callable[[], int] = time.time_ns,
     relay: Relay | None = None,
     libp2p: StreamServer | None = None,
+    light_host: LightHost | None = None,
     **config: Any,
 ) -> AsyncIterator[StoreNode]:
     """A store node on a free loopback port, stopped (and its archive closed) on exit."""
     settings: dict[str, Any] = {"token": TOKEN, "retention": ()} | config
     node_config = NodeConfig(data_dir=tmp, port=0, **settings)
-    node = StoreNode(archive, node_config, clock_ns=clock_ns, relay=relay, libp2p=libp2p)
+    node = StoreNode(
+        archive, node_config, clock_ns=clock_ns, relay=relay, libp2p=libp2p, light=light_host
+    )
     await node.start()
     try:
         yield node

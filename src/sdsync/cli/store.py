@@ -164,12 +164,21 @@ def serve(
         list[str] | None,
         typer.Option(help="libp2p multiaddr (…/p2p/<id>) of a relay peer; repeatable."),
     ] = None,
+    light: Annotated[
+        bool,
+        typer.Option(
+            help="Serve light clients on the relay host: LightPush (3.0.0, 2.0.0-beta1) and"
+            " Filter v2, on the topics archived."
+        ),
+    ] = True,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO.")] = False,
 ) -> None:
     """Serve the archive over HTTP until SIGINT or SIGTERM."""
     from sdsync.errors import LocalProtocolError
     from sdsync.store import NodeConfig, RetentionPolicy, StoreNode
     from sdsync.store import serve as serve_node
+    from sdsync.store.light import LIGHT_PROTOCOLS, LightConfig
+    from sdsync.store.lightpush import ServedTopics
     from sdsync.store.retention import DEFAULT_POLICY
     from sdsync.store.sync import SyncConfig
     from sdsync.wire.waku_protocols import STORE_QUERY_PROTOCOL
@@ -182,7 +191,8 @@ def serve(
     except LocalProtocolError as exc:
         raise typer.BadParameter(str(exc), param_hint="--retention") from None
     relay_topics = _relay_topics(pubsub_topic or (), relay_shard or (), relay_cluster_id)
-    sync_topics = _archived_topics(relay_topics, relay_cluster_id)
+    served = _served_topics(relay_topics, relay_cluster_id)
+    sync_topics = tuple(dict.fromkeys(pubsub_topic for pubsub_topic, _ in served))
     url = _db_url(db, data_dir)
     archive = _open_archive(url)
     config = NodeConfig(
@@ -195,6 +205,7 @@ def serve(
         peers=tuple(peer or ()),
         relay_topics=relay_topics,
         timestamp_variance_s=timestamp_variance,
+        light=LightConfig(served=ServedTopics(served, cluster_id=relay_cluster_id)),
         sync=SyncConfig(
             interval_s=sync_interval or None,
             method=sync_method.value,
@@ -205,6 +216,7 @@ def serve(
     )
 
     relay_addrs: list[str] = []
+    protocols = [STORE_QUERY_PROTOCOL, *(LIGHT_PROTOCOLS if light else ())]
 
     def ready(node: StoreNode) -> None:
         print(
@@ -216,7 +228,7 @@ def serve(
             print(
                 f"sdsync store: relay on {', '.join(relay_addrs)}, "
                 f"archiving {', '.join(config.relay_topics)} (Waku relay, cluster "
-                f"{relay_cluster_id}); serving {STORE_QUERY_PROTOCOL}",
+                f"{relay_cluster_id}); serving {', '.join(protocols)}",
                 flush=True,
             )
 
@@ -231,7 +243,9 @@ def serve(
             waku=WakuRelayConfig(cluster_id=relay_cluster_id),
         ) as relay:
             relay_addrs.extend(relay.listen_addrs)
-            node = StoreNode(archive, config, relay=relay, libp2p=relay)
+            node = StoreNode(
+                archive, config, relay=relay, libp2p=relay, light=relay if light else None
+            )
             await serve_node(node, on_ready=ready)
 
     try:
@@ -262,12 +276,15 @@ def _relay_topics(
     return tuple(dict.fromkeys([*pubsub_topics, *shard_topics]))
 
 
-def _archived_topics(relay_topics: Iterable[str], cluster_id: int) -> tuple[str, ...]:
-    """The pubsub topics messages of ``relay_topics`` are archived under: a shard's own,
-    a channel's autoshard (as the transport routes them)."""
+def _served_topics(
+    relay_topics: Iterable[str], cluster_id: int
+) -> tuple[tuple[str, str | None], ...]:
+    """What the relay of ``relay_topics`` archives: (pubsub topic, content topic) pairs —
+    a shard's topic with every content topic (None), a channel's content topic on its
+    autoshard (as the transport routes them)."""
     channels = [t for t in relay_topics if not t.startswith(SHARD_TOPIC_PREFIX)]
     if not channels:
-        return tuple(relay_topics)
+        return tuple((topic, None) for topic in relay_topics)
     from sdsync.errors import LocalProtocolError
 
     try:
@@ -276,10 +293,11 @@ def _archived_topics(relay_topics: Iterable[str], cluster_id: int) -> tuple[str,
         raise fail(f"the relay needs the 'p2p' extra ({exc})") from None
     waku = WakuRelayConfig(cluster_id=cluster_id)
     try:
-        shards = {t: waku.pubsub_topic(default_content_topic(t)) for t in channels}
+        content = {t: default_content_topic(t) for t in channels}
+        shards = {t: waku.pubsub_topic(c) for t, c in content.items()}
     except LocalProtocolError as exc:
         raise typer.BadParameter(str(exc), param_hint="--pubsub-topic") from None
-    return tuple(dict.fromkeys(shards.get(t, t) for t in relay_topics))
+    return tuple((shards.get(t, t), content.get(t)) for t in relay_topics)
 
 
 def _redacted(url: str) -> str:

@@ -25,6 +25,8 @@ The parts, from the bottom up:
 * :mod:`~sdsync.store.rest`, :mod:`~sdsync.store.server` — the HTTP API (aiohttp);
 * :mod:`~sdsync.store.waku_store` — the same queries over libp2p (sans-I/O: the
   transport carries the bytes), and :class:`~sdsync.store.waku_store.WakuStoreClient`;
+* :mod:`~sdsync.store.lightpush`, :mod:`~sdsync.store.filter` — LightPush and Filter for
+  light clients (sans-I/O), and :mod:`~sdsync.store.light`, their I/O on the host;
 * :mod:`~sdsync.store.resume` — Store Resume from a random peer after downtime;
 * :mod:`~sdsync.store.node` — the node that runs all of it (``sdsync store serve``);
 * :mod:`~sdsync.store.client` — the HTTP client, also the runtime's StoreClient (as

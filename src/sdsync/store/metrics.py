@@ -21,7 +21,7 @@ class StoreMetrics:
         )
         self.ingested = Counter(
             "sdsync_store_ingested_messages",
-            "Messages newly archived, by source (http, resume, relay, sync).",
+            "Messages newly archived, by source (http, resume, relay, lightpush, sync).",
             ["source"],
             registry=r,
         )
@@ -53,6 +53,19 @@ class StoreMetrics:
         )
         self.query_seconds = Histogram(
             "sdsync_store_query_seconds", "Time to answer a store v3 query.", registry=r
+        )
+        self.lightpushes = Counter(
+            "sdsync_store_lightpush",
+            "LightPush requests answered, by status code.",
+            ["status"],
+            registry=r,
+        )
+        self.filter_pushes = Counter(
+            "sdsync_store_filter_pushes",
+            "Filter pushes to subscribers, by outcome (sent, failed, dropped: the "
+            "subscriber's queue was full).",
+            ["outcome"],
+            registry=r,
         )
         self.retention_deleted = Counter(
             "sdsync_store_retention_deleted_messages",

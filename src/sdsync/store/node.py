@@ -18,10 +18,13 @@ background tasks:
   one *relay* task per topic archives every message heard on it;
 * when a libp2p host is given (``sdsync store serve`` gives its relay's), the node
   answers ``/vac/waku/store-query/3.0.0`` on it
-  (:func:`~sdsync.store.waku_store.answer_store_query`: the query engine of the REST API).
+  (:func:`~sdsync.store.waku_store.answer_store_query`: the query engine of the REST API);
+* when a light-client host is given (the same relay), the node is a service node for
+  light clients (:class:`~sdsync.store.light.LightServices`): LightPush publishes on the
+  relay and archives, Filter pushes every message the relay or LightPush brings.
 
-Every path that adds messages — HTTP ingestion, Store Resume, a relay subscription and
-Store Sync — goes through :meth:`~sdsync.store.host.ArchiveHost.ingest`, which counts
+Every path that adds messages — HTTP ingestion, Store Resume, a relay subscription,
+LightPush and Store Sync — goes through :meth:`~sdsync.store.host.ArchiveHost.ingest`, which counts
 what was new per source.  Before that, each checks its messages with
 :meth:`StoreNode.check_ingestible` (:func:`~sdsync.store.model.check_ingestible` at the
 node's clock): a timestamp that is not positive or more than ``timestamp_variance_s``
@@ -59,6 +62,7 @@ from aiohttp import web
 from sdsync.errors import RemoteProtocolError
 from sdsync.store.archive import Archive, ArchiveUnavailable
 from sdsync.store.host import ArchiveHost, QueriesBusy
+from sdsync.store.light import LightConfig, LightHost, LightServices
 from sdsync.store.model import (
     DEFAULT_TIMESTAMP_VARIANCE_S,
     InvalidMessageError,
@@ -100,6 +104,8 @@ class NodeConfig:
     """Pubsub topics to archive from the relay, when the node has one."""
     timestamp_variance_s: float = DEFAULT_TIMESTAMP_VARIANCE_S
     """How far ahead of the node's clock an ingested message's timestamp may be."""
+    light: LightConfig = field(default_factory=LightConfig)
+    """What LightPush and Filter serve, when the node has a light-client host."""
 
 
 class Envelope(Protocol):
@@ -138,11 +144,13 @@ class StoreNode(ArchiveHost):
         rng: random.Random | None = None,
         relay: Relay | None = None,
         libp2p: StreamServer | None = None,
+        light: LightHost | None = None,
     ) -> None:
         self._executor = ThreadPoolExecutor(config.threads, thread_name_prefix="archive")
         super().__init__(archive, executor=self._executor)
         self.relay = relay
         self.libp2p = libp2p
+        self.light = None if light is None else LightServices(self, light, config.light)
         self.config = config
         self.last_online = LastOnline(config.data_dir / "last_online")
         self.resume_report: ResumeReport | None = None
@@ -195,11 +203,15 @@ class StoreNode(ArchiveHost):
                 self._tasks.append(self._spawn(self._archive_relay(envelopes), f"relay {topic}"))
         if self.libp2p is not None:
             await self.libp2p.serve(STORE_QUERY_PROTOCOL, self._answer_store_query)
+        if self.light is not None:
+            await self.light.start()
 
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self.light is not None:
+            await self.light.close()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -291,6 +303,8 @@ class StoreNode(ArchiveHost):
 
     async def _archive_relay(self, envelopes: AsyncIterator[Envelope]) -> None:
         async for envelope in envelopes:
+            if self.light is not None:  # Filter pushes ephemeral messages too
+                self.light.offer(envelope.pubsub_topic, envelope.message)
             try:
                 stored = StoredMessage.of(envelope.pubsub_topic, envelope.message)
                 self.check_ingestible(stored)

@@ -262,6 +262,12 @@ class Libp2pTransport(AsyncLifecycle):
         message = WakuMessage(
             payload=data, content_topic=self.content_topic(topic), timestamp=self._timestamp()
         )
+        return await self.publish_message(pubsub_topic, message)
+
+    async def publish_message(self, pubsub_topic: str, message: WakuMessage) -> bytes:
+        """Publish ``message`` as it is on ``pubsub_topic`` itself (in the Waku mode a
+        ``/waku/2/rs/...`` topic): what a LightPush service relays for a light client.
+        Returns its Waku message hash; queued as :meth:`publish` is."""
         frame = message.to_bytes()
         if len(frame) > self.max_message_bytes:
             raise LocalProtocolError(

@@ -206,6 +206,21 @@ function operations({ node, networkConfig }, channels) {
     };
   }
 
+  // ReliableChannel (sdk 0.0.36) encodes each message twice, once for its retrieval hint
+  // and once to send it, and each encoding stamps `new Date()` on a message without a
+  // timestamp: should a millisecond boundary fall between the two, the hint names a
+  // message nobody sent. The first stamp is kept on the message object both encodings
+  // share, so the hint always names the message sent (a test-harness patch of js-waku;
+  // the protocol is untouched).
+  function stampOnce(encoder) {
+    const toProtoObj = encoder.toProtoObj.bind(encoder);
+    encoder.toProtoObj = (message) => {
+      message.timestamp ??= new Date();
+      return toProtoObj(message);
+    };
+    return encoder;
+  }
+
   return {
     store_query: storeQuery,
 
@@ -258,7 +273,7 @@ function operations({ node, networkConfig }, channels) {
         node,
         channelId,
         field(request, "sender_id", "string"),
-        createEncoder({ contentTopic, routingInfo }),
+        stampOnce(createEncoder({ contentTopic, routingInfo })),
         createDecoder(contentTopic, routingInfo),
         request.options ?? {}
       );

@@ -1,0 +1,261 @@
+"""12/WAKU2-FILTER v2, the service side, sans-I/O: who is subscribed to what.
+
+Theory of operation
+-------------------
+A light node subscribes over ``/vac/waku/filter-subscribe/2.0.0-beta1`` — one
+FilterSubscribeRequest, one FilterSubscribeResponse — and the service node pushes every
+matching message to it over ``/vac/waku/filter-push/2.0.0-beta1``.  A
+:class:`FilterSubscriptions` table holds the state and makes every decision; it never
+touches a socket or a clock (the caller passes ``now``, monotonic seconds).  The node
+(:mod:`sdsync.store.light`) does the I/O: it hands each request's bytes to
+:func:`answer_filter_subscribe` and sends back the bytes it returns, asks
+:meth:`FilterSubscriptions.subscribers` who gets each message, pushes, and reports each
+push's outcome back.
+
+A subscription is a set of *criteria*, (pubsub topic, content topic) pairs, per peer.
+The requests, as nwaku answers them:
+
+* ``SUBSCRIBE`` adds criteria: 200; 400 without a pubsub topic or content topics, with
+  more than ``max_content_topics_per_request`` of them, a malformed one, or a pair the
+  node does not serve (it would never see those messages); 503 when the node has
+  ``max_peers`` subscribers or the peer would pass ``max_criteria_per_peer``;
+* ``UNSUBSCRIBE`` removes criteria (those it names that the peer had), ``UNSUBSCRIBE_ALL``
+  every one: 200, or 404 for a peer without a subscription;
+* ``SUBSCRIBER_PING``: 200 if the peer has a subscription, else 404.
+
+Every request of a subscribed peer renews its subscription; one not renewed for
+``subscription_ttl_s`` (nwaku: 5 minutes; js-waku pings every minute) expires.  A peer
+that ``max_push_failures`` pushes in a row could not reach is dropped: a light node that
+went away without unsubscribing costs at most that many failed pushes.  A message is
+offered once: the table remembers the hashes of the last ``recent_messages`` messages it
+handed out, so one heard twice (relayed back after a LightPush, say) is not pushed twice.
+
+A request that does not parse is answered 400 with an empty request id; each refusal is
+counted by the caller under a fixed ``reason`` word.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from sdsync.errors import RemoteProtocolError
+from sdsync.wire.waku_protocols import (
+    FilterSubscribeRequest,
+    FilterSubscribeResponse,
+    FilterSubscribeType,
+    parse_content_topic,
+)
+
+logger = logging.getLogger("sdsync.store.filter")
+
+Criterion = tuple[str, str]
+"""(pubsub topic, content topic)."""
+
+
+class FilterStatus(IntEnum):
+    """Status codes of FilterSubscribeResponse (nwaku's)."""
+
+    OK = 200
+    BAD_REQUEST = 400
+    NOT_FOUND = 404
+    SERVICE_UNAVAILABLE = 503
+
+
+@dataclass(frozen=True, slots=True)
+class FilterLimits:
+    """Bounds of the Filter service; the defaults are nwaku's."""
+
+    max_peers: int = 1000
+    max_criteria_per_peer: int = 1000
+    max_content_topics_per_request: int = 100
+    subscription_ttl_s: float = 300.0
+    max_push_failures: int = 3
+    recent_messages: int = 4096
+
+
+class FilterRefused(Exception):  # noqa: N818 -- an answer, not a bug
+    """A request answered with ``status``, counted under ``reason``."""
+
+    def __init__(self, status: FilterStatus, reason: str, description: str) -> None:
+        super().__init__(description)
+        self.status = status
+        self.reason = reason
+        self.description = description
+
+
+@dataclass(slots=True)
+class _Subscriber:
+    criteria: set[Criterion]
+    renewed: float
+    failures: int = 0
+
+
+@dataclass
+class FilterSubscriptions:
+    """Subscribers and their criteria; ``serves(pubsub_topic, content_topic)`` says
+    which messages the node sees at all."""
+
+    serves: Callable[[str, str], bool]
+    limits: FilterLimits = field(default_factory=FilterLimits)
+    _peers: dict[str, _Subscriber] = field(default_factory=dict)
+    _recent: OrderedDict[bytes, None] = field(default_factory=OrderedDict)
+
+    def __len__(self) -> int:
+        return len(self._peers)
+
+    def criteria(self, peer: str) -> set[Criterion]:
+        subscriber = self._peers.get(peer)
+        return set(subscriber.criteria) if subscriber else set()
+
+    # -- requests
+
+    def answer(self, peer: str, request: FilterSubscribeRequest, now: float) -> None:
+        """Apply ``request`` of ``peer``; raises :class:`FilterRefused` unless it is 200."""
+        self.expire(now)
+        kind = request.filter_subscribe_type
+        if kind is FilterSubscribeType.SUBSCRIBE:
+            self._subscribe(peer, self._criteria(request), now)
+            return
+        subscriber = self._peers.get(peer)
+        if subscriber is None:
+            raise FilterRefused(FilterStatus.NOT_FOUND, "not_subscribed", "no subscription")
+        subscriber.renewed = now
+        if kind is FilterSubscribeType.UNSUBSCRIBE:
+            subscriber.criteria -= self._criteria(request, check_served=False)
+            if not subscriber.criteria:
+                del self._peers[peer]
+        elif kind is FilterSubscribeType.UNSUBSCRIBE_ALL:
+            del self._peers[peer]
+
+    def _criteria(
+        self, request: FilterSubscribeRequest, *, check_served: bool = True
+    ) -> set[Criterion]:
+        topic, content_topics = request.pubsub_topic, request.content_topics
+        if not topic or not content_topics:
+            raise FilterRefused(
+                FilterStatus.BAD_REQUEST,
+                "missing_topics",
+                "a pubsub topic and content topics are required",
+            )
+        if len(content_topics) > self.limits.max_content_topics_per_request:
+            raise FilterRefused(
+                FilterStatus.BAD_REQUEST,
+                "too_many_content_topics",
+                f"{len(content_topics)} content topics; at most "
+                f"{self.limits.max_content_topics_per_request} per request",
+            )
+        for content_topic in content_topics:
+            try:
+                parse_content_topic(content_topic, remote=True)
+            except RemoteProtocolError as exc:
+                raise FilterRefused(
+                    FilterStatus.BAD_REQUEST, "malformed_content_topic", str(exc)
+                ) from None
+            if check_served and not self.serves(topic, content_topic):
+                raise FilterRefused(
+                    FilterStatus.BAD_REQUEST,
+                    "unsupported_topic",
+                    f"this node does not relay {content_topic[:100]} on {topic[:100]}",
+                )
+        return {(topic, content_topic) for content_topic in content_topics}
+
+    def _subscribe(self, peer: str, criteria: set[Criterion], now: float) -> None:
+        subscriber = self._peers.get(peer)
+        if subscriber is None and len(self._peers) >= self.limits.max_peers:
+            raise FilterRefused(
+                FilterStatus.SERVICE_UNAVAILABLE,
+                "too_many_subscribers",
+                f"this node serves {self.limits.max_peers} subscribers already",
+            )
+        held = subscriber.criteria if subscriber else set()
+        if len(held | criteria) > self.limits.max_criteria_per_peer:
+            raise FilterRefused(
+                FilterStatus.SERVICE_UNAVAILABLE,
+                "too_many_criteria",
+                f"at most {self.limits.max_criteria_per_peer} criteria per subscriber",
+            )
+        if subscriber is None:
+            self._peers[peer] = _Subscriber(set(criteria), now)
+        else:
+            subscriber.criteria |= criteria
+            subscriber.renewed = now
+
+    def expire(self, now: float) -> list[str]:
+        """Drop the subscriptions not renewed for ``subscription_ttl_s``; their peers."""
+        stale = [
+            peer
+            for peer, subscriber in self._peers.items()
+            if now - subscriber.renewed > self.limits.subscription_ttl_s
+        ]
+        for peer in stale:
+            del self._peers[peer]
+        return stale
+
+    # -- messages
+
+    def subscribers(
+        self, pubsub_topic: str, content_topic: str, message_hash: bytes, now: float
+    ) -> list[str]:
+        """Who gets this message: the peers subscribed to its criterion, or nobody if it
+        was offered before."""
+        if message_hash in self._recent:
+            return []
+        self._recent[message_hash] = None
+        if len(self._recent) > self.limits.recent_messages:
+            self._recent.popitem(last=False)
+        self.expire(now)
+        wanted = (pubsub_topic, content_topic)
+        return sorted(peer for peer, s in self._peers.items() if wanted in s.criteria)
+
+    def push_succeeded(self, peer: str) -> None:
+        subscriber = self._peers.get(peer)
+        if subscriber is not None:
+            subscriber.failures = 0
+
+    def push_failed(self, peer: str) -> bool:
+        """Count a push ``peer`` could not take; True if that dropped its subscription."""
+        subscriber = self._peers.get(peer)
+        if subscriber is None:
+            return False
+        subscriber.failures += 1
+        if subscriber.failures < self.limits.max_push_failures:
+            return False
+        del self._peers[peer]
+        return True
+
+
+def answer_filter_subscribe(
+    table: FilterSubscriptions,
+    peer: str,
+    request: bytes,
+    now: float,
+    refuse: Callable[[str], None],
+) -> bytes:
+    """The FilterSubscribeResponse bytes that answer the request bytes ``request`` of
+    ``peer``; ``refuse(reason)`` counts each answer that is not 200."""
+    try:
+        parsed = FilterSubscribeRequest.from_bytes(request)
+    except RemoteProtocolError as exc:
+        logger.warning("filter request from %s refused: %s", peer, exc)
+        return _refused(
+            refuse, "", FilterRefused(FilterStatus.BAD_REQUEST, "malformed_rpc", str(exc))
+        )
+    try:
+        table.answer(peer, parsed, now)
+    except FilterRefused as exc:
+        logger.info("filter request from %s refused: %s", peer, exc)
+        return _refused(refuse, parsed.request_id, exc)
+    return FilterSubscribeResponse(
+        request_id=parsed.request_id, status_code=int(FilterStatus.OK), status_desc="OK"
+    ).to_bytes()
+
+
+def _refused(refuse: Callable[[str], None], request_id: str, exc: FilterRefused) -> bytes:
+    refuse(exc.reason)
+    return FilterSubscribeResponse(
+        request_id=request_id, status_code=int(exc.status), status_desc=exc.description
+    ).to_bytes()

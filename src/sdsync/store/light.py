@@ -1,0 +1,246 @@
+"""A store node's light-client services: LightPush and Filter on its libp2p host.
+
+Theory of operation
+-------------------
+A js-waku light node (a browser, ``createLightNode``) relays nothing: it publishes
+through a service node's LightPush and receives through its Filter, and reads history
+from its store.  :class:`LightServices` makes a store node that service node.  It is the
+I/O around two sans-I/O parts:
+
+* :mod:`sdsync.store.lightpush` judges a pushed message and writes the answer; an
+  accepted one is published on Waku relay as it is (:meth:`LightHost.publish_message`),
+  archived as a relay message would be (counted under source ``lightpush``; our own
+  relay subscription never hands our own publication back, so it is archived once), and
+  offered to Filter;
+* :mod:`sdsync.store.filter` holds the subscriptions and answers subscribe requests;
+  :meth:`LightServices.offer` asks it who gets a message — heard on relay or pushed —
+  and pushes a MessagePush to each over ``/vac/waku/filter-push/2.0.0-beta1``.
+
+Pushes to one subscriber go out in order, one at a time, each within
+``push_timeout_s``; at most ``push_queue`` wait (more are dropped and counted), so a
+slow subscriber holds up nobody else.  A failed push counts against the subscriber
+(:meth:`~sdsync.store.filter.FilterSubscriptions.push_failed`), which drops it after
+``max_push_failures`` in a row.  Every push is counted in
+``sdsync_store_filter_pushes_total{outcome}`` (``sent``, ``failed``, ``dropped``), every
+answered push in ``sdsync_store_lightpush_total{status}``, and every refusal in
+``sdsync_store_refused_total{route, reason}`` with the protocol id as ``route``.  Frames
+that are truncated, too long or never sent are refused by the transport before they get
+here (docs/network.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from sdsync.errors import LocalProtocolError, RemoteProtocolError
+from sdsync.store.archive import ArchiveUnavailable
+from sdsync.store.filter import FilterLimits, FilterSubscriptions, answer_filter_subscribe
+from sdsync.store.host import ServedNode
+from sdsync.store.lightpush import (
+    LightPushRefused,
+    LightPushStatus,
+    Push,
+    ServedTopics,
+    answer_lightpush,
+    answer_lightpush_v2,
+)
+from sdsync.store.model import StoredMessage
+from sdsync.wire.waku import WakuMessage
+from sdsync.wire.waku_protocols import (
+    FILTER_PUSH_PROTOCOL,
+    FILTER_SUBSCRIBE_PROTOCOL,
+    LIGHTPUSH_PROTOCOL,
+    LIGHTPUSH_V2_PROTOCOL,
+    MessagePush,
+)
+
+logger = logging.getLogger("sdsync.store.light")
+
+LIGHT_PROTOCOLS = (LIGHTPUSH_PROTOCOL, LIGHTPUSH_V2_PROTOCOL, FILTER_SUBSCRIBE_PROTOCOL)
+"""What :class:`LightServices` serves."""
+
+
+class LightHost(Protocol):
+    """The libp2p host the services run on (a Waku-mode
+    :class:`~sdsync.transport.libp2p.Libp2pTransport`)."""
+
+    async def serve(
+        self, protocol_id: str, handler: Callable[[str, bytes], Awaitable[bytes | None]]
+    ) -> None: ...
+
+    async def push(
+        self, peer: str, protocol_id: str, payload: bytes, *, timeout_s: float
+    ) -> None: ...
+
+    async def publish_message(self, pubsub_topic: str, message: WakuMessage) -> bytes: ...
+
+    async def mesh_peers(self, topic: str) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class LightConfig:
+    """What the services serve and their bounds."""
+
+    served: ServedTopics = field(default_factory=ServedTopics)
+    filter: FilterLimits = field(default_factory=FilterLimits)
+    push_timeout_s: float = 5.0
+    push_queue: int = 256
+
+
+class LightServices:
+    """LightPush (3.0.0 and 2.0.0-beta1) and Filter v2 for ``node`` on ``host``."""
+
+    def __init__(
+        self,
+        node: ServedNode,
+        host: LightHost,
+        config: LightConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.node = node
+        self.host = host
+        self.config = config
+        self.filters = FilterSubscriptions(config.served.serves, config.filter)
+        self._clock = clock
+        self._queues: dict[str, deque[bytes]] = {}
+        self._workers: dict[str, asyncio.Task[None]] = {}
+
+    async def start(self) -> None:
+        await self.host.serve(LIGHTPUSH_PROTOCOL, self._answer_lightpush)
+        await self.host.serve(LIGHTPUSH_V2_PROTOCOL, self._answer_lightpush_v2)
+        await self.host.serve(FILTER_SUBSCRIBE_PROTOCOL, self._answer_filter)
+
+    async def close(self) -> None:
+        for task in list(self._workers.values()):
+            task.cancel()
+        for task in list(self._workers.values()):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # -- what lightpush.PushService asks of us
+
+    @property
+    def served(self) -> ServedTopics:
+        return self.config.served
+
+    def now_ns(self) -> int:
+        return self.node.now_ns()
+
+    @property
+    def max_future_ns(self) -> int:
+        return self.node.max_future_ns
+
+    def refuse(self, route: str, reason: str) -> None:
+        self.node.metrics.refuse(route, reason)
+
+    async def accept(self, push: Push) -> int:
+        """Relay, archive and offer to Filter; the relay peers it went to."""
+        peers = 0
+        try:
+            peers = len(await self.host.mesh_peers(push.pubsub_topic))
+            await self.host.publish_message(push.pubsub_topic, push.message)
+        except LocalProtocolError as exc:  # the host is closing
+            logger.warning("could not relay a pushed message: %s", exc)
+            peers = 0
+        archived = await self._archive(push)
+        subscribers = self.offer(push.pubsub_topic, push.message)
+        if peers or archived or subscribers:
+            return peers
+        if not push.message.ephemeral:
+            raise LightPushRefused(
+                LightPushStatus.SERVICE_UNAVAILABLE,
+                "archive_unavailable",
+                "the archive failed and no relay peer took the message",
+            )
+        raise LightPushRefused(LightPushStatus.NO_PEERS, "no_peers", "no relay peers available")
+
+    async def _archive(self, push: Push) -> bool:
+        if push.message.ephemeral:
+            return False
+        try:
+            await self.node.ingest(
+                [StoredMessage.of(push.pubsub_topic, push.message)], source="lightpush"
+            )
+        except ArchiveUnavailable:
+            logger.exception("archiving a pushed message failed")
+            return False
+        return True
+
+    def answered(self, status: LightPushStatus) -> None:
+        self.node.metrics.lightpushes.labels(status=str(int(status))).inc()
+
+    # -- handlers
+
+    async def _answer_lightpush(self, peer: str, request: bytes) -> bytes:
+        return await answer_lightpush(self, LIGHTPUSH_PROTOCOL, request)
+
+    async def _answer_lightpush_v2(self, peer: str, request: bytes) -> bytes:
+        return await answer_lightpush_v2(self, LIGHTPUSH_V2_PROTOCOL, request)
+
+    async def _answer_filter(self, peer: str, request: bytes) -> bytes:
+        def refuse(reason: str) -> None:
+            self.refuse(FILTER_SUBSCRIBE_PROTOCOL, reason)
+
+        return answer_filter_subscribe(self.filters, peer, request, self._clock(), refuse)
+
+    # -- Filter pushes
+
+    def offer(self, pubsub_topic: str, message: WakuMessage) -> int:
+        """Push ``message`` to its Filter subscribers; how many there are."""
+        peers = self.filters.subscribers(
+            pubsub_topic, message.content_topic, message.hash(pubsub_topic), self._clock()
+        )
+        if peers:
+            frame = MessagePush(waku_message=message, pubsub_topic=pubsub_topic).to_bytes()
+            for peer in peers:
+                self._enqueue(peer, frame)
+        return len(peers)
+
+    def _enqueue(self, peer: str, frame: bytes) -> None:
+        queue = self._queues.setdefault(peer, deque())
+        if len(queue) >= self.config.push_queue:
+            self.node.metrics.filter_pushes.labels(outcome="dropped").inc()
+            logger.warning(
+                "filter subscriber %s is %d pushes behind: dropped one", peer, len(queue)
+            )
+            return
+        queue.append(frame)
+        if peer not in self._workers:
+            self._workers[peer] = asyncio.create_task(self._drain(peer), name=f"filter-push {peer}")
+
+    async def _drain(self, peer: str) -> None:
+        """Push ``peer``'s queue in order until it is empty or the peer is dropped."""
+        queue = self._queues[peer]
+        pushes = self.node.metrics.filter_pushes
+        try:
+            while queue:
+                try:
+                    await self.host.push(
+                        peer, FILTER_PUSH_PROTOCOL, queue[0], timeout_s=self.config.push_timeout_s
+                    )
+                except (OSError, TimeoutError, RemoteProtocolError, LocalProtocolError) as exc:
+                    pushes.labels(outcome="failed").inc()
+                    dropped = self.filters.push_failed(peer)
+                    logger.warning(
+                        "filter push to %s failed%s: %s",
+                        peer,
+                        " (subscription dropped)" if dropped else "",
+                        exc,
+                    )
+                    if dropped:
+                        return
+                else:
+                    pushes.labels(outcome="sent").inc()
+                    self.filters.push_succeeded(peer)
+                queue.popleft()
+        finally:
+            del self._workers[peer]
+            del self._queues[peer]

@@ -1,0 +1,240 @@
+"""19/WAKU2-LIGHTPUSH, the service side: is a pushed message one to relay, and the answer.
+
+Theory of operation
+-------------------
+A light node publishes through a service node: it opens ``/vac/waku/lightpush/3.0.0``
+(or ``/vac/waku/lightpush/2.0.0-beta1``), writes one request — a WakuMessage and the
+pubsub topic to publish it on — and reads one response with a status code.  Nothing
+here touches a socket: the transport hands the request's bytes to
+:func:`answer_lightpush` (:func:`answer_lightpush_v2`) and sends back the bytes they
+return.  Between the two, :func:`check_push` judges the request and
+:class:`PushService.accept` does what the node does with an accepted message (relay,
+archive, Filter: :mod:`sdsync.store.light`).
+
+:func:`check_push` applies 14/WAKU2-MESSAGE and the node's own limits, the status codes
+as js-waku's ``LightPushStatusCode`` and nwaku name them:
+
+* 400 — no message, or bytes that are no request (``malformed_rpc``) or no WakuMessage;
+* 413 — a WakuMessage above :data:`~sdsync.wire.waku.MAX_WAKU_MESSAGE_BYTES`;
+* 420 — no timestamp, a timestamp not positive or more than the node's variance (20 s)
+  ahead of its clock, a malformed content topic or one no backend can store;
+* 421 — a pubsub topic the node does not relay (an absent one is the content topic's
+  autoshard, :meth:`ServedTopics.pubsub_topic`).
+
+An accepted message answers 200 with ``relay_peer_count``, the relay peers it went to,
+as long as it reached somebody: a relay peer, the archive, or a Filter subscriber (a
+service node with no relay peers still serves the light nodes around it — nwaku would
+answer 505 there).  503 if the archive failed and no relay peer took it, 505 if an
+ephemeral message found nobody.  js-waku counts a push as sent on 200 only.
+
+Each answer is counted by the service's ``answered(status)``, each refusal by its
+``refuse(route, reason)`` under a fixed word (``no_message``, ``oversized``,
+``no_timestamp``, ``unsupported_topic``...).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Protocol
+
+from sdsync.errors import RejectReason, RemoteProtocolError
+from sdsync.store.model import InvalidMessageError, check_timestamp, topic_problem
+from sdsync.wire.waku import WakuMessage
+from sdsync.wire.waku_protocols import (
+    TWN_CLUSTER_ID,
+    TWN_SHARD_COUNT,
+    LightPushRequestV3,
+    LightPushResponseV3,
+    PushResponse,
+    PushRpc,
+    parse_content_topic,
+)
+
+logger = logging.getLogger("sdsync.store.lightpush")
+
+
+class LightPushStatus(IntEnum):
+    """LightPush status codes (js-waku's ``LightPushStatusCode``, nwaku's)."""
+
+    OK = 200
+    BAD_REQUEST = 400
+    PAYLOAD_TOO_LARGE = 413
+    INVALID_MESSAGE = 420
+    UNSUPPORTED_TOPIC = 421
+    SERVICE_UNAVAILABLE = 503
+    NO_PEERS = 505
+
+
+class LightPushRefused(Exception):  # noqa: N818 -- an answer, not a bug
+    """A push answered with ``status`` (not 200), counted under ``reason``."""
+
+    def __init__(self, status: LightPushStatus, reason: str, description: str) -> None:
+        super().__init__(description)
+        self.status = status
+        self.reason = reason
+        self.description = description
+
+
+@dataclass(frozen=True, slots=True)
+class ServedTopics:
+    """What a service node relays: (pubsub topic, content topic) pairs, a content topic
+    of None meaning every one on that pubsub topic; and its cluster's autosharding."""
+
+    topics: tuple[tuple[str, str | None], ...] = ()
+    cluster_id: int = TWN_CLUSTER_ID
+    shard_count: int = TWN_SHARD_COUNT
+
+    def serves(self, pubsub_topic: str, content_topic: str) -> bool:
+        return any(p == pubsub_topic and c in (None, content_topic) for p, c in self.topics)
+
+    def pubsub_topic(self, content_topic: str) -> str:
+        """The autoshard of a peer's ``content_topic`` (RemoteProtocolError if malformed)."""
+        parsed = parse_content_topic(content_topic, remote=True)
+        return parsed.pubsub_topic(self.cluster_id, self.shard_count)
+
+
+@dataclass(frozen=True, slots=True)
+class Push:
+    """An accepted push: ``message`` to publish on ``pubsub_topic``."""
+
+    pubsub_topic: str
+    message: WakuMessage
+
+
+class PushService(Protocol):
+    """What answering a push needs of the node."""
+
+    @property
+    def served(self) -> ServedTopics: ...
+
+    def now_ns(self) -> int: ...
+
+    @property
+    def max_future_ns(self) -> int: ...
+
+    def refuse(self, route: str, reason: str) -> None: ...
+
+    def answered(self, status: LightPushStatus) -> None: ...
+
+    async def accept(self, push: Push) -> int:
+        """Relay, archive and offer to Filter; the relay peers it went to, or
+        :class:`LightPushRefused` (503, 505) if it reached nobody."""
+        ...
+
+
+def check_push(
+    pubsub_topic: str | None,
+    message: WakuMessage | None,
+    served: ServedTopics,
+    now_ns: int,
+    max_future_ns: int,
+) -> Push:
+    """The push a request asks for, or :class:`LightPushRefused` (see the module)."""
+    if message is None:
+        raise LightPushRefused(LightPushStatus.BAD_REQUEST, "no_message", "no message to push")
+    if message.timestamp is None:
+        raise LightPushRefused(
+            LightPushStatus.INVALID_MESSAGE, "no_timestamp", "a message needs a timestamp"
+        )
+    try:
+        parse_content_topic(message.content_topic, remote=True)
+        topic = pubsub_topic or served.pubsub_topic(message.content_topic)
+        problem = topic_problem(message.content_topic)
+        if problem is not None:
+            raise InvalidMessageError("bad_topic", f"the content topic {problem}")
+        check_timestamp(message.timestamp, now_ns, max_future_ns)
+    except InvalidMessageError as exc:
+        raise LightPushRefused(LightPushStatus.INVALID_MESSAGE, exc.reason, str(exc)) from None
+    except RemoteProtocolError as exc:
+        raise LightPushRefused(LightPushStatus.INVALID_MESSAGE, _label(exc), str(exc)) from None
+    if not served.serves(topic, message.content_topic):
+        raise LightPushRefused(
+            LightPushStatus.UNSUPPORTED_TOPIC,
+            "unsupported_topic",
+            f"this node does not relay {message.content_topic[:100]} on {topic[:100]}",
+        )
+    return Push(topic, message)
+
+
+def _label(exc: RemoteProtocolError) -> str:
+    return exc.reason.name.lower() if isinstance(exc.reason, RejectReason) else str(exc.reason)
+
+
+def _decode_refused(exc: RemoteProtocolError) -> LightPushRefused:
+    """Bytes that are no request, or hold no acceptable WakuMessage."""
+    if exc.reason is RejectReason.OVERSIZED:
+        return LightPushRefused(LightPushStatus.PAYLOAD_TOO_LARGE, "oversized", str(exc))
+    return LightPushRefused(LightPushStatus.BAD_REQUEST, _label(exc), str(exc))
+
+
+async def _push(
+    service: PushService,
+    route: str,
+    decode: Callable[[], tuple[str | None, WakuMessage | None]],
+) -> tuple[LightPushStatus, str, int | None]:
+    """Status, description and relay peer count of one push."""
+    try:
+        try:
+            pubsub_topic, message = decode()
+        except RemoteProtocolError as exc:
+            raise _decode_refused(exc) from None
+        push = check_push(
+            pubsub_topic, message, service.served, service.now_ns(), service.max_future_ns
+        )
+        peers = await service.accept(push)
+    except LightPushRefused as exc:
+        service.refuse(route, exc.reason)
+        service.answered(exc.status)
+        log = logger.warning if exc.status == LightPushStatus.BAD_REQUEST else logger.info
+        log("%s push refused: %s", route, exc)
+        return exc.status, exc.description, None
+    service.answered(LightPushStatus.OK)
+    return LightPushStatus.OK, "OK", peers
+
+
+async def answer_lightpush(service: PushService, route: str, request: bytes) -> bytes:
+    """The LightPushResponseV3 bytes that answer the LightPushRequestV3 bytes ``request``."""
+    request_id = ""
+
+    def decode() -> tuple[str | None, WakuMessage | None]:
+        nonlocal request_id
+        parsed = LightPushRequestV3.from_bytes(request)
+        request_id = parsed.request_id
+        return parsed.pubsub_topic, parsed.message
+
+    status, description, peers = await _push(service, route, decode)
+    return LightPushResponseV3(
+        request_id=request_id,
+        status_code=int(status),
+        status_desc=description,
+        relay_peer_count=peers,
+    ).to_bytes()
+
+
+async def answer_lightpush_v2(service: PushService, route: str, request: bytes) -> bytes:
+    """The PushRpc bytes that answer the PushRpc (2.0.0-beta1) bytes ``request``."""
+    request_id = ""
+
+    def decode() -> tuple[str | None, WakuMessage | None]:
+        nonlocal request_id
+        parsed = PushRpc.from_bytes(request)
+        request_id = parsed.request_id
+        if parsed.request is None:
+            raise RemoteProtocolError(
+                "a PushRpc without a request", reason=RejectReason.MALFORMED_RPC
+            )
+        return parsed.request.pubsub_topic or None, parsed.request.message
+
+    status, description, peers = await _push(service, route, decode)
+    ok = status == LightPushStatus.OK
+    response = PushResponse(
+        is_success=ok,
+        info=None if ok else description,
+        status_code=int(status),
+        status_desc=description,
+        relay_peer_count=peers,
+    )
+    return PushRpc(request_id=request_id, response=response).to_bytes()

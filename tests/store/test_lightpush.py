@@ -1,0 +1,241 @@
+"""LightPush, the service side: what check_push accepts and refuses with which status,
+the answer bytes of both protocol versions, and LightServices (relay, archive, Filter) on
+a fake host."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from storetest import running
+
+from sdsync.store import SqlArchive
+from sdsync.store.light import LightConfig
+from sdsync.store.lightpush import (
+    LightPushRefused,
+    LightPushStatus,
+    Push,
+    ServedTopics,
+    answer_lightpush,
+    answer_lightpush_v2,
+    check_push,
+)
+from sdsync.wire.waku import MAX_WAKU_MESSAGE_BYTES, WakuMessage
+from sdsync.wire.waku_protocols import (
+    FILTER_PUSH_PROTOCOL,
+    FILTER_SUBSCRIBE_PROTOCOL,
+    LIGHTPUSH_PROTOCOL,
+    LIGHTPUSH_V2_PROTOCOL,
+    FilterSubscribeRequest,
+    FilterSubscribeType,
+    LightPushRequestV3,
+    LightPushResponseV3,
+    MessagePush,
+    PushRequest,
+    PushRpc,
+)
+
+NOW = 1_700_000_000 * 10**9
+SECOND = 10**9
+SHARD = "/waku/2/rs/1/7"
+SDS = "/sds/1/chan/proto"  # autosharded to SHARD on cluster 1
+SERVED = ServedTopics(((SHARD, None), ("/waku/2/rs/1/2", "/only/1/this/proto")))
+
+
+def message(**fields: object) -> WakuMessage:
+    values: dict[str, object] = {"payload": b"p", "content_topic": SDS, "timestamp": NOW}
+    return WakuMessage(**(values | fields))  # type: ignore[arg-type]
+
+
+def refused(pubsub_topic: str | None, msg: WakuMessage | None) -> tuple[int, str]:
+    with pytest.raises(LightPushRefused) as caught:
+        check_push(pubsub_topic, msg, SERVED, NOW, 20 * SECOND)
+    return caught.value.status, caught.value.reason
+
+
+def test_check_push_accepts_served_topics_and_autoshards() -> None:
+    assert check_push(SHARD, message(), SERVED, NOW, 20 * SECOND) == Push(SHARD, message())
+    assert check_push(None, message(), SERVED, NOW, 20 * SECOND).pubsub_topic == SHARD
+    old = message(timestamp=NOW - 3_600 * SECOND)  # old is fine, as for relay
+    assert check_push(SHARD, old, SERVED, NOW, 20 * SECOND).message == old
+    only = message(content_topic="/only/1/this/proto")
+    assert check_push("/waku/2/rs/1/2", only, SERVED, NOW, 20 * SECOND).message == only
+
+
+def test_check_push_refuses_with_nwaku_status_codes() -> None:
+    assert refused(SHARD, None) == (400, "no_message")
+    assert refused(SHARD, message(timestamp=None)) == (420, "no_timestamp")
+    assert refused(SHARD, message(timestamp=NOW + 21 * SECOND)) == (420, "timestamp_in_future")
+    assert refused(SHARD, message(timestamp=0)) == (420, "timestamp_not_positive")
+    assert refused(SHARD, message(content_topic="no-slashes")) == (420, "malformed_content_topic")
+    long_topic = "/app/1/" + "n" * 2000 + "/proto"
+    assert refused(SHARD, message(content_topic=long_topic)) == (420, "bad_topic")
+    assert refused("/waku/2/rs/1/3", message()) == (421, "unsupported_topic")
+    # A content-topic-only entry serves that content topic only.
+    assert refused("/waku/2/rs/1/2", message()) == (421, "unsupported_topic")
+    # Autosharded to shard 0 of cluster 1? Not served either.
+    elsewhere = message(content_topic="/elsewhere/2/x/proto")
+    assert SERVED.pubsub_topic(elsewhere.content_topic) != SHARD
+    assert refused(None, elsewhere) == (421, "unsupported_topic")
+
+
+@dataclass
+class Service:
+    """A PushService that accepts everything (or refuses as told)."""
+
+    outcome: int | LightPushRefused = 2
+    accepted: list[Push] = field(default_factory=list)
+    refusals: list[tuple[str, str]] = field(default_factory=list)
+    statuses: list[int] = field(default_factory=list)
+    served: ServedTopics = SERVED
+    max_future_ns: int = 20 * SECOND
+
+    def now_ns(self) -> int:
+        return NOW
+
+    def refuse(self, route: str, reason: str) -> None:
+        self.refusals.append((route, reason))
+
+    def answered(self, status: LightPushStatus) -> None:
+        self.statuses.append(int(status))
+
+    async def accept(self, push: Push) -> int:
+        if isinstance(self.outcome, LightPushRefused):
+            raise self.outcome
+        self.accepted.append(push)
+        return self.outcome
+
+
+def test_answers_of_v3() -> None:
+    service = Service()
+    good = LightPushRequestV3("r1", SHARD, message()).to_bytes()
+    answer = asyncio.run(answer_lightpush(service, LIGHTPUSH_PROTOCOL, good))
+    assert LightPushResponseV3.from_bytes(answer) == LightPushResponseV3("r1", 200, "OK", 2)
+    assert service.accepted == [Push(SHARD, message())]
+    bad = asyncio.run(answer_lightpush(service, LIGHTPUSH_PROTOCOL, b"\xff\xff\xff"))
+    assert LightPushResponseV3.from_bytes(bad).status_code == 400
+    huge = WakuMessage(b"x" * MAX_WAKU_MESSAGE_BYTES, SDS, timestamp=NOW)
+    big = asyncio.run(
+        answer_lightpush(
+            service, LIGHTPUSH_PROTOCOL, LightPushRequestV3("r2", SHARD, huge).to_bytes()
+        )
+    )
+    assert LightPushResponseV3.from_bytes(big).status_code == 413
+    service.outcome = LightPushRefused(LightPushStatus.NO_PEERS, "no_peers", "nobody")
+    lonely = asyncio.run(answer_lightpush(service, LIGHTPUSH_PROTOCOL, good))
+    assert LightPushResponseV3.from_bytes(lonely).status_code == 505
+    assert service.refusals == [
+        (LIGHTPUSH_PROTOCOL, "malformed_rpc"),
+        (LIGHTPUSH_PROTOCOL, "oversized"),
+        (LIGHTPUSH_PROTOCOL, "no_peers"),
+    ]
+    assert service.statuses == [200, 400, 413, 505]
+
+
+def test_answers_of_v2() -> None:
+    service = Service()
+    good = PushRpc("r1", request=PushRequest("", message())).to_bytes()  # "": autoshard
+    answer = PushRpc.from_bytes(asyncio.run(answer_lightpush_v2(service, "v2", good)))
+    assert answer.request_id == "r1"
+    assert answer.response is not None and answer.response.is_success
+    assert answer.response.relay_peer_count == 2
+    assert service.accepted == [Push(SHARD, message())]
+    empty = PushRpc("r2").to_bytes()
+    answer = PushRpc.from_bytes(asyncio.run(answer_lightpush_v2(service, "v2", empty)))
+    assert answer.response is not None and not answer.response.is_success
+    assert answer.response.status_code == 400 and answer.response.info
+
+
+@dataclass
+class FakeHost:
+    """A LightHost: records publications; pushes fail for peers in ``unreachable``."""
+
+    peers: list[str] = field(default_factory=list)
+    unreachable: set[str] = field(default_factory=set)
+    handlers: dict[str, object] = field(default_factory=dict)
+    published: list[tuple[str, WakuMessage]] = field(default_factory=list)
+    pushed: list[tuple[str, MessagePush]] = field(default_factory=list)
+
+    async def serve(self, protocol_id: str, handler: object) -> None:
+        self.handlers[protocol_id] = handler
+
+    async def push(self, peer: str, protocol_id: str, payload: bytes, *, timeout_s: float) -> None:
+        assert protocol_id == FILTER_PUSH_PROTOCOL
+        if peer in self.unreachable:
+            raise ConnectionError(f"{peer} is gone")
+        self.pushed.append((peer, MessagePush.from_bytes(payload)))
+
+    async def publish_message(self, pubsub_topic: str, message: WakuMessage) -> bytes:
+        self.published.append((pubsub_topic, message))
+        return message.hash(pubsub_topic)
+
+    async def mesh_peers(self, topic: str) -> list[str]:
+        return list(self.peers)
+
+
+async def ask(host: FakeHost, protocol: str, peer: str, request: bytes) -> bytes:
+    handler = host.handlers[protocol]
+    return await handler(peer, request)  # type: ignore[operator, no-any-return]
+
+
+def test_light_services_relay_archive_and_push_to_filter_subscribers(
+    sqlite_archive: SqlArchive, tmp_path: Path
+) -> None:
+    host = FakeHost()
+    config = LightConfig(served=SERVED)
+
+    async def scenario() -> None:
+        async with running(
+            sqlite_archive, tmp_path, clock_ns=lambda: NOW, light_host=host, light=config
+        ) as node:
+            assert set(host.handlers) == {
+                LIGHTPUSH_PROTOCOL,
+                LIGHTPUSH_V2_PROTOCOL,
+                FILTER_SUBSCRIBE_PROTOCOL,
+            }
+            for peer in ("sub", "gone"):
+                subscribe = FilterSubscribeRequest(
+                    "s", FilterSubscribeType.SUBSCRIBE, SHARD, (SDS,)
+                ).to_bytes()
+                await ask(host, FILTER_SUBSCRIBE_PROTOCOL, peer, subscribe)
+            host.unreachable.add("gone")
+            # No relay peers: the archive and the subscribers count.
+            for i in range(3):
+                push = LightPushRequestV3(f"p{i}", SHARD, message(payload=bytes([i])))
+                answer = await ask(host, LIGHTPUSH_PROTOCOL, "pusher", push.to_bytes())
+                assert LightPushResponseV3.from_bytes(answer).status_code == 200
+            assert node.light is not None
+            async with asyncio.timeout(10):
+                while len(host.pushed) < 3 or node.light.filters.criteria("gone"):
+                    await asyncio.sleep(0.01)
+            assert [p.waku_message.payload for _, p in host.pushed] == [b"\0", b"\1", b"\2"]  # type: ignore[union-attr]
+            assert {peer for peer, _ in host.pushed} == {"sub"}
+            assert [t for t, _ in host.published] == [SHARD] * 3
+            assert sqlite_archive.count() == 3
+            # An ephemeral message no relay peer or subscriber takes: 505.
+            lonely = message(content_topic="/other/1/x/proto", ephemeral=True)
+            answer = await ask(
+                host,
+                LIGHTPUSH_PROTOCOL,
+                "pusher",
+                LightPushRequestV3("e", SHARD, lonely).to_bytes(),
+            )
+            assert LightPushResponseV3.from_bytes(answer).status_code == 505
+            host.peers.append("relay-peer")
+            answer = await ask(
+                host,
+                LIGHTPUSH_PROTOCOL,
+                "pusher",
+                LightPushRequestV3("e", SHARD, lonely).to_bytes(),
+            )
+            assert LightPushResponseV3.from_bytes(answer).relay_peer_count == 1
+            assert sqlite_archive.count() == 3  # ephemeral: relayed, not archived
+            sample = node.metrics.registry.get_sample_value
+            assert sample("sdsync_store_ingested_messages_total", {"source": "lightpush"}) == 3
+            assert sample("sdsync_store_filter_pushes_total", {"outcome": "sent"}) == 3
+            assert sample("sdsync_store_filter_pushes_total", {"outcome": "failed"}) == 3
+            assert sample("sdsync_store_lightpush_total", {"status": "505"}) == 1
+
+    asyncio.run(scenario())
