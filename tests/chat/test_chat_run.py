@@ -53,6 +53,39 @@ def test_a_negative_min_mesh_is_bad_usage() -> None:
     assert result.exit_code == 2
 
 
+STORE_PEER = "/ip4/127.0.0.1/tcp/60000/ws/p2p/12D3KooWEyoppNCUx8Yx66oV9fJnriXwCcXwDDUA2kj6vnc6iDEp"
+
+
+def test_store_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    default = options_from_the_command_line(monkeypatch)
+    assert default.stores == ()
+    assert default.runtime.store_query_ms == RuntimeConfig().store_query_ms
+    given = options_from_the_command_line(
+        monkeypatch,
+        *("--store", "http://127.0.0.1:8645", "--store", STORE_PEER),
+        *("--store-query-ms", "300"),
+    )
+    # In the order given: the first is asked first.
+    assert given.stores == ("http://127.0.0.1:8645", STORE_PEER)
+    # A store is asked at a sweep of the incoming buffer: never less often than that.
+    assert (given.runtime.store_query_ms, given.runtime.incoming_sweep_ms) == (300, 300)
+
+
+@pytest.mark.parametrize(
+    ("value", "complaint"),
+    [
+        ("127.0.0.1:8645", "neither an http(s) URL"),
+        ("ftp://store", "neither an http(s) URL"),
+        ("/ip4/127.0.0.1/tcp/60000", "names no peer"),
+        ("/ip4/127.0.0.1/tcp/x/p2p/abc", "is not a multiaddr"),
+    ],
+)
+def test_a_store_that_is_neither_a_url_nor_a_peer_is_bad_usage(value: str, complaint: str) -> None:
+    result = CliRunner().invoke(app, ["chat", "--store", value])
+    assert result.exit_code == 2
+    assert complaint in " ".join(result.output.split())
+
+
 def test_cluster_and_shard_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     default = options_from_the_command_line(monkeypatch)
     assert (default.cluster_id, default.shard) == (1, None)  # autosharding in The Waku Network

@@ -3,7 +3,7 @@ identity file and its view of a channel: tests/chat/).
 
 The multi-process tests run three `sdsync chat` processes (four, in a line) on 127.0.0.1
 (ports chosen by the OS) with 20 % of received frames dropped, and compare their
-`--print-log` outputs.
+`--print-log` outputs; one runs two chats beside an `sdsync store serve` Waku store peer.
 They wait for conditions with generous liveness bounds and never assert on timing.
 """
 
@@ -222,3 +222,56 @@ def test_a_line_of_four_where_each_dials_only_the_previous_one_converges(
     assert_same_logs(logs, expected)
     for chat in chats:  # none sat out its whole patience waiting for a mesh
         assert "sending anyway" not in chat.err.read_text(), chat.name
+
+
+class StoreServe:
+    """An `sdsync store serve` process relaying (and archiving) the chats' shard."""
+
+    def __init__(self, tmp: Path) -> None:
+        command = [sys.executable, "-m", "sdsync.cli", "store", "serve", "--data-dir", str(tmp)]
+        command += ["--listen", "127.0.0.1:0", "--retention", "none", "--relay-shard", "7"]
+        self.err = tmp / "store.err"
+        with self.err.open("wb") as err:
+            self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, text=True)
+        assert self.process.stdout is not None
+        listening, relay = self.process.stdout.readline(), self.process.stdout.readline()
+        assert listening.startswith("sdsync store: listening on "), self.err.read_text()
+        found = re.match(r"sdsync store: relay on (\S+), archiving /waku/2/rs/1/7 ", relay)
+        assert found, relay
+        self.address = found.group(1).split(",")[0]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def test_a_chat_fetches_what_it_drops_from_a_waku_store_peer(tmp_path: Path) -> None:
+    # B misses half of what it receives. Resends and SDS-R are slow here, so what B
+    # recovers comes from the store node, asked over /vac/waku/store-query/3.0.0. A
+    # longer quiet period: B may miss several of A's syncs in a row.
+    n = 20
+    slow_repairs = ["--retry-ms", "10000", "--repair-min-ms", "10000", "--repair-max-ms", "20000"]
+    group = ["--wait-converged", "50", "--quiet-ms", "3000", "--min-peers", "1", "--min-mesh", "2"]
+    group += slow_repairs
+    store = StoreServe(tmp_path)
+    chats: list[Chat] = []
+    try:
+        a_args = [*group, "--peer", store.address, "--drop-rate", "0", *sends("a", n)]
+        chats.append(a := Chat(tmp_path, "A", 1, [], a_args))
+        b_args = [*group, "--peer", store.address, "--drop-rate", "0.5"]
+        b_args += ["--store", store.address, "--store-query-ms", "300", *sends("b", 3)]
+        chats.append(b := Chat(tmp_path, "B", 2, [a], b_args))
+        logs = [chat.finish() for chat in chats]
+    finally:
+        for chat in chats:
+            chat.stop()
+        store.stop()
+    assert_same_logs(logs, Counter([*(f"a{i:02d}" for i in range(n)), "b00", "b01", "b02"]))
+    assert b.dropped() > 0, "the 50 % drop was not applied"
+    fetched = re.search(r"store: fetched (\d+) message\(s\)", b.err.read_text())
+    assert fetched and int(fetched.group(1)) > 0, b.err.read_text()[-3000:]

@@ -1,9 +1,10 @@
-"""End to end: a ReliableChannel fills a gap from a real store node through HttpStoreClient.
+"""End to end: a ReliableChannel fills a gap from a real store node, through its REST API
+(HttpStoreClient) or over libp2p (WakuStoreClient, /vac/waku/store-query/3.0.0).
 
-Alice's first message never reaches the network; only the store archives it (as a Waku
-relay would have). Her second message names it in its causal history with its retrieval
-hint, the Waku message hash. Bob has no other way to get it — resends are minutes away
-and SDS-R is off — so delivering it proves the runtime asked the store's REST API.
+Bob misses alice's first message; the store has it. Her second message names it in its
+causal history with its retrieval hint, the Waku message hash. Bob has no other way to
+get it — resends are minutes away and SDS-R is off — so delivering it proves the runtime
+asked the store.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from storetest import TOKEN, running
+from testdeps import require
 
 from sdsync.core import ChannelConfig, MessageDelivered, RepairConfig
 from sdsync.runtime import ReliableChannel, RuntimeConfig
-from sdsync.store import HttpStoreClient, SqlArchive, StoredMessage
+from sdsync.store import HttpStoreClient, SqlArchive, StoredMessage, WakuStoreClient
 from sdsync.transport import MemoryNetwork
 from sdsync.transport.base import Received, Transport
+from sdsync.wire import decode
 from sdsync.wire.waku import WakuMessage
 
 RUNTIME = RuntimeConfig(
@@ -33,6 +36,7 @@ RUNTIME = RuntimeConfig(
 CONFIG = ChannelConfig(causal_history_size=5, repair=RepairConfig(enabled=False))
 # A liveness bound, not a performance assertion.
 PATIENCE_S = 60
+SHARD = "/waku/2/rs/1/7"  # where every /sds/1/... content topic autoshards on cluster 1
 
 
 class WakuPublisher:
@@ -57,6 +61,17 @@ class WakuPublisher:
 
     async def close(self) -> None:
         await self.inner.close()
+
+
+async def deliveries(channel: ReliableChannel, count: int) -> list[str]:
+    """The ids of the first ``count`` messages ``channel`` delivers."""
+    delivered: list[str] = []
+    async for event in channel.events():
+        if isinstance(event, MessageDelivered):
+            delivered.append(event.message_id)
+            if len(delivered) == count:
+                break
+    return delivered
 
 
 def test_a_missing_dependency_is_fetched_from_the_store(
@@ -88,19 +103,90 @@ def test_a_missing_dependency_is_fetched_from_the_store(
             first = await alice.send(b"only the store has this")
             publisher.silent = False
             second = await alice.send(b"this names the first")
-            delivered: list[str] = []
-
-            async def watch() -> None:
-                async for event in bob.events():
-                    if isinstance(event, MessageDelivered):
-                        delivered.append(event.message_id)
-                        if len(delivered) == 2:
-                            return
-
-            await asyncio.wait_for(watch(), PATIENCE_S)
+            delivered = await asyncio.wait_for(deliveries(bob, 2), PATIENCE_S)
             assert delivered == [first, second]
             assert bob.channel.log_ids() == [first, second]
             await bob.stop()
             await alice.stop()
+
+    asyncio.run(scenario())
+
+
+class MissesTheFirst:
+    """Bob's side of a Waku relay whose first frame his application never gets (as
+    ``--drop-rate`` would drop it); relaying is the transport's and goes on."""
+
+    def __init__(self, inner: Transport) -> None:
+        self.inner = inner
+        self.missed: list[Received] = []
+
+    async def publish(self, topic: str, data: bytes) -> bytes | None:
+        return await self.inner.publish(topic, data)
+
+    async def subscribe(self, topic: str) -> AsyncIterator[Received]:
+        async for frame in self.inner.subscribe(topic):
+            if not self.missed:
+                self.missed.append(frame)
+                continue
+            yield frame
+
+
+def test_a_missing_dependency_is_fetched_from_a_waku_store_peer(
+    sqlite_archive: SqlArchive, tmp_path: Path
+) -> None:
+    libp2p = require("sdsync.transport.libp2p", "needs the 'p2p' extra")
+
+    async def scenario() -> None:
+        waku = libp2p.WakuRelayConfig()
+        alice_host = libp2p.Libp2pTransport(waku=waku)
+        await alice_host.start()
+        bob_host = libp2p.Libp2pTransport(waku=waku, peers=alice_host.listen_addrs)
+        await bob_host.start()
+        relay = libp2p.Libp2pTransport(
+            waku=waku, peers=[*alice_host.listen_addrs, *bob_host.listen_addrs]
+        )
+        await relay.start()
+        bob_side = MissesTheFirst(bob_host)
+        alice = ReliableChannel(
+            alice_host, "chat", "alice", config=CONFIG, runtime=RUNTIME, rng=random.Random(1)
+        )
+        bob = ReliableChannel(
+            bob_side,
+            "chat",
+            "bob",
+            config=CONFIG,
+            runtime=RUNTIME,
+            store=WakuStoreClient.over(bob_host, relay.listen_addrs[0]),
+            rng=random.Random(2),
+        )
+        try:
+            async with running(
+                sqlite_archive, tmp_path, relay=relay, libp2p=relay, relay_topics=(SHARD,)
+            ):
+                await alice.start()
+                await bob.start()
+                # Bob and the store are in alice's mesh before she sends.
+                assert await alice_host.wait_for_mesh(alice.topic, 2, PATIENCE_S)
+                first = await alice.send(b"bob misses this one")
+                second = await alice.send(b"this names the first")
+                delivered = await asyncio.wait_for(deliveries(bob, 2), PATIENCE_S)
+                # What bob missed is alice's first message, and only the store gave it.
+                (missed,) = bob_side.missed
+                assert decode(missed.data).message_id == first
+                assert missed.retrieval_hint is not None
+                assert [m.message_hash for m in sqlite_archive.get([missed.retrieval_hint])] == [
+                    missed.retrieval_hint
+                ]
+                # Once: nothing more is delivered, however often the store is asked.
+                await asyncio.sleep(0.5)
+                assert delivered == [first, second]
+                assert bob.channel.log_ids() == [first, second]
+                assert not [e for e in bob.pending_events() if isinstance(e, MessageDelivered)]
+        finally:
+            await bob.close()
+            await alice.close()
+            await relay.close()
+            await bob_host.close()
+            await alice_host.close()
 
     asyncio.run(scenario())

@@ -20,6 +20,10 @@ group that is not a full mesh: ``min_mesh``, the gossipsub neighbours to wait fo
 first send (py-libp2p publishes to nobody before its mesh forms), and ``min_peers``, the
 participants heard from before converged (relayed through others, so it can be the whole
 group even in a line of chats each connected to the previous one).
+
+With ``stores`` (``--store``, :mod:`sdsync.chat.stores`) the channel fetches the messages
+it misses by their retrieval hints from store nodes: over their REST API, or as Waku store
+peers over this run's own libp2p host; a scripted run reports how many it fetched.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from rich.markup import escape
 
 from sdsync.chat.identity import Identity, load_identity, save_identity
 from sdsync.chat.session import ChatSession
+from sdsync.chat.stores import StoreChoice, open_stores, store_kind
 from sdsync.core import ChannelConfig
 from sdsync.errors import OutgoingBufferFullError
 from sdsync.runtime import ReliableChannel, RuntimeConfig
@@ -59,7 +64,7 @@ class ChatOptions:
     state_dir: Path | None = None
     listen: str | None = None
     peers: tuple[str, ...] = ()
-    store: str | None = None
+    stores: tuple[str, ...] = ()  # http(s) URLs and multiaddrs, asked in this order
     drop_rate: float = 0.0
     seed: int | None = None
     sends: tuple[str, ...] = ()
@@ -74,6 +79,10 @@ class ChatOptions:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     config: ChannelConfig = field(default_factory=ChannelConfig)
 
+    def __post_init__(self) -> None:
+        for store in self.stores:
+            store_kind(store)  # refused now, not when a message goes missing
+
     @property
     def scripted(self) -> bool:
         return bool(self.sends) or self.wait_converged_s is not None or self.print_log
@@ -87,7 +96,6 @@ class ChatOptions:
 
 async def run_chat(options: ChatOptions, console: Console) -> int:
     """The whole chat; returns the exit code."""
-    from sdsync.store.client import HttpStoreClient
     from sdsync.transport.libp2p import (
         Libp2pTransport,
         WakuRelayConfig,
@@ -116,14 +124,14 @@ async def run_chat(options: ChatOptions, console: Console) -> int:
             highlight=False,
             soft_wrap=True,
         )
-        store = HttpStoreClient(options.store) if options.store is not None else None
+        stores = open_stores(options.stores, transport) if options.stores else None
         channel = ReliableChannel(
             transport,
             options.channel,
             identity.participant_id,
             config=options.config,
             runtime=options.runtime,
-            store=store,
+            store=stores,
             rng=random.Random(options.seed),
             state_dir=options.state_dir,
         )
@@ -140,7 +148,7 @@ async def run_chat(options: ChatOptions, console: Console) -> int:
         pump = asyncio.create_task(session.pump(channel.events()))
         try:
             if options.scripted:
-                return await _script(session, transport, options)
+                return await _script(session, transport, stores, options)
             await _interact(session, transport)
             return 0
         finally:
@@ -148,13 +156,18 @@ async def run_chat(options: ChatOptions, console: Console) -> int:
             with contextlib.suppress(asyncio.CancelledError):
                 await pump
             await channel.close()
-            if store is not None:
-                await store.close()
+            if stores is not None:
+                await stores.close()
     finally:
         await transport.close()
 
 
-async def _script(session: ChatSession, transport: Libp2pTransport, options: ChatOptions) -> int:
+async def _script(
+    session: ChatSession,
+    transport: Libp2pTransport,
+    stores: StoreChoice | None,
+    options: ChatOptions,
+) -> int:
     topic = session.channel.topic
     patience = options.wait_converged_s if options.wait_converged_s is not None else 10.0
     # Only the neighbours we are connected to are in our mesh, however many participants
@@ -190,6 +203,12 @@ async def _script(session: ChatSession, transport: Libp2pTransport, options: Cha
         f"{transport.randomly_dropped}, rejected {sum(transport.rejected.values())}",
         style="dim",
     )
+    if stores is not None:
+        session.say(
+            f"store: fetched {stores.fetched} message(s) in {stores.fetches} answer(s), "
+            f"{stores.unavailable} time(s) unavailable",
+            style="dim",
+        )
     if options.print_log:
         for line in session.log():
             sys.stdout.write(line.to_json() + "\n")

@@ -74,13 +74,23 @@ def chat_command(
         ),
     ] = None,
     store: Annotated[
-        str | None,
+        ListOption,
         typer.Option(
-            metavar="URL",
-            help="A store node (sdsync store serve) to fetch missing messages from by their "
-            "retrieval hints, e.g. http://127.0.0.1:8645.",
+            metavar="URL|MULTIADDR",
+            help="A store node to fetch missing messages from by their retrieval hints: its "
+            "REST API (http://127.0.0.1:8645) or a Waku store peer, asked over "
+            "/vac/waku/store-query/3.0.0 (/ip4/HOST/tcp/PORT/p2p/ID); repeatable, the next "
+            "one asked while one is unavailable.",
         ),
     ] = None,
+    store_query_ms: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Ask the store for missing messages at most this often (the incoming "
+            "buffer is then swept at least as often).",
+        ),
+    ] = _RUNTIME.store_query_ms,
     drop_rate: Annotated[
         float,
         typer.Option(min=0.0, max=1.0, help="Drop this share of received frames (testing)."),
@@ -173,7 +183,7 @@ def chat_command(
             state_dir=state_dir,
             listen=listen,
             peers=tuple(peer or ()),
-            store=store,
+            stores=tuple(store or ()),
             drop_rate=drop_rate,
             seed=seed,
             sends=tuple(send or ()),
@@ -189,6 +199,8 @@ def chat_command(
                 sync_interval_ms=sync_interval_ms,
                 resend_interval_ms=retry_ms,
                 resend_possibly_acknowledged_ms=3 * retry_ms,
+                store_query_ms=store_query_ms,
+                incoming_sweep_ms=min(_RUNTIME.incoming_sweep_ms, store_query_ms),
             ),
             config=ChannelConfig(
                 deliver_early=True,

@@ -35,13 +35,17 @@ ReliableChannel fetches missing messages by hash from any Waku store peer), over
 ``request(protocol_id, payload) -> response`` callable that carries one request body to
 a peer and returns its response body (the transport frames both; bind the peer and the
 response limit :data:`~sdsync.wire.waku_protocols.MAX_STORE_RESPONSE_BYTES` into it).
+:meth:`WakuStoreClient.over` does that binding for a libp2p host such as
+:class:`~sdsync.transport.libp2p.Libp2pTransport`.
 """
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import fields, replace
+from typing import Protocol
 
 from sdsync.errors import RejectReason, RemoteProtocolError
 from sdsync.store.client import StoreQueries, StoreUnavailableError, check_status
@@ -56,6 +60,7 @@ from sdsync.store.model import (
 )
 from sdsync.wire.waku_protocols import (
     MAX_RPC_BYTES,
+    MAX_STORE_RESPONSE_BYTES,
     STORE_QUERY_PROTOCOL,
     StoreQueryRequest,
     StoreQueryResponse,
@@ -68,6 +73,24 @@ ROUTE = STORE_QUERY_PROTOCOL
 """The ``route`` label of this protocol's refusals and queries."""
 Request = Callable[[str, bytes], Awaitable[bytes]]
 """Carry a request body to a store peer under a protocol id; its response body."""
+QUERY_TIMEOUT_S = 10.0
+"""How long :meth:`WakuStoreClient.over` gives a store peer to answer, dialling included."""
+
+
+class StreamRequester(Protocol):
+    """The asking side of a libp2p host (:meth:`~sdsync.transport.libp2p.Libp2pTransport.request`):
+    one request frame to ``peer`` (a multiaddr with ``/p2p/<id>``, or a connected peer's
+    id), its answer's body back."""
+
+    async def request(
+        self,
+        peer: str,
+        protocol_id: str,
+        payload: bytes,
+        *,
+        max_response_bytes: int,
+        timeout_s: float,
+    ) -> bytes: ...
 
 
 # -- serving
@@ -163,6 +186,18 @@ class WakuStoreClient(StoreQueries):
     def __init__(self, request: Request, *, name: str = "waku store peer") -> None:
         self._request = request
         self.name = name
+
+    @classmethod
+    def over(
+        cls, host: StreamRequester, peer: str, *, timeout_s: float = QUERY_TIMEOUT_S
+    ) -> WakuStoreClient:
+        """The store peer ``peer`` asked through ``host``, which dials it when asked;
+        an answer must come within ``timeout_s`` and fit
+        :data:`~sdsync.wire.waku_protocols.MAX_STORE_RESPONSE_BYTES`."""
+        request = functools.partial(
+            host.request, peer, max_response_bytes=MAX_STORE_RESPONSE_BYTES, timeout_s=timeout_s
+        )
+        return cls(request, name=peer)
 
     async def query(self, query: StoreQuery) -> Page:
         request_id = uuid.uuid4().hex

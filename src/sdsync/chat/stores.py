@@ -1,0 +1,117 @@
+"""The store nodes a chat fetches missing messages from (``--store``).
+
+Theory of operation
+-------------------
+A ``--store`` value names a store node one of two ways: an ``http(s)://`` base URL is its
+REST API (:class:`~sdsync.store.HttpStoreClient`), a libp2p multiaddr with ``/p2p/<id>``
+(TCP or websocket) is a Waku store peer, asked over ``/vac/waku/store-query/3.0.0``
+through the chat's own transport (:meth:`~sdsync.store.WakuStoreClient.over`), which
+dials it when asked. :func:`store_kind` tells which, and refuses anything else before the
+chat starts (exit 2).
+
+:class:`StoreChoice` is the runtime's StoreClient for all of them: each fetch asks the
+stores in the order given and moves on to the next only while one is unavailable
+(unreachable, too slow, or busy: an ``OSError``); when none answers the last error goes to
+the runtime, which asks again on its next store query. It counts what it fetched, for
+the chat's closing report.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal
+from urllib.parse import urlsplit
+
+from sdsync.errors import LocalProtocolError
+from sdsync.lifecycle import AsyncLifecycle
+from sdsync.transport.base import Received
+from sdsync.wire import HistoryEntry
+
+if TYPE_CHECKING:
+    from sdsync.store.client import StoreQueries
+    from sdsync.store.waku_store import StreamRequester
+
+logger = logging.getLogger("sdsync.chat")
+
+StoreKind = Literal["rest", "waku"]
+
+
+def store_kind(value: str) -> StoreKind:
+    """``"rest"`` for an http(s) URL, ``"waku"`` for a multiaddr of a peer; a value that is
+    neither is the caller's mistake (LocalProtocolError)."""
+    if value.startswith("/"):
+        _check_peer_address(value)
+        return "waku"
+    url = urlsplit(value)
+    if url.scheme in ("http", "https") and url.netloc:
+        return "rest"
+    raise LocalProtocolError(
+        f"--store {value!r} is neither an http(s) URL (a store's REST API, e.g. "
+        "http://127.0.0.1:8645) nor a libp2p multiaddr of a Waku store peer "
+        "(/ip4/HOST/tcp/PORT/p2p/PEER_ID)"
+    )
+
+
+def _check_peer_address(value: str) -> None:
+    import multiaddr  # the p2p extra, which the chat needs anyway
+
+    try:
+        peer_id = multiaddr.Multiaddr(value).get_peer_id()
+    except Exception as exc:
+        raise LocalProtocolError(f"--store {value!r} is not a multiaddr: {exc}") from None
+    if peer_id is None:
+        raise LocalProtocolError(
+            f"--store {value!r} names no peer: end it with /p2p/PEER_ID, as a store prints it"
+        )
+
+
+def open_stores(values: Sequence[str], transport: StreamRequester) -> StoreChoice:
+    """The clients of the stores ``values`` names, in order; Waku store peers are asked
+    through ``transport``."""
+    from sdsync.store import HttpStoreClient, WakuStoreClient
+
+    return StoreChoice(
+        [
+            HttpStoreClient(value)
+            if store_kind(value) == "rest"
+            else WakuStoreClient.over(transport, value)
+            for value in values
+        ]
+    )
+
+
+class StoreChoice(AsyncLifecycle):
+    """A StoreClient that asks the first store able to answer."""
+
+    def __init__(self, stores: Sequence[StoreQueries]) -> None:
+        if not stores:
+            raise LocalProtocolError("no store to ask")
+        self.stores = list(stores)
+        self.fetches = 0  # fetches a store answered
+        self.fetched = 0  # messages those answers held
+        self.unavailable = 0  # times a store could not answer
+
+    async def start(self) -> None:
+        """Nothing to start: each client connects when asked."""
+
+    async def fetch(self, channel_id: str, entries: tuple[HistoryEntry, ...]) -> list[Received]:
+        failure: OSError | None = None
+        for store in self.stores:
+            try:
+                found = await store.fetch(channel_id, entries)
+            except OSError as exc:
+                self.unavailable += 1
+                logger.info("store %s unavailable: %s", store.name, exc)
+                failure = exc
+                continue
+            self.fetches += 1
+            self.fetched += len(found)
+            return found
+        assert failure is not None
+        raise failure
+
+    async def close(self) -> None:
+        for store in self.stores:
+            if isinstance(store, AsyncLifecycle):
+                await store.close()

@@ -1,0 +1,87 @@
+"""The stores of ``sdsync chat --store``: a REST URL or a Waku store peer each, asked in
+order, the next one only while one is unavailable (sdsync.chat.stores). The real thing,
+processes and all: tests/cli/test_chat.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sdsync.chat.stores import StoreChoice, open_stores
+from sdsync.store import HttpStoreClient, Page, StoreQuery, StoreUnavailableError, WakuStoreClient
+from sdsync.store.client import StoreQueries
+from sdsync.transport.base import Received
+from sdsync.wire import HistoryEntry
+from sdsync.wire.waku_protocols import (
+    MAX_STORE_RESPONSE_BYTES,
+    STORE_QUERY_PROTOCOL,
+    StoreQueryRequest,
+    StoreQueryResponse,
+)
+
+PEER = "/ip4/127.0.0.1/tcp/60000/p2p/12D3KooWEyoppNCUx8Yx66oV9fJnriXwCcXwDDUA2kj6vnc6iDEp"
+ENTRIES = (HistoryEntry("m1", b"\x01" * 32),)
+
+
+class Store(StoreQueries):
+    def __init__(self, name: str, answer: list[Received] | None) -> None:
+        self.name = name
+        self.answer = answer  # None: unavailable
+        self.asked = 0
+
+    async def query(self, query: StoreQuery) -> Page:
+        raise AssertionError("fetch is what the chat asks")
+
+    async def fetch(self, channel_id: str, entries: tuple[HistoryEntry, ...]) -> list[Received]:
+        self.asked += 1
+        if self.answer is None:
+            raise StoreUnavailableError(f"{self.name} is busy")
+        return self.answer
+
+
+def test_the_next_store_is_asked_only_while_one_is_unavailable() -> None:
+    frame = Received(b"sds", b"\x01" * 32)
+    busy, first, second = Store("busy", None), Store("first", [frame]), Store("second", [])
+    choice = StoreChoice([busy, first, second])
+    assert asyncio.run(choice.fetch("0", ENTRIES)) == [frame]
+    assert (busy.asked, first.asked, second.asked) == (1, 1, 0)
+    assert (choice.fetches, choice.fetched, choice.unavailable) == (1, 1, 1)
+
+
+def test_when_no_store_answers_the_runtime_hears_it() -> None:
+    # An OSError: ReliableChannel asks again at its next store query.
+    choice = StoreChoice([Store("a", None), Store("b", None)])
+    with pytest.raises(StoreUnavailableError, match="b is busy"):
+        asyncio.run(choice.fetch("0", ENTRIES))
+    assert choice.unavailable == 2
+
+
+class Host:
+    """A libp2p host's request side, answering every store query with no messages."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, str, int]] = []
+
+    async def request(
+        self,
+        peer: str,
+        protocol_id: str,
+        payload: bytes,
+        *,
+        max_response_bytes: int,
+        timeout_s: float,
+    ) -> bytes:
+        self.asked.append((peer, protocol_id, max_response_bytes))
+        request = StoreQueryRequest.from_bytes(payload)
+        return StoreQueryResponse(request.request_id, 200, "OK").to_bytes()
+
+
+def test_a_url_is_a_rest_api_and_a_multiaddr_a_waku_store_peer_over_our_host() -> None:
+    host = Host()
+    choice = open_stores(["http://127.0.0.1:8645", PEER], host)
+    rest, waku = choice.stores
+    assert isinstance(rest, HttpStoreClient) and rest.base_url == "http://127.0.0.1:8645"
+    assert isinstance(waku, WakuStoreClient) and waku.name == PEER
+    assert asyncio.run(waku.fetch("0", ENTRIES)) == []
+    assert host.asked == [(PEER, STORE_QUERY_PROTOCOL, MAX_STORE_RESPONSE_BYTES)]
