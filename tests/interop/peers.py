@@ -14,6 +14,18 @@ from typing import Any
 from sdsync.peer import PeerSession
 
 
+def line_process(argv: list[str], *, stderr: int) -> subprocess.Popen[str]:
+    """``argv`` started with line-buffered text pipes, to be spoken to in JSON lines."""
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        bufsize=1,
+    )
+
+
 class PeerError(AssertionError):
     """A peer answered ok=false or died: an interop failure, not a network event."""
 
@@ -42,14 +54,7 @@ class Peer:
 class ProcessPeer(Peer):
     def __init__(self, name: str, argv: list[str]) -> None:
         super().__init__(name)
-        self.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            bufsize=1,
-        )
+        self.proc = line_process(argv, stderr=subprocess.DEVNULL)
 
     def exchange(self, line: str) -> dict[str, Any]:
         assert self.proc.stdin is not None and self.proc.stdout is not None

@@ -15,20 +15,21 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import re
-import signal
-import subprocess
-import sys
-import threading
 import time
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from testdeps import require
-from waku_drivers import LIGHT_DIR, WakuDriver, light_argv, require_driver
+from waku_drivers import (
+    StoreProcess,
+    WakuDriver,
+    b64,
+    connected_client,
+    light_node,
+    send_cut_frames,
+    store_serve,
+)
 
 from sdsync.wire import decode
 from sdsync.wire.waku import WakuMessage
@@ -36,16 +37,14 @@ from sdsync.wire.waku_protocols import (
     FILTER_SUBSCRIBE_PROTOCOL,
     LIGHTPUSH_PROTOCOL,
     LIGHTPUSH_V2_PROTOCOL,
-    MAX_RPC_BYTES,
     FilterSubscribeRequest,
     FilterSubscribeResponse,
     FilterSubscribeType,
     LightPushRequestV3,
     LightPushResponseV3,
-    encode_frame,
 )
 
-libp2p = require("sdsync.transport.libp2p", "needs the 'p2p' extra")
+require("sdsync.transport.libp2p", "needs the 'p2p' extra")
 
 pytestmark = pytest.mark.interop
 
@@ -63,49 +62,11 @@ CHANNEL_OPTIONS = {
 }
 
 
-@dataclass
-class StoreProcess:
-    process: subprocess.Popen[str]
-    url: str
-    relay_addrs: list[str]
-    stderr: list[str]
-
-
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StoreProcess]:
-    data_dir = tmp_path_factory.mktemp("light-store")
-    argv = [sys.executable, "-m", "sdsync.cli", "store", "serve", "--data-dir", str(data_dir)]
-    argv += ["--listen", "127.0.0.1:0", "--retention", "none", "--relay-shard", "7"]
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    stderr: list[str] = []
-    threading.Thread(target=lambda: stderr.extend(process.stderr or ()), daemon=True).start()
-    try:
-        assert process.stdout is not None
-        listening, relay = process.stdout.readline(), process.stdout.readline()
-        assert listening.startswith("sdsync store: listening on http://"), listening
-        match = re.match(r"sdsync store: relay on (\S+), archiving (\S+) ", relay)
-        assert match and match[2] == PUBSUB_TOPIC, relay
-        for protocol in (LIGHTPUSH_PROTOCOL, LIGHTPUSH_V2_PROTOCOL, FILTER_SUBSCRIBE_PROTOCOL):
-            assert protocol in relay
-        yield StoreProcess(process, listening.split()[4], match[1].split(","), stderr)
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
-def light_node(store: StoreProcess, name: str) -> Iterator[WakuDriver]:
-    require_driver(LIGHT_DIR)
-    driver = WakuDriver(name, light_argv(store.relay_addrs[0]))
-    try:
-        assert driver.started["ok"], driver.started
-        yield driver
-    finally:
-        driver.close()
+    protocols = (LIGHTPUSH_PROTOCOL, LIGHTPUSH_V2_PROTOCOL, FILTER_SUBSCRIBE_PROTOCOL)
+    with store_serve(tmp_path_factory.mktemp("light-store"), PUBSUB_TOPIC, *protocols) as store:
+        yield store
 
 
 @pytest.fixture(scope="module")
@@ -116,20 +77,6 @@ def light_a(store: StoreProcess) -> Iterator[WakuDriver]:
 @pytest.fixture(scope="module")
 def light_b(store: StoreProcess) -> Iterator[WakuDriver]:
     yield from light_node(store, "light-b")
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
-def metric(store: StoreProcess, name: str, **labels: str) -> float:
-    with urllib.request.urlopen(f"{store.url}/metrics", timeout=10) as response:
-        lines = response.read().decode().splitlines()
-    wanted = [f'{key}="{value}"' for key, value in labels.items()]
-    for line in lines:
-        if line.startswith(name + "{") and all(w in line for w in wanted):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
 
 
 def test_a_lightpushed_message_reaches_filter_subscribers_and_the_store(
@@ -153,8 +100,8 @@ def test_a_lightpushed_message_reaches_filter_subscribers_and_the_store(
 
     # Archived once each (our relay does not hand our own publication back), and
     # js-waku's store client reads them.
-    assert metric(store, "sdsync_store_ingested_messages_total", source="lightpush") >= 3
-    assert metric(store, "sdsync_store_duplicate_messages_total", source="lightpush") == 0
+    assert store.metric("sdsync_store_ingested_messages_total", source="lightpush") >= 3
+    assert store.metric("sdsync_store_duplicate_messages_total", source="lightpush") == 0
     hashes = [pushed["hash"], other["hash"], after["hash"]]
     found = light_b.ok("store_query", content_topics=[TOPIC_X, TOPIC_Y], hashes=hashes)
     assert sorted(found["hashes"]) == sorted(hashes)
@@ -229,15 +176,9 @@ def test_bad_requests_are_refused_and_counted_and_the_node_serves_on(
     store: StoreProcess,
 ) -> None:
     async def scenario() -> None:
-        async with libp2p.Libp2pTransport(waku=libp2p.WakuRelayConfig()) as client:
-            address = store.relay_addrs[0]
-            await client.connect(address)
-            server = address.rsplit("/", 1)[1]
+        async with connected_client(store) as (client, server):
             for protocol in (LIGHTPUSH_PROTOCOL, FILTER_SUBSCRIBE_PROTOCOL):
-                await raw_stream(client, server, protocol, encode_frame(b"\x42" * 40)[:20])
-                await raw_stream(
-                    client, server, protocol, encode_frame(b"\x00" * (MAX_RPC_BYTES + 1))[:16]
-                )
+                await send_cut_frames(client, server, protocol)
             # Not a protobuf of either: 400.
             answer = await client.request(server, LIGHTPUSH_PROTOCOL, b"\xff\xff\xff")
             assert LightPushResponseV3.from_bytes(answer).status_code == 400
@@ -268,27 +209,8 @@ def test_bad_requests_are_refused_and_counted_and_the_node_serves_on(
 
     asyncio.run(scenario())
     for route in (LIGHTPUSH_PROTOCOL, FILTER_SUBSCRIBE_PROTOCOL):
-        refused = metric(store, "sdsync_store_refused_total", route=route, reason="malformed_rpc")
+        refused = store.metric("sdsync_store_refused_total", route=route, reason="malformed_rpc")
         assert refused == 1.0
-    assert metric(store, "sdsync_store_refused_total", reason="no_timestamp") == 1.0
-    assert metric(store, "sdsync_store_lightpush_total", status="421") == 1.0
-    deadline = time.monotonic() + 10
-    while len([line for line in store.stderr if "refused" in line]) < 6:
-        assert time.monotonic() < deadline, "".join(store.stderr)
-        time.sleep(0.05)
-
-
-async def raw_stream(
-    client: libp2p.Libp2pTransport, server: str, protocol: str, data: bytes
-) -> None:
-    """Open a ``protocol`` stream to ``server``, write ``data`` as it is, and close it."""
-    from libp2p.peer.id import ID
-
-    trio_side = client._running()
-
-    async def write() -> None:
-        stream = await trio_side.host.new_stream(ID.from_base58(server), [protocol])  # type: ignore[list-item]
-        await stream.write(data)
-        await stream.close()
-
-    await client._call(write)
+    assert store.metric("sdsync_store_refused_total", reason="no_timestamp") == 1.0
+    assert store.metric("sdsync_store_lightpush_total", status="421") == 1.0
+    store.wait_logged("refused", 6)

@@ -9,22 +9,18 @@ JS/Python link. Bounded waits everywhere; every process is ended in `finally`.
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
-import sys
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
+from chatprocess import ChatProcess, assert_same_logs, sends, wait_for
 from waku_drivers import RELAY_DIR, WakuDriver, relay_argv, require_driver
 
 pytestmark = pytest.mark.interop
 
-T = TypeVar("T")
 CHANNEL = "waku-chat"
 CONTENT_TOPIC = f"/sds/1/{CHANNEL}/proto"
 PUBSUB_TOPIC = "/waku/2/rs/1/7"  # every /sds/1/... content topic autoshards here on cluster 1
@@ -49,49 +45,9 @@ CHAT_FLAGS = [
 ]
 
 
-def wait_for(probe: Callable[[], T | None], what: str, timeout_s: float = PATIENCE_S) -> T:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = probe()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"{what}: not within {timeout_s} s")
-
-
-class ChatProcess:
-    """One `sdsync chat` process; its output goes to files (a full pipe would block it)."""
-
-    def __init__(self, tmp: Path, name: str, seed: int, peers: list[str]) -> None:
-        self.name = name
-        self.out = tmp / f"{name}.out"
-        self.err = tmp / f"{name}.err"
-        command = [sys.executable, "-m", "sdsync.cli", "chat", "--name", name, *CHAT_FLAGS]
-        command += ["--seed", str(seed), *(arg for peer in peers for arg in ("--peer", peer))]
-        command += [arg for i in range(N) for arg in ("--send", f"{name.lower()}{i:02d}")]
-        with self.out.open("wb") as out, self.err.open("wb") as err:
-            self.process = subprocess.Popen(command, stdout=out, stderr=err)
-
-    def address(self) -> str:
-        found = wait_for(
-            lambda: re.search(r"listening on (\S+)", self.err.read_text()), f"{self.name} address"
-        )
-        return found.group(1)
-
-    def finish(self) -> list[dict[str, Any]]:
-        code = self.process.wait(PATIENCE_S)
-        assert code == 0, f"{self.name} exited {code}:\n{self.err.read_text()[-3000:]}"
-        return [json.loads(line) for line in self.out.read_text().splitlines()]
-
-    def dropped(self) -> int:
-        found = re.search(r"dropped by --drop-rate (\d+)", self.err.read_text())
-        assert found, f"{self.name} reported no frame counts"
-        return int(found.group(1))
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(30)
+def start_chat(tmp: Path, name: str, seed: int, peers: list[str]) -> ChatProcess:
+    args = [*CHAT_FLAGS, "--seed", str(seed), *(arg for peer in peers for arg in ("--peer", peer))]
+    return ChatProcess(tmp, name, [*args, *sends(name.lower(), N)], patience_s=PATIENCE_S)
 
 
 @pytest.fixture
@@ -147,10 +103,12 @@ def test_js_waku_relay_nodes_and_sdsync_chats_converge_over_a_lossy_link(
     chats: list[ChatProcess] = []
     try:
         a_address, b_address = (node.started["multiaddrs"][0] for node in (a, b))
-        chats.append(ChatProcess(tmp_path, "C", 3, [a_address]))
-        chats.append(ChatProcess(tmp_path, "D", 4, [chats[0].address(), b_address]))
+        chats.append(start_chat(tmp_path, "C", 3, [a_address]))
+        chats.append(start_chat(tmp_path, "D", 4, [chats[0].address(), b_address]))
         # What the chat prints for whoever joins from js-waku: the topics the JS nodes use.
-        topics = wait_for(lambda: re.search(r"Waku relay: (.*)", chats[0].err.read_text()), "C")
+        topics = wait_for(
+            lambda: re.search(r"Waku relay: (.*)", chats[0].err.read_text()), "C", PATIENCE_S
+        )
         assert topics.group(1) == f"content topic {CONTENT_TOPIC} on {PUBSUB_TOPIC}"
         for node in (a, b):  # the other JS node and its chat
             node.ok("wait_subscribers", pubsub_topic=PUBSUB_TOPIC, count=2, timeout_ms=30_000)
@@ -171,8 +129,5 @@ def test_js_waku_relay_nodes_and_sdsync_chats_converge_over_a_lossy_link(
         for chat in chats:
             chat.stop()
 
-    expected = Counter(f"{p}{i:02d}" for p in "abcd" for i in range(N))
-    assert Counter(entry["text"] for entry in py_logs[0]) == expected
-    order = [(entry["lamport_timestamp"], entry["message_id"]) for entry in py_logs[0]]
-    assert order == sorted(order)
+    assert_same_logs(py_logs, Counter(f"{p}{i:02d}" for p in "abcd" for i in range(N)))
     assert all(reply["status"]["dropped"] > 0 for reply in js), "the JS drop was not applied"

@@ -1,4 +1,5 @@
-"""The js-waku drivers (waku_relay/relay.mjs, waku_light/light.mjs) as Python objects.
+"""The js-waku drivers (waku_relay/relay.mjs, waku_light/light.mjs) as Python objects,
+and the `sdsync store serve` process they are tested against.
 
 Each driver is a Node process speaking JSON lines (see the README.md in its folder): a first
 line saying whether its node started, then one reply per request, with ``{"event": ...}``
@@ -8,19 +9,32 @@ instead of stalling the suite, and :meth:`WakuDriver.close` always ends the proc
 
 from __future__ import annotations
 
+import base64
 import json
 import queue
+import re
 import shutil
+import signal
 import subprocess
+import sys
 import threading
 import time
+import urllib.request
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+from peers import line_process
 from testdeps import in_ci
+
+from sdsync.wire.waku_protocols import MAX_RPC_BYTES, encode_frame
+
+if TYPE_CHECKING:
+    from sdsync.transport.libp2p import Libp2pTransport
 
 HERE = Path(__file__).parent
 RELAY_DIR = HERE / "waku_relay"
@@ -57,14 +71,7 @@ class DriverError(AssertionError):
 class WakuDriver:
     def __init__(self, name: str, argv: list[str], *, start_timeout: float = 30.0) -> None:
         self.name = name
-        self.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            bufsize=1,
-        )
+        self.proc = line_process(argv, stderr=subprocess.PIPE)
         # Threads read the pipes, so that every read here can time out and a chatty
         # stderr never fills its pipe; the last of it goes into failure messages.
         self._lines: queue.Queue[str | None] = queue.Queue()
@@ -190,3 +197,103 @@ def light_argv(
         "--timeout-ms",
         str(timeout_ms),
     ]
+
+
+def light_node(store: StoreProcess, name: str, **options: Any) -> Iterator[WakuDriver]:
+    """A js-waku light node whose one service node is ``store`` (``options``: light_argv's),
+    for a fixture to ``yield from``."""
+    require_driver(LIGHT_DIR)
+    driver = WakuDriver(name, light_argv(store.relay_addrs[0], **options))
+    try:
+        assert driver.started["ok"], driver.started
+        yield driver
+    finally:
+        driver.close()
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+# --- our store node ----------------------------------------------------------------------
+
+
+@dataclass
+class StoreProcess:
+    process: subprocess.Popen[str]
+    url: str
+    relay_addrs: list[str]
+    stderr: list[str]  # its log, as it comes
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The first sample of ``name`` with ``labels`` on its /metrics, 0.0 if none."""
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as response:
+            lines = response.read().decode().splitlines()
+        wanted = [f'{key}="{value}"' for key, value in labels.items()]
+        for line in lines:
+            if line.startswith(name + "{") and all(w in line for w in wanted):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    def wait_logged(self, text: str, count: int, timeout_s: float = 10.0) -> None:
+        """Until ``count`` lines of its log hold ``text``."""
+        deadline = time.monotonic() + timeout_s
+        while len([line for line in self.stderr if text in line]) < count:
+            assert time.monotonic() < deadline, "".join(self.stderr)
+            time.sleep(0.05)
+
+
+@contextmanager
+def store_serve(data_dir: Path, pubsub_topic: str, *protocols: str) -> Iterator[StoreProcess]:
+    """`sdsync store serve` on ``data_dir``, relaying and archiving ``pubsub_topic`` (a
+    shard of cluster 1) and offering ``protocols`` on its relay host; ended by SIGTERM."""
+    shard = pubsub_topic.rsplit("/", 1)[1]
+    argv = [sys.executable, "-m", "sdsync.cli", "store", "serve", "--data-dir", str(data_dir)]
+    argv += ["--listen", "127.0.0.1:0", "--retention", "none", "--relay-shard", shard]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stderr: list[str] = []
+    threading.Thread(target=lambda: stderr.extend(process.stderr or ()), daemon=True).start()
+    try:
+        assert process.stdout is not None
+        listening, relay = process.stdout.readline(), process.stdout.readline()
+        assert listening.startswith("sdsync store: listening on http://"), listening
+        match = re.match(r"sdsync store: relay on (\S+), archiving (\S+) ", relay)
+        assert match and match[2] == pubsub_topic, relay
+        for protocol in protocols:
+            assert protocol in relay
+        yield StoreProcess(process, listening.split()[4], match[1].split(","), stderr)
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+@asynccontextmanager
+async def connected_client(store: StoreProcess) -> AsyncIterator[tuple[Libp2pTransport, str]]:
+    """A Waku-mode libp2p host connected to ``store``'s relay host, and that host's peer id."""
+    from sdsync.transport.libp2p import Libp2pTransport, WakuRelayConfig
+
+    async with Libp2pTransport(waku=WakuRelayConfig()) as client:
+        address = store.relay_addrs[0]
+        await client.connect(address)
+        yield client, address.rsplit("/", 1)[1]
+
+
+async def send_cut_frames(client: Libp2pTransport, server: str, protocol: str) -> None:
+    """What a misbehaving client sends the peer ``server``: two ``protocol`` streams, each
+    closed inside a frame, one of 40 bytes and one longer than MAX_RPC_BYTES."""
+    from libp2p.peer.id import ID
+
+    trio_side = client._running()
+
+    async def write() -> None:
+        for body in (b"\x42" * 40, bytes(MAX_RPC_BYTES + 1)):
+            stream = await trio_side.host.new_stream(ID.from_base58(server), [protocol])  # type: ignore[list-item]
+            await stream.write(encode_frame(body)[:16])
+            await stream.close()
+
+    await client._call(write)

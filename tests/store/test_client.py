@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from sdsync.store import (
     StoreUnavailableError,
 )
 from sdsync.store.pgcluster import free_port
+from sdsync.transport import Received
 from sdsync.wire import HistoryEntry, Message, decode, encode
 from sdsync.wire.waku import WakuMessage
 
@@ -30,24 +33,37 @@ def sds_message(i: int) -> StoredMessage:
     return StoredMessage.of(PUBSUB, waku)
 
 
+def archive_all_but_ten(archive: SqlArchive, count: int) -> list[StoredMessage]:
+    """``count`` SDS messages (see sds_message), the last ten of them never archived."""
+    stored = [sds_message(i) for i in range(count)]
+    archive.insert(stored[:-10])
+    return stored
+
+
+async def fetch_every_other(store: StoreClient, stored: list[StoredMessage]) -> list[Received]:
+    """What ``store`` (the runtime's protocol) finds of every second of ``stored``, asked
+    for by its hash, and of an entry without a hint (which cannot be: skipped)."""
+    wanted = (
+        *(HistoryEntry(f"m{i}", stored[i].message_hash) for i in range(0, len(stored), 2)),
+        HistoryEntry("no-hint"),
+    )
+    return await store.fetch("chan", wanted)
+
+
+def hints(found: list[Received]) -> list[bytes]:
+    return sorted(f.retrieval_hint or b"" for f in found)
+
+
 def test_fetch_returns_the_sds_bytes_with_their_hash_as_hint(
     archive: SqlArchive, tmp_path: Path
 ) -> None:
-    stored = [sds_message(i) for i in range(120)]
-    archive.insert(stored[:110])  # the last ten were never archived
+    stored = archive_all_but_ten(archive, 120)
 
     async def scenario() -> None:
         async with running(archive, tmp_path) as node, HttpStoreClient(node.url) as client:
-            store: StoreClient = client  # the runtime's protocol
-            wanted = (
-                *(HistoryEntry(f"m{i}", stored[i].message_hash) for i in range(0, 120, 2)),
-                HistoryEntry("no-hint"),  # cannot be asked for by hash: skipped
-            )
-            found = await store.fetch("chan", wanted)
+            found = await fetch_every_other(client, stored)
         # 60 hints (more than one request's worth), 55 of them archived.
-        assert sorted(f.retrieval_hint or b"" for f in found) == sorted(
-            m.message_hash for m in stored[0:110:2]
-        )
+        assert hints(found) == sorted(m.message_hash for m in stored[0:110:2])
         for frame in found:
             message = decode(frame.data)
             assert message.content == f"hello {message.lamport_timestamp}".encode()
@@ -94,8 +110,10 @@ def test_a_store_error_status_is_a_remote_error(archive: SqlArchive, tmp_path: P
 # -- nwaku's answers, as nwaku gives them
 
 
-async def _fake_nwaku(reply: web.Response) -> tuple[web.AppRunner, str]:
-    """A server that answers every store query with ``reply``, as an nwaku node might."""
+@asynccontextmanager
+async def _fake_nwaku(reply: web.Response) -> AsyncIterator[HttpStoreClient]:
+    """A client of a server that answers every store query with ``reply``, as an nwaku
+    node might."""
 
     async def handler(request: web.Request) -> web.Response:
         return reply
@@ -104,9 +122,13 @@ async def _fake_nwaku(reply: web.Response) -> tuple[web.AppRunner, str]:
     app.router.add_get("/store/v3/messages", handler)
     runner = web.AppRunner(app)
     await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return runner, f"http://127.0.0.1:{port}"
+    try:
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        async with HttpStoreClient(f"http://127.0.0.1:{port}") as client:
+            yield client
+    finally:
+        await runner.cleanup()
 
 
 @pytest.mark.parametrize(
@@ -126,13 +148,9 @@ def test_a_status_inside_a_200_is_read(status: int, error: type[Exception]) -> N
     body = {"requestId": "abc", "statusCode": status, "statusDesc": "peer said so", "messages": []}
 
     async def scenario() -> None:
-        runner, url = await _fake_nwaku(web.json_response(body))
-        try:
-            async with HttpStoreClient(url) as client:
-                with pytest.raises(error, match="peer said so"):
-                    await client.query(StoreQuery())
-        finally:
-            await runner.cleanup()
+        async with _fake_nwaku(web.json_response(body)) as client:
+            with pytest.raises(error, match="peer said so"):
+                await client.query(StoreQuery())
 
     asyncio.run(scenario())
 
@@ -141,13 +159,9 @@ def test_a_text_plain_error_is_an_error_with_its_text() -> None:
     reply = web.Response(status=400, text="Invalid pageSize: 'x'\n", content_type="text/plain")
 
     async def scenario() -> None:
-        runner, url = await _fake_nwaku(reply)
-        try:
-            async with HttpStoreClient(url) as client:
-                with pytest.raises(RemoteProtocolError, match="HTTP 400: Invalid pageSize: 'x'"):
-                    await client.query(StoreQuery())
-        finally:
-            await runner.cleanup()
+        async with _fake_nwaku(reply) as client:
+            with pytest.raises(RemoteProtocolError, match="HTTP 400: Invalid pageSize: 'x'"):
+                await client.query(StoreQuery())
 
     asyncio.run(scenario())
 

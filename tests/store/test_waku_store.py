@@ -21,9 +21,8 @@ from typing import Any
 import aiohttp
 import pytest
 from storetest import HOUR, PUBSUB, T0, in_order, make_messages, running
-from test_client import sds_message
+from test_client import archive_all_but_ten, fetch_every_other, hints
 
-from sdsync.runtime import StoreClient
 from sdsync.store import SqlArchive, StoredMessage, StoreNode, StoreUnavailableError
 from sdsync.store.rest import entry_json, query_params
 from sdsync.store.waku_store import (
@@ -314,21 +313,13 @@ def direct(node: StoreNode) -> Callable[[str, bytes], Awaitable[bytes]]:
 def test_waku_store_client_fetches_missing_messages_by_hash(
     archive: SqlArchive, tmp_path: Path
 ) -> None:
-    stored = [sds_message(i) for i in range(250)]
-    archive.insert(stored[:240])  # the last ten were never archived
+    stored = archive_all_but_ten(archive, 250)
 
     async def scenario() -> None:
         async with running(archive, tmp_path) as node:
-            store: StoreClient = WakuStoreClient(direct(node))
-            wanted = (
-                *(HistoryEntry(f"m{i}", stored[i].message_hash) for i in range(0, 250, 2)),
-                HistoryEntry("no-hint"),
-            )
-            found = await store.fetch("chan", wanted)
+            found = await fetch_every_other(WakuStoreClient(direct(node)), stored)
         # 125 hints (more than one query's worth), 120 of them archived.
-        assert sorted(f.retrieval_hint or b"" for f in found) == sorted(
-            m.message_hash for m in stored[0:240:2]
-        )
+        assert hints(found) == sorted(m.message_hash for m in stored[0:240:2])
         assert {f.data for f in found} == {m.message.payload for m in stored[0:240:2]}
 
     asyncio.run(scenario())

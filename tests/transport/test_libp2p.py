@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import random
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
 from types import SimpleNamespace
-from typing import TypeVar
 
 import pytest
 import trio
 from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11
 from libp2p.pubsub.pb import rpc_pb2
+from transporttest import PATIENCE_S, run, take, until
 from trio.testing import MockClock
 
 from sdsync.errors import LocalProtocolError, RejectReason
@@ -25,24 +23,6 @@ from sdsync.wire import WakuMessage, message_hash
 
 TOPIC = "/sds/1/test"
 CONTENT_TOPIC = "/sds/1/test/proto"
-# Liveness bounds only: everything here normally happens within a second or two.
-PATIENCE_S = 30.0
-
-T = TypeVar("T")
-
-
-def run(scenario: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(scenario(), 4 * PATIENCE_S))
-
-
-async def take(items: AsyncIterator[T], n: int) -> list[T]:
-    out: list[T] = []
-    async with asyncio.timeout(PATIENCE_S):
-        async for item in items:
-            out.append(item)
-            if len(out) == n:
-                break
-    return out
 
 
 async def started(*peers: str, **options: object) -> Libp2pTransport:
@@ -54,12 +34,6 @@ async def started(*peers: str, **options: object) -> Libp2pTransport:
 async def meshed(transports: list[Libp2pTransport], count: int) -> None:
     for transport in transports:
         assert await transport.wait_for_mesh(TOPIC, count, PATIENCE_S)
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    async with asyncio.timeout(PATIENCE_S):
-        while not condition():
-            await asyncio.sleep(0.02)
 
 
 async def publish_raw(transport: Libp2pTransport, topic: str, frame: bytes) -> None:

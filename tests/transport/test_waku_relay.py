@@ -7,7 +7,7 @@ import asyncio
 import base64
 import hashlib
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.mcache import MessageCache
 from libp2p.pubsub.pb import rpc_pb2
+from transporttest import PATIENCE_S, run, take, until
 
 from sdsync.errors import LocalProtocolError, RejectReason, RemoteProtocolError
 from sdsync.transport import Received
@@ -42,22 +43,7 @@ TOPIC = "/sds/1/probe"  # what a channel names
 CONTENT_TOPIC = "/sds/1/probe/proto"
 PUBSUB_TOPIC = "/waku/2/rs/1/7"  # CONTENT_TOPIC autosharded on cluster 1 (REFERENCE §7)
 ECHO = "/sdsync/test/echo/1"
-PATIENCE_S = 30.0
 WAKU = WakuRelayConfig()
-
-
-def run(scenario: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(asyncio.wait_for(scenario(), 4 * PATIENCE_S))
-
-
-async def take(items: AsyncIterator[Received], n: int) -> list[Received]:
-    out: list[Received] = []
-    async with asyncio.timeout(PATIENCE_S):
-        async for item in items:
-            out.append(item)
-            if len(out) == n:
-                break
-    return out
 
 
 async def nothing_more(items: AsyncIterator[Received], within_s: float = 0.5) -> bool:
@@ -73,12 +59,6 @@ async def waku_node(*peers: str, **options: Any) -> Libp2pTransport:
     transport = Libp2pTransport(peers=peers, waku=options.pop("waku", WAKU), **options)
     await transport.start()
     return transport
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    async with asyncio.timeout(PATIENCE_S):
-        while not condition():
-            await asyncio.sleep(0.02)
 
 
 def plain_router() -> GossipSub:

@@ -38,7 +38,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Protocol
+from typing import NamedTuple, Protocol, TypeVar
 
 from sdsync.errors import RejectReason, RemoteProtocolError
 from sdsync.store.model import InvalidMessageError, check_timestamp, topic_problem
@@ -170,15 +170,32 @@ def _decode_refused(exc: RemoteProtocolError) -> LightPushRefused:
     return LightPushRefused(LightPushStatus.BAD_REQUEST, _label(exc), str(exc))
 
 
+# A pushed RPC's pubsub topic (None: the autoshard) and message.
+_Content = tuple[str | None, WakuMessage | None]
+_R = TypeVar("_R", LightPushRequestV3, PushRpc)
+
+
+class _Outcome(NamedTuple):
+    request_id: str
+    status: LightPushStatus
+    description: str
+    relay_peer_count: int | None
+
+
 async def _push(
     service: PushService,
     route: str,
-    decode: Callable[[], tuple[str | None, WakuMessage | None]],
-) -> tuple[LightPushStatus, str, int | None]:
-    """Status, description and relay peer count of one push."""
+    request: bytes,
+    rpc: type[_R],
+    content: Callable[[_R], _Content],
+) -> _Outcome:
+    """The outcome of one push: the ``rpc`` bytes ``request`` and what they carry."""
+    request_id = ""  # what is answered to bytes with none
     try:
         try:
-            pubsub_topic, message = decode()
+            parsed = rpc.from_bytes(request)
+            request_id = parsed.request_id
+            pubsub_topic, message = content(parsed)
         except RemoteProtocolError as exc:
             raise _decode_refused(exc) from None
         push = check_push(
@@ -190,51 +207,39 @@ async def _push(
         service.answered(exc.status)
         log = logger.warning if exc.status == LightPushStatus.BAD_REQUEST else logger.info
         log("%s push refused: %s", route, exc)
-        return exc.status, exc.description, None
+        return _Outcome(request_id, exc.status, exc.description, None)
     service.answered(LightPushStatus.OK)
-    return LightPushStatus.OK, "OK", peers
+    return _Outcome(request_id, LightPushStatus.OK, "OK", peers)
 
 
 async def answer_lightpush(service: PushService, route: str, request: bytes) -> bytes:
     """The LightPushResponseV3 bytes that answer the LightPushRequestV3 bytes ``request``."""
-    request_id = ""
-
-    def decode() -> tuple[str | None, WakuMessage | None]:
-        nonlocal request_id
-        parsed = LightPushRequestV3.from_bytes(request)
-        request_id = parsed.request_id
-        return parsed.pubsub_topic, parsed.message
-
-    status, description, peers = await _push(service, route, decode)
+    outcome = await _push(
+        service, route, request, LightPushRequestV3, lambda v3: (v3.pubsub_topic, v3.message)
+    )
     return LightPushResponseV3(
-        request_id=request_id,
-        status_code=int(status),
-        status_desc=description,
-        relay_peer_count=peers,
+        request_id=outcome.request_id,
+        status_code=int(outcome.status),
+        status_desc=outcome.description,
+        relay_peer_count=outcome.relay_peer_count,
     ).to_bytes()
+
+
+def _v2_content(rpc: PushRpc) -> _Content:
+    if rpc.request is None:
+        raise RemoteProtocolError("a PushRpc without a request", reason=RejectReason.MALFORMED_RPC)
+    return rpc.request.pubsub_topic or None, rpc.request.message
 
 
 async def answer_lightpush_v2(service: PushService, route: str, request: bytes) -> bytes:
     """The PushRpc bytes that answer the PushRpc (2.0.0-beta1) bytes ``request``."""
-    request_id = ""
-
-    def decode() -> tuple[str | None, WakuMessage | None]:
-        nonlocal request_id
-        parsed = PushRpc.from_bytes(request)
-        request_id = parsed.request_id
-        if parsed.request is None:
-            raise RemoteProtocolError(
-                "a PushRpc without a request", reason=RejectReason.MALFORMED_RPC
-            )
-        return parsed.request.pubsub_topic or None, parsed.request.message
-
-    status, description, peers = await _push(service, route, decode)
-    ok = status == LightPushStatus.OK
+    outcome = await _push(service, route, request, PushRpc, _v2_content)
+    ok = outcome.status == LightPushStatus.OK
     response = PushResponse(
         is_success=ok,
-        info=None if ok else description,
-        status_code=int(status),
-        status_desc=description,
-        relay_peer_count=peers,
+        info=None if ok else outcome.description,
+        status_code=int(outcome.status),
+        status_desc=outcome.description,
+        relay_peer_count=outcome.relay_peer_count,
     )
-    return PushRpc(request_id=request_id, response=response).to_bytes()
+    return PushRpc(request_id=outcome.request_id, response=response).to_bytes()

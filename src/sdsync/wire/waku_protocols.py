@@ -46,7 +46,7 @@ import enum
 import hashlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 from google.protobuf.message import Message as ProtoMessage
 
@@ -84,7 +84,6 @@ MAX_UVARINT_BYTES = 10
 # The protobuf enum's value type, for mypy (an int at run time).
 _PB_SUBSCRIBE_TYPE = filter_pb.FilterSubscribeRequest.FilterSubscribeType.ValueType
 _M = TypeVar("_M", bound=ProtoMessage)
-_T = TypeVar("_T")
 
 
 # --- framing ---------------------------------------------------------------------------
@@ -151,12 +150,19 @@ async def _read_length(read: Callable[[int], Awaitable[bytes]], max_length: int)
 # --- codecs ----------------------------------------------------------------------------
 
 
-class _Rpc:
-    """What every RPC value shares: ``to_bytes`` through its protobuf message."""
+class _Rpc(Generic[_M]):
+    """What every RPC value shares: ``to_bytes`` and ``from_bytes`` through its protobuf
+    message, the ``_pb_type`` each subclass names (for ``_M``)."""
 
     __slots__ = ()
+    # Not a ClassVar: mypy allows no type variable in one.
+    _pb_type: type[_M]
 
-    def _to_pb(self) -> ProtoMessage:
+    def _to_pb(self) -> _M:
+        raise NotImplementedError
+
+    @classmethod
+    def _from_pb(cls, parsed: _M) -> Self:
         raise NotImplementedError
 
     def to_bytes(self) -> bytes:
@@ -165,24 +171,30 @@ class _Rpc:
         except ValueError as exc:  # a number out of its field's range, a lone surrogate
             raise LocalProtocolError(f"cannot encode {type(self).__name__}: {exc}") from None
 
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Self:
+        """A peer's ``data`` parsed; raises only :class:`RemoteProtocolError`."""
+        what = cls._pb_type.DESCRIPTOR.name
+        parsed = parse_untrusted(cls._pb_type, data, what, RejectReason.MALFORMED_RPC)
+        try:
+            return cls._from_pb(parsed)
+        except (ValueError, LocalProtocolError) as exc:
+            # ValueError: an enum value we do not know; LocalProtocolError: a constructor
+            # refused the peer's value.
+            raise RemoteProtocolError(
+                f"malformed {what}: {exc}", reason=RejectReason.MALFORMED_RPC
+            ) from None
 
-def _decode(data: bytes, message_type: type[_M], build: Callable[[_M], _T]) -> _T:
-    """Parse a peer's ``data`` as ``message_type`` and ``build`` our value from it."""
-    what = message_type.DESCRIPTOR.name
-    parsed = parse_untrusted(message_type, data, what, RejectReason.MALFORMED_RPC)
-    try:
-        return build(parsed)
-    except (ValueError, LocalProtocolError) as exc:
-        # ValueError: an enum value we do not know; LocalProtocolError: a constructor
-        # refused the peer's value.
-        raise RemoteProtocolError(
-            f"malformed {what}: {exc}", reason=RejectReason.MALFORMED_RPC
-        ) from None
+
+def _optional(parsed: ProtoMessage, name: str) -> Any:
+    """Field ``name`` of ``parsed`` (a proto3 optional or a message), or None when absent."""
+    return getattr(parsed, name) if parsed.HasField(name) else None
 
 
 def _waku_message(parsed: ProtoMessage, name: str) -> WakuMessage | None:
     """The embedded WakuMessage ``name``, decoded and checked, or None when absent."""
-    return decode_waku_message(getattr(parsed, name)) if parsed.HasField(name) else None
+    data = _optional(parsed, name)
+    return None if data is None else decode_waku_message(data)
 
 
 def _to_bytes(message: WakuMessage | None) -> bytes | None:
@@ -195,9 +207,11 @@ def _check_hash(name: str, value: bytes | None) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class StoreQueryRequest(_Rpc):
+class StoreQueryRequest(_Rpc[store_pb.StoreQueryRequest]):
     """A 13/WAKU2-STORE v3 query. ``time_*`` are Unix nanoseconds, ``time_start`` inclusive;
     ``pagination_cursor`` is the hash of the last entry of the previous page."""
+
+    _pb_type = store_pb.StoreQueryRequest
 
     request_id: str
     include_data: bool = False
@@ -230,26 +244,18 @@ class StoreQueryRequest(_Rpc):
         )
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> StoreQueryRequest:
-        return _decode(data, store_pb.StoreQueryRequest, cls._from_pb)
-
-    @classmethod
     def _from_pb(cls, parsed: store_pb.StoreQueryRequest) -> StoreQueryRequest:
         return cls(
             request_id=parsed.request_id,
             include_data=parsed.include_data,
-            pubsub_topic=parsed.pubsub_topic if parsed.HasField("pubsub_topic") else None,
+            pubsub_topic=_optional(parsed, "pubsub_topic"),
             content_topics=tuple(parsed.content_topics),
-            time_start=parsed.time_start if parsed.HasField("time_start") else None,
-            time_end=parsed.time_end if parsed.HasField("time_end") else None,
+            time_start=_optional(parsed, "time_start"),
+            time_end=_optional(parsed, "time_end"),
             message_hashes=tuple(parsed.message_hashes),
-            pagination_cursor=(
-                parsed.pagination_cursor if parsed.HasField("pagination_cursor") else None
-            ),
+            pagination_cursor=_optional(parsed, "pagination_cursor"),
             pagination_forward=parsed.pagination_forward,
-            pagination_limit=(
-                parsed.pagination_limit if parsed.HasField("pagination_limit") else None
-            ),
+            pagination_limit=_optional(parsed, "pagination_limit"),
         )
 
 
@@ -275,15 +281,17 @@ class WakuMessageKeyValue:
     @classmethod
     def _from_pb(cls, parsed: store_pb.WakuMessageKeyValue) -> WakuMessageKeyValue:
         return cls(
-            message_hash=parsed.message_hash if parsed.HasField("message_hash") else None,
+            message_hash=_optional(parsed, "message_hash"),
             message=_waku_message(parsed, "message"),
-            pubsub_topic=parsed.pubsub_topic if parsed.HasField("pubsub_topic") else None,
+            pubsub_topic=_optional(parsed, "pubsub_topic"),
         )
 
 
 @dataclass(frozen=True, slots=True)
-class StoreQueryResponse(_Rpc):
+class StoreQueryResponse(_Rpc[store_pb.StoreQueryResponse]):
     """A store's answer: a v3 status code (200 OK, 400, 429, 503, 504) and one page."""
+
+    _pb_type = store_pb.StoreQueryResponse
 
     request_id: str
     status_code: int | None = None
@@ -304,25 +312,21 @@ class StoreQueryResponse(_Rpc):
         )
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> StoreQueryResponse:
-        return _decode(data, store_pb.StoreQueryResponse, cls._from_pb)
-
-    @classmethod
     def _from_pb(cls, parsed: store_pb.StoreQueryResponse) -> StoreQueryResponse:
         return cls(
             request_id=parsed.request_id,
-            status_code=parsed.status_code if parsed.HasField("status_code") else None,
-            status_desc=parsed.status_desc if parsed.HasField("status_desc") else None,
+            status_code=_optional(parsed, "status_code"),
+            status_desc=_optional(parsed, "status_desc"),
             messages=tuple(map(WakuMessageKeyValue._from_pb, parsed.messages)),
-            pagination_cursor=(
-                parsed.pagination_cursor if parsed.HasField("pagination_cursor") else None
-            ),
+            pagination_cursor=_optional(parsed, "pagination_cursor"),
         )
 
 
 @dataclass(frozen=True, slots=True)
-class LightPushRequestV3(_Rpc):
+class LightPushRequestV3(_Rpc[lightpush_pb.LightPushRequestV3]):
     """LightPush v3: publish ``message`` on ``pubsub_topic`` (absent: autosharded)."""
+
+    _pb_type = lightpush_pb.LightPushRequestV3
 
     request_id: str
     pubsub_topic: str | None = None
@@ -336,21 +340,19 @@ class LightPushRequestV3(_Rpc):
         )
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> LightPushRequestV3:
-        return _decode(data, lightpush_pb.LightPushRequestV3, cls._from_pb)
-
-    @classmethod
     def _from_pb(cls, parsed: lightpush_pb.LightPushRequestV3) -> LightPushRequestV3:
         return cls(
             request_id=parsed.request_id,
-            pubsub_topic=parsed.pubsub_topic if parsed.HasField("pubsub_topic") else None,
+            pubsub_topic=_optional(parsed, "pubsub_topic"),
             message=_waku_message(parsed, "message"),
         )
 
 
 @dataclass(frozen=True, slots=True)
-class LightPushResponseV3(_Rpc):
+class LightPushResponseV3(_Rpc[lightpush_pb.LightPushResponseV3]):
     """LightPush v3's answer: a status code and how many relay peers got the message."""
+
+    _pb_type = lightpush_pb.LightPushResponseV3
 
     request_id: str
     status_code: int = 0
@@ -366,18 +368,12 @@ class LightPushResponseV3(_Rpc):
         )
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> LightPushResponseV3:
-        return _decode(data, lightpush_pb.LightPushResponseV3, cls._from_pb)
-
-    @classmethod
     def _from_pb(cls, parsed: lightpush_pb.LightPushResponseV3) -> LightPushResponseV3:
         return cls(
             request_id=parsed.request_id,
             status_code=parsed.status_code,
-            status_desc=parsed.status_desc if parsed.HasField("status_desc") else None,
-            relay_peer_count=(
-                parsed.relay_peer_count if parsed.HasField("relay_peer_count") else None
-            ),
+            status_desc=_optional(parsed, "status_desc"),
+            relay_peer_count=_optional(parsed, "relay_peer_count"),
         )
 
 
@@ -421,18 +417,18 @@ class PushResponse:
     def _from_pb(cls, parsed: lightpush_pb.PushResponse) -> PushResponse:
         return cls(
             is_success=parsed.is_success,
-            info=parsed.info if parsed.HasField("info") else None,
-            status_code=parsed.status_code if parsed.HasField("status_code") else None,
-            status_desc=parsed.status_desc if parsed.HasField("status_desc") else None,
-            relay_peer_count=(
-                parsed.relay_peer_count if parsed.HasField("relay_peer_count") else None
-            ),
+            info=_optional(parsed, "info"),
+            status_code=_optional(parsed, "status_code"),
+            status_desc=_optional(parsed, "status_desc"),
+            relay_peer_count=_optional(parsed, "relay_peer_count"),
         )
 
 
 @dataclass(frozen=True, slots=True)
-class PushRpc(_Rpc):
+class PushRpc(_Rpc[lightpush_pb.PushRpc]):
     """LightPush 2.0.0-beta1's frame both ways: a request out, a response back."""
+
+    _pb_type = lightpush_pb.PushRpc
 
     request_id: str
     request: PushRequest | None = None
@@ -444,10 +440,6 @@ class PushRpc(_Rpc):
             request=None if self.request is None else self.request._to_pb(),
             response=None if self.response is None else self.response._to_pb(),
         )
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> PushRpc:
-        return _decode(data, lightpush_pb.PushRpc, cls._from_pb)
 
     @classmethod
     def _from_pb(cls, parsed: lightpush_pb.PushRpc) -> PushRpc:
@@ -470,8 +462,10 @@ class FilterSubscribeType(enum.IntEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class FilterSubscribeRequest(_Rpc):
+class FilterSubscribeRequest(_Rpc[filter_pb.FilterSubscribeRequest]):
     """Filter v2: ping, (un)subscribe ``content_topics`` on ``pubsub_topic``, or drop all."""
+
+    _pb_type = filter_pb.FilterSubscribeRequest
 
     request_id: str
     filter_subscribe_type: FilterSubscribeType = FilterSubscribeType.SUBSCRIBER_PING
@@ -487,22 +481,20 @@ class FilterSubscribeRequest(_Rpc):
         )
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> FilterSubscribeRequest:
-        return _decode(data, filter_pb.FilterSubscribeRequest, cls._from_pb)
-
-    @classmethod
     def _from_pb(cls, parsed: filter_pb.FilterSubscribeRequest) -> FilterSubscribeRequest:
         return cls(
             request_id=parsed.request_id,
             filter_subscribe_type=FilterSubscribeType(parsed.filter_subscribe_type),
-            pubsub_topic=parsed.pubsub_topic if parsed.HasField("pubsub_topic") else None,
+            pubsub_topic=_optional(parsed, "pubsub_topic"),
             content_topics=tuple(parsed.content_topics),
         )
 
 
 @dataclass(frozen=True, slots=True)
-class FilterSubscribeResponse(_Rpc):
+class FilterSubscribeResponse(_Rpc[filter_pb.FilterSubscribeResponse]):
     """Filter v2's answer to a :class:`FilterSubscribeRequest`."""
+
+    _pb_type = filter_pb.FilterSubscribeResponse
 
     request_id: str
     status_code: int = 0
@@ -514,21 +506,19 @@ class FilterSubscribeResponse(_Rpc):
         )
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> FilterSubscribeResponse:
-        return _decode(data, filter_pb.FilterSubscribeResponse, cls._from_pb)
-
-    @classmethod
     def _from_pb(cls, parsed: filter_pb.FilterSubscribeResponse) -> FilterSubscribeResponse:
         return cls(
             request_id=parsed.request_id,
             status_code=parsed.status_code,
-            status_desc=parsed.status_desc if parsed.HasField("status_desc") else None,
+            status_desc=_optional(parsed, "status_desc"),
         )
 
 
 @dataclass(frozen=True, slots=True)
-class MessagePush(_Rpc):
+class MessagePush(_Rpc[filter_pb.MessagePush]):
     """Filter v2's push of one message to a subscriber."""
+
+    _pb_type = filter_pb.MessagePush
 
     waku_message: WakuMessage | None = None
     pubsub_topic: str | None = None
@@ -539,20 +529,18 @@ class MessagePush(_Rpc):
         )
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> MessagePush:
-        return _decode(data, filter_pb.MessagePush, cls._from_pb)
-
-    @classmethod
     def _from_pb(cls, parsed: filter_pb.MessagePush) -> MessagePush:
         return cls(
             waku_message=_waku_message(parsed, "waku_message"),
-            pubsub_topic=parsed.pubsub_topic if parsed.HasField("pubsub_topic") else None,
+            pubsub_topic=_optional(parsed, "pubsub_topic"),
         )
 
 
 @dataclass(frozen=True, slots=True)
-class WakuMetadata(_Rpc):
+class WakuMetadata(_Rpc[metadata_pb.WakuMetadata]):
     """The metadata protocol's request and its response alike: a cluster and its shards."""
+
+    _pb_type = metadata_pb.WakuMetadata
 
     cluster_id: int | None = None
     shards: tuple[int, ...] = ()
@@ -561,13 +549,9 @@ class WakuMetadata(_Rpc):
         return metadata_pb.WakuMetadata(cluster_id=self.cluster_id, shards=self.shards)
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> WakuMetadata:
-        return _decode(data, metadata_pb.WakuMetadata, cls._from_pb)
-
-    @classmethod
     def _from_pb(cls, parsed: metadata_pb.WakuMetadata) -> WakuMetadata:
         return cls(
-            cluster_id=parsed.cluster_id if parsed.HasField("cluster_id") else None,
+            cluster_id=_optional(parsed, "cluster_id"),
             shards=tuple(parsed.shards),
         )
 
@@ -603,13 +587,22 @@ def shard_pubsub_topic(cluster_id: int, shard: int) -> str:
     return f"/waku/2/rs/{cluster_id}/{shard}"
 
 
+def _utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def parse_content_topic(topic: str, *, remote: bool = False) -> ContentTopic:
     """``topic`` parsed: LocalProtocolError if it is malformed, RemoteProtocolError
     (``MALFORMED_CONTENT_TOPIC``) instead if a peer sent it (``remote=True``)."""
     parts = topic.split("/")
     if len(parts) == 6 and parts[1] == "0":  # the optional generation, only 0 so far
         del parts[1]
-    if len(parts) != 5 or parts[0] or not all(parts[1:]):
+    # A lone surrogate has no UTF-8 form: no hash, no shard, no place on the wire.
+    if len(parts) != 5 or parts[0] or not all(parts[1:]) or not _utf8(topic):
         problem = f"content topic {topic[:100]!r} is not /application/version/name/encoding"
         if remote:
             raise RemoteProtocolError(problem, reason=RejectReason.MALFORMED_CONTENT_TOPIC)

@@ -2,11 +2,8 @@
 //   {"op":"encode","payload":hex,"contentTopic":s,"timestamp":"decimal"|null,"meta":hex|null,"version":n|null,"ephemeral":b|null}
 //   {"op":"decode","bytes":hex}
 // Replies one JSON line each: {"ok":true,"bytes":hex} or {"ok":true,"message":{...}} or {"ok":false,"error":s}.
-import { createInterface } from "node:readline";
 import { WakuMessage } from "@waku/proto";
-
-const hex = (b) => Buffer.from(b).toString("hex");
-const unhex = (s) => new Uint8Array(Buffer.from(s, "hex"));
+import { hex, serveJsonLines, unhex } from "./jsonlines.mjs";
 
 function handle(req) {
   if (req.op === "encode") {
@@ -34,13 +31,4 @@ function handle(req) {
   return { ok: false, error: `unknown op ${req.op}` };
 }
 
-for await (const line of createInterface({ input: process.stdin })) {
-  if (!line.trim()) continue;
-  let reply;
-  try {
-    reply = handle(JSON.parse(line));
-  } catch (err) {
-    reply = { ok: false, error: String(err) };
-  }
-  process.stdout.write(JSON.stringify(reply) + "\n");
-}
+await serveJsonLines(handle);

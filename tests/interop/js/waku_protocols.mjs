@@ -7,9 +7,9 @@
 // @waku/proto's (camelCase), enums their names.
 // Replies one JSON line each: {"ok":true,"bytes":hex} or {"ok":true,"fields":{...}} or
 // {"ok":true,"pubsubTopics":[s...]} or {"ok":false,"error":s}.
-import { createInterface } from "node:readline";
 import { proto_filter_v2, proto_lightpush, proto_metadata, proto_store } from "@waku/proto";
 import { contentTopicToPubsubTopic } from "@waku/utils";
+import { hex, serveJsonLines, unhex } from "./jsonlines.mjs";
 
 const TYPES = {
   StoreQueryRequest: proto_store.StoreQueryRequest,
@@ -24,12 +24,10 @@ const TYPES = {
   WakuMetadataResponse: proto_metadata.WakuMetadataResponse,
 };
 
-const hex = (b) => Buffer.from(b).toString("hex");
-
 function fromJson(value) {
   if (Array.isArray(value)) return value.map(fromJson);
   if (value === null || typeof value !== "object") return value;
-  if ("hex" in value) return new Uint8Array(Buffer.from(value.hex, "hex"));
+  if ("hex" in value) return unhex(value.hex);
   if ("bigint" in value) return BigInt(value.bigint);
   return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, fromJson(v)]));
 }
@@ -57,8 +55,7 @@ function handle(req) {
     return { ok: true, bytes: hex(codec(req.type).encode(fromJson(req.fields))) };
   }
   if (req.op === "decode") {
-    const bytes = new Uint8Array(Buffer.from(req.bytes, "hex"));
-    return { ok: true, fields: toJson(codec(req.type).decode(bytes)) };
+    return { ok: true, fields: toJson(codec(req.type).decode(unhex(req.bytes))) };
   }
   if (req.op === "autoshard") {
     const topics = req.contentTopics.map((topic) =>
@@ -69,13 +66,4 @@ function handle(req) {
   return { ok: false, error: `unknown op ${req.op}` };
 }
 
-for await (const line of createInterface({ input: process.stdin })) {
-  if (!line.trim()) continue;
-  let reply;
-  try {
-    reply = handle(JSON.parse(line));
-  } catch (err) {
-    reply = { ok: false, error: String(err) };
-  }
-  process.stdout.write(JSON.stringify(reply) + "\n");
-}
+await serveJsonLines(handle);

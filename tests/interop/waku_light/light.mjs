@@ -296,6 +296,41 @@ function operations({ node, networkConfig }, channels) {
       return { message_id: channelOf(request).send(payloadOf(request)) };
     },
 
+    // ReliableChannel.stop() leaves its Filter subscription running (sdk 0.0.36), so a
+    // channel that should hear nothing for a while drops the subscription itself: it
+    // keeps sending and syncing, and whatever is published meanwhile never reaches it.
+    // The Filter client knows the subscription by its decoder object, which only the
+    // channel holds: both ops use the channel's private `decoder` and `subscribe()`.
+    async reliable_unsubscribe(request) {
+      const channel = channelOf(request);
+      if (!(await node.filter.unsubscribe(channel.decoder))) {
+        throw new Error(`the service node kept the subscription of ${channel.decoder.contentTopic}`);
+      }
+      return {};
+    },
+
+    async reliable_subscribe(request) {
+      if (!(await channelOf(request).subscribe())) {
+        throw new Error("no service node took the subscription");
+      }
+      return {};
+    },
+
+    // The channel's local log in its order, (Lamport timestamp, message id). Read from
+    // MessageChannel's private `localHistory` field: @waku/sds 0.0.8 has no public way to
+    // list it, so this op is tied to that version.
+    async reliable_log(request) {
+      const history = channelOf(request).messageChannel.localHistory;
+      return {
+        log: history.slice(0).map((message) => ({
+          message_id: message.messageId,
+          sender_id: message.senderId,
+          lamport_timestamp: message.lamportTimestamp.toString(),
+          payload: b64(message.content),
+        })),
+      };
+    },
+
     async peers() {
       return { peers: await connectedPeers(node.libp2p) };
     },
