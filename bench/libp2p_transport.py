@@ -6,7 +6,8 @@ Both sides in the same run, same machine, two hosts on 127.0.0.1:
   receiver reading its pubsub subscription, frames of the given size, the publisher
   waiting for room in py-libp2p's outbound queues as ours does;
 * ours — two :class:`~sdsync.transport.Libp2pTransport` on an asyncio loop, each host in
-  its own trio thread: WakuMessage envelope, validation, Waku hash, thread hops.
+  its own trio thread, a Waku relay node (Waku Relay, unsigned, autosharded): WakuMessage
+  envelope, validation, Waku hash, thread hops.
 
 For each payload size, N publications are streamed as fast as the publisher goes and the
 clock stops when the receiver has them all (or after --patience seconds; the count
@@ -15,9 +16,11 @@ received is printed either way). Prints messages/s of both and the ours/anchor r
 In one process our two hosts run in two trio threads that share the GIL, which the anchor's
 single trio loop does not; so another column runs ours as deployed, one host per process
 (the receiver a child process; its rate is taken from the first frame to the last, so the
-sender's start-up does not count). The ``waku`` columns run the same two measurements of
-ours in the Waku mode (``WakuRelayConfig()``: Waku Relay, unsigned, autosharded), beside
-the old mode. Timing never fails the run.
+sender's start-up does not count). Timing never fails the run.
+
+The transport's old mode (its own ``/meshsub`` topics, signed messages) was measured at
+commit 2c60073 before it was removed: 100 B 137 msg/s vs 425 for Waku Relay, 4,000 B 264
+vs 507, 40,000 B 130 vs 364, one process each side.
 
     .venv/bin/python bench/libp2p_transport.py
     .venv/bin/python bench/libp2p_transport.py --sizes 100,40000 --count 300
@@ -40,7 +43,7 @@ from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.tools.anyio_service import background_trio_service
 
-from sdsync.transport.libp2p import Libp2pTransport, WakuRelayConfig
+from sdsync.transport.libp2p import Libp2pTransport
 
 TOPIC = "/sds/1/bench"
 LOOPBACK = "/ip4/127.0.0.1/tcp/0"
@@ -107,15 +110,8 @@ async def _raw(size: int, count: int, patience: float) -> tuple[float, int]:
 # ----------------------------------------------------------------- ours
 
 
-def _mode(waku: bool) -> WakuRelayConfig | None:
-    return WakuRelayConfig() if waku else None
-
-
-async def _ours(size: int, count: int, patience: float, waku: bool) -> tuple[float, int]:
-    async with (
-        Libp2pTransport(waku=_mode(waku)) as a,
-        Libp2pTransport(peers=a.listen_addrs, waku=_mode(waku)) as b,
-    ):
+async def _ours(size: int, count: int, patience: float) -> tuple[float, int]:
+    async with Libp2pTransport() as a, Libp2pTransport(peers=a.listen_addrs) as b:
         a.subscribe(TOPIC)
         inbox = b.subscribe(TOPIC)
         assert await a.wait_for_mesh(TOPIC, 1, 30)
@@ -140,9 +136,9 @@ async def _ours(size: int, count: int, patience: float, waku: bool) -> tuple[flo
 # ------------------------------------------------- ours, one host per process
 
 
-async def _receive_role(count: int, patience: float, waku: bool) -> None:
+async def _receive_role(count: int, patience: float) -> None:
     """Child process: print our address, then the seconds from first to last frame."""
-    async with Libp2pTransport(waku=_mode(waku)) as receiver:
+    async with Libp2pTransport() as receiver:
         inbox = receiver.subscribe(TOPIC)
         print(receiver.listen_addrs[0], flush=True)
         received, first, last = 0, 0.0, 0.0
@@ -157,17 +153,15 @@ async def _receive_role(count: int, patience: float, waku: bool) -> None:
         print(f"{last - first} {received}", flush=True)
 
 
-async def _ours_two_processes(
-    size: int, count: int, patience: float, waku: bool
-) -> tuple[float, int]:
+async def _ours_two_processes(size: int, count: int, patience: float) -> tuple[float, int]:
     """Seconds from the first to the last frame at a receiver in another process."""
     child = await asyncio.create_subprocess_exec(
         sys.executable, __file__, "--receive", str(count), "--patience", str(patience),
-        *(["--waku"] if waku else []), stdout=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip
     assert child.stdout is not None
     address = (await child.stdout.readline()).decode().strip()
-    async with Libp2pTransport(peers=[address], waku=_mode(waku)) as sender:
+    async with Libp2pTransport(peers=[address]) as sender:
         sender.subscribe(TOPIC)
         assert await sender.wait_for_mesh(TOPIC, 1, 30)
         for data in payloads(size, count):
@@ -184,31 +178,26 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=500)
     parser.add_argument("--patience", type=float, default=60.0)
     parser.add_argument("--receive", type=int, help=argparse.SUPPRESS)  # the child's role
-    parser.add_argument("--waku", action="store_true", help=argparse.SUPPRESS)  # the child's
     args = parser.parse_args()
     if args.receive:
-        asyncio.run(_receive_role(args.receive, args.patience, args.waku))
+        asyncio.run(_receive_role(args.receive, args.patience))
         return
     print(f"{args.count} publications per size, 2 hosts on loopback (msg/s; MB/s of payload)")
-    print(
-        f"{'bytes':>7} {'anchor':>7} {'ours':>7} {'ratio':>6} {'2 proc':>7} {'MB/s':>6}"
-        f" {'waku':>7} {'ratio':>6} {'waku 2 proc':>11} {'MB/s':>6}"
-    )
+    print(f"{'bytes':>7} {'anchor':>7} {'ours':>7} {'ratio':>6} {'2 proc':>7} {'MB/s':>6}")
     for size in (int(s) for s in args.sizes.split(",")):
         # The anchor's 32-slot subscription channel drops frames its reader is slow to
         # take, so its count may fall short; rates are of what arrived.
-        raw_s, raw_n = trio.run(_raw, size, args.count, args.patience)
-        runs = [(raw_s, raw_n)]
-        for waku in (False, True):
-            runs.append(asyncio.run(_ours(size, args.count, args.patience, waku)))
-            runs.append(asyncio.run(_ours_two_processes(size, args.count, args.patience, waku)))
-        raw, ours, apart, waku_ours, waku_apart = (n / seconds for seconds, n in runs)
+        runs = [
+            trio.run(_raw, size, args.count, args.patience),
+            asyncio.run(_ours(size, args.count, args.patience)),
+            asyncio.run(_ours_two_processes(size, args.count, args.patience)),
+        ]
+        raw, ours, apart = (n / seconds for seconds, n in runs)
         counts = [n for _, n in runs]
         note = "" if set(counts) == {args.count} else f"  (received {counts})"
         print(
             f"{size:>7} {raw:>7.0f} {ours:>7.0f} {ours / raw:>6.2f} {apart:>7.0f}"
-            f" {apart * size / 1e6:>6.2f} {waku_ours:>7.0f} {waku_ours / raw:>6.2f}"
-            f" {waku_apart:>11.0f} {waku_apart * size / 1e6:>6.2f}{note}"
+            f" {apart * size / 1e6:>6.2f}{note}"
         )
 
 

@@ -1,9 +1,10 @@
-"""Two participants and an archiver on real libp2p gossipsub (loopback).
+"""Two participants and an archiver on Waku Relay over real libp2p (loopback).
 
-alice and bob each run a ReliableChannel over their own Libp2pTransport; bob drops 30 % of
-what he receives, and SDS repairs it. A third host subscribes to whole envelopes, as a
-store node would, and prints what it would archive: WakuMessage fields and the Waku
-message hash — the same bytes the participants use as retrieval hints.
+alice and bob each run a ReliableChannel over their own Libp2pTransport, a Waku relay node
+(content topic /sds/1/demo/proto, autosharded to /waku/2/rs/1/7); bob drops 30 % of what
+he receives, and SDS repairs it. A third host subscribes to whole envelopes, as a store
+node would, and prints what it would archive: WakuMessage fields and the Waku message
+hash — the same bytes the participants use as retrieval hints.
 
     python examples/libp2p_channel.py
 """
@@ -58,8 +59,8 @@ async def main() -> None:
         archiving.cancel()
         first = archived[0]
         print(
-            f"archived {len(archived)} envelopes; first: content topic "
-            f"{first.message.content_topic}, timestamp {first.message.timestamp} ns, "
+            f"archived {len(archived)} envelopes; first: pubsub topic {first.pubsub_topic}, "
+            f"content topic {first.message.content_topic}, timestamp {first.message.timestamp} ns, "
             f"hash {first.message_hash.hex()[:16]}…"
         )
 

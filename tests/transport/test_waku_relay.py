@@ -1,14 +1,11 @@
-"""Libp2pTransport's Waku mode: the py-libp2p mends, the request/response streams, and
-Waku Relay against js-waku's own relay node (tests/interop/waku_relay, @waku/sdk 0.0.27)."""
+"""Libp2pTransport as a Waku Relay node: the py-libp2p mends, the validator, sharding,
+metadata and the request/response streams. Against js-waku's own relay node:
+tests/interop/test_js_waku_relay.py."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import hashlib
-import sys
-from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,10 +13,9 @@ from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.mcache import MessageCache
 from libp2p.pubsub.pb import rpc_pb2
-from transporttest import PATIENCE_S, run, take, until
+from transporttest import PATIENCE_S, nothing_more, run, take, until
 
 from sdsync.errors import LocalProtocolError, RejectReason, RemoteProtocolError
-from sdsync.transport import Received
 from sdsync.transport.libp2p import Libp2pTransport, WakuRelayConfig
 from sdsync.transport.libp2p_host import TrioHost
 from sdsync.transport.libp2p_patches import KeyedMessageCache, WakuGossipSub
@@ -31,14 +27,6 @@ from sdsync.wire.waku_protocols import (
     encode_frame,
 )
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "interop"))
-from waku_drivers import (  # type: ignore[import-not-found]  # tests/interop, not a package
-    RELAY_DIR,
-    WakuDriver,
-    relay_argv,
-    require_driver,
-)
-
 TOPIC = "/sds/1/probe"  # what a channel names
 CONTENT_TOPIC = "/sds/1/probe/proto"
 PUBSUB_TOPIC = "/waku/2/rs/1/7"  # CONTENT_TOPIC autosharded on cluster 1 (REFERENCE §7)
@@ -46,17 +34,8 @@ ECHO = "/sdsync/test/echo/1"
 WAKU = WakuRelayConfig()
 
 
-async def nothing_more(items: AsyncIterator[Received], within_s: float = 0.5) -> bool:
-    try:
-        async with asyncio.timeout(within_s):
-            await anext(items)
-    except TimeoutError:
-        return True
-    return False
-
-
 async def waku_node(*peers: str, **options: Any) -> Libp2pTransport:
-    transport = Libp2pTransport(peers=peers, waku=options.pop("waku", WAKU), **options)
+    transport = Libp2pTransport(peers=peers, **options)
     await transport.start()
     return transport
 
@@ -173,14 +152,15 @@ def good_frame(**fields: Any) -> bytes:
 def test_the_waku_validator_checks_14_waku2_message(
     msg: rpc_pb2.Message, reason: RejectReason | None
 ) -> None:
-    transport = Libp2pTransport(waku=WAKU)
+    transport = Libp2pTransport()
     host = TrioHost(transport)
     try:
-        accepted = host._validate_waku(ID(b"\x01" * 34), msg)
+        accepted = host._validate(ID(b"\x01" * 34), msg)
     finally:
-        host.pubsub.seen_messages.stop()
+        host.pubsub.seen_messages.stop()  # py-libp2p starts its sweeper thread at once
     assert accepted == (reason is None)
     assert transport.rejected == ({reason: 1} if reason is not None else {})
+    assert all(type(key) is RejectReason for key in transport.rejected)
 
 
 def test_waku_relay_config_maps_content_topics_to_shards() -> None:
@@ -316,182 +296,20 @@ async def never_answers(peer: str, request: bytes) -> bytes:
     return b""
 
 
-def test_old_mode_still_speaks_meshsub_and_serves_streams() -> None:
+def test_a_protocol_served_before_start_is_answered_once_started() -> None:
     async def scenario() -> None:
-        server = Libp2pTransport()
-        await server.start()
+        server = await waku_node()
         client = Libp2pTransport()
 
         async def echo(peer: str, request: bytes) -> bytes:
             return request
 
-        await client.serve(ECHO, echo)  # before start: served once it starts
+        await client.serve(ECHO, echo)
         await client.start()
         try:
             assert await server.request(client.listen_addrs[0], ECHO, b"hi") == b"hi"
-            with pytest.raises(LocalProtocolError):
-                await server.metadata()
         finally:
             await client.close()
             await server.close()
-
-    run(scenario)
-
-
-# --- against js-waku ----------------------------------------------------------------
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
-@pytest.fixture
-def js() -> Iterator[Callable[..., WakuDriver]]:
-    require_driver(RELAY_DIR)
-    drivers: list[WakuDriver] = []
-
-    def start(name: str, **options: Any) -> WakuDriver:
-        driver = WakuDriver(name, relay_argv(content_topics=[CONTENT_TOPIC], **options))
-        drivers.append(driver)
-        assert driver.started["ok"], driver.started
-        assert driver.started["pubsub_topics"] == [PUBSUB_TOPIC]
-        return driver
-
-    try:
-        yield start
-    finally:
-        for driver in drivers:
-            driver.close()
-
-
-async def call(driver: WakuDriver, op: str, **fields: Any) -> dict[str, Any]:
-    """A driver request off the event loop (it blocks on the driver's pipe)."""
-    return await asyncio.to_thread(lambda: driver.ok(op, **fields))
-
-
-async def js_event(driver: WakuDriver, hash_hex: str) -> dict[str, Any]:
-    return await asyncio.to_thread(
-        lambda: driver.event(lambda e: e["event"] == "message" and e["hash"] == hash_hex)
-    )
-
-
-async def js_publish(driver: WakuDriver, payload: bytes) -> dict[str, Any]:
-    return await call(driver, "publish", content_topic=CONTENT_TOPIC, payload=b64(payload))
-
-
-def js_address(driver: WakuDriver, ws: bool = False) -> str:
-    addresses: list[str] = driver.started["multiaddrs"]
-    return next(a for a in addresses if ("/ws/" in a) == ws)
-
-
-def our_address(node: Libp2pTransport, ws: bool = False) -> str:
-    return next(a for a in node.listen_addrs if ("/ws/" in a) == ws)
-
-
-async def exchange(ours: Libp2pTransport, theirs: WakuDriver, n: int) -> None:
-    """``n`` messages each way, each received once with the same Waku message hash."""
-    inbox = ours.subscribe(TOPIC)
-    await call(theirs, "subscribe", content_topic=CONTENT_TOPIC)
-    assert await ours.wait_for_mesh(TOPIC, 1, PATIENCE_S)
-    await call(theirs, "wait_subscribers", pubsub_topic=PUBSUB_TOPIC)
-    for i in range(n):
-        sent = await js_publish(theirs, f"from js {i}".encode())
-        assert sent["recipients"] == [ours.peer_id]
-        [got] = await take(inbox, 1)
-        assert got == Received(f"from js {i}".encode(), bytes.fromhex(sent["hash"]))
-    for i in range(n):
-        hint = await ours.publish(TOPIC, f"from us {i}".encode())
-        event = await js_event(theirs, hint.hex())
-        assert base64.b64decode(event["payload"]) == f"from us {i}".encode()
-        assert event["contentTopic"] == CONTENT_TOPIC and event["pubsubTopic"] == PUBSUB_TOPIC
-    assert await nothing_more(inbox)
-    with pytest.raises(AssertionError, match="no a matching event"):
-        await asyncio.to_thread(lambda: theirs.event(lambda e: True, timeout=0.5))
-
-
-@pytest.mark.parametrize("who_dials", ["js dials us", "we dial js"])
-def test_js_waku_and_we_exchange_messages_over_tcp(
-    js: Callable[..., WakuDriver], who_dials: str
-) -> None:
-    async def scenario() -> None:
-        theirs = js("js")
-        ours = await waku_node()
-        try:
-            if who_dials == "js dials us":
-                reply = await call(theirs, "dial", multiaddr=our_address(ours))
-                assert reply["peer_id"] == ours.peer_id
-            else:
-                await ours.connect(js_address(theirs))
-            await exchange(ours, theirs, 4)
-            [seen] = (await call(theirs, "peers"))["peers"]
-            assert RELAY_PROTOCOL in seen["protocols"] and METADATA_PROTOCOL in seen["protocols"]
-        finally:
-            await ours.close()
-
-    run(scenario)
-
-
-def test_js_waku_dials_our_websocket_listener(js: Callable[..., WakuDriver]) -> None:
-    async def scenario() -> None:
-        theirs = js("js")
-        ours = await waku_node(listen=["/ip4/127.0.0.1/tcp/0", "/ip4/127.0.0.1/tcp/0/ws"])
-        try:
-            await call(theirs, "dial", multiaddr=our_address(ours, ws=True))
-            await exchange(ours, theirs, 1)
-        finally:
-            await ours.close()
-
-    run(scenario)
-
-
-def test_we_relay_between_two_js_waku_nodes(js: Callable[..., WakuDriver]) -> None:
-    """JS ↔ ours ↔ JS: every message from the second on too (the equivocation mend)."""
-
-    async def scenario() -> None:
-        alice, bob = js("alice"), js("bob")
-        ours = await waku_node()
-        try:
-            ours.subscribe(TOPIC)
-            for driver in (alice, bob):
-                await call(driver, "dial", multiaddr=our_address(ours))
-                await call(driver, "subscribe", content_topic=CONTENT_TOPIC)
-                await call(driver, "wait_subscribers", pubsub_topic=PUBSUB_TOPIC)
-            assert await ours.wait_for_mesh(TOPIC, 2, PATIENCE_S)
-            for sender, receiver in ((alice, bob), (bob, alice)):
-                for i in range(4):
-                    sent = await js_publish(sender, f"{sender.name} {i}".encode())
-                    got = await js_event(receiver, sent["hash"])
-                    assert got["payload"] == sent["payload"]
-            peers = (await call(alice, "peers"))["peers"]
-            assert [p["peer_id"] for p in peers] == [ours.peer_id]  # bob only through us
-        finally:
-            await ours.close()
-
-    run(scenario)
-
-
-def test_js_waku_drops_a_relay_message_with_a_seqno(js: Callable[..., WakuDriver]) -> None:
-    """What the old mode publishes (py-libp2p's Pubsub.publish: from + seqno) js-waku
-    does not deliver, even on the relay protocol; the unsigned one after it, it does."""
-
-    async def scenario() -> None:
-        theirs = js("js")
-        ours = await waku_node()
-        try:
-            await ours.connect(js_address(theirs))
-            ours.subscribe(TOPIC)
-            await call(theirs, "subscribe", content_topic=CONTENT_TOPIC)
-            assert await ours.wait_for_mesh(TOPIC, 1, PATIENCE_S)
-            trio_side = ours._running()
-            signed = WakuMessage(b"with seqno", CONTENT_TOPIC, timestamp=1)
-            await ours._call(lambda: trio_side.pubsub.publish(PUBSUB_TOPIC, signed.to_bytes()))
-            hint = await ours.publish(TOPIC, b"unsigned")
-            await js_event(theirs, hint.hex())
-            with pytest.raises(AssertionError, match="no a matching event"):
-                await asyncio.to_thread(
-                    lambda: theirs.event(lambda e: True, timeout=1.0)  # nothing else came
-                )
-        finally:
-            await ours.close()
 
     run(scenario)

@@ -41,3 +41,9 @@ class Transport(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+def default_content_topic(pubsub_topic: str) -> str:
+    """``/sds/1/<channel>`` → ``/sds/1/<channel>/proto`` (app, version, name, encoding): the
+    content topic a Waku transport carries a channel's topic on."""
+    return pubsub_topic.rstrip("/") + "/proto"

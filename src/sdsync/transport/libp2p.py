@@ -1,13 +1,22 @@
-"""Libp2pTransport: SDS over py-libp2p gossipsub, each frame a WakuMessage.
+"""Libp2pTransport: SDS over Waku Relay (py-libp2p gossipsub), each frame a WakuMessage.
 
 Theory of operation
 -------------------
-One pubsub topic per channel (the topic ReliableChannel passes in). Every publication is a
-WakuMessage (14/WAKU2-MESSAGE) whose payload is the SDS bytes, with the transport's content
-topic and a fresh timestamp in nanoseconds; its deterministic Waku message hash is the
-retrieval hint, and also the gossipsub message id (as in Waku relay), so a resend — same
-SDS bytes, new timestamp — is a new gossipsub message and is not swallowed by the seen
-cache.
+The transport is a Waku Relay node (docs/network.md): gossipsub under
+``/vac/waku/relay/2.0.0``, unsigned messages (StrictNoSign) identified by sha256 of their
+bytes as js-waku does, and ``/vac/waku/metadata/1.0.0`` answered with our cluster and
+shards. The topic a channel names (``/sds/1/<channel>``) is mapped to a content topic
+(``content_topic``, by default ``/sds/1/<channel>/proto``) and that to the pubsub topic
+``/waku/2/rs/<cluster>/<shard>`` of a static shard or of autosharding
+(:meth:`WakuRelayConfig.pubsub_topic`; ``waku=`` chooses, The Waku Network's cluster 1 by
+default). A subscriber gets the messages of its content topic only, since other
+applications share the shard; subscribing to a ``/waku/2/rs/...`` topic itself gets every
+message on it.
+
+Every publication is a WakuMessage (14/WAKU2-MESSAGE) whose payload is the SDS bytes, with
+the transport's content topic and a fresh timestamp in nanoseconds. Its deterministic Waku
+message hash on the pubsub topic is the retrieval hint; a resend — same SDS bytes, new
+timestamp — is a new gossipsub message and is not swallowed by the seen cache.
 
 py-libp2p runs on trio, our runtime on asyncio, so the transport is split by the loop that
 runs the code. This module is the asyncio face: its code runs on the caller's event loop
@@ -25,34 +34,21 @@ are guarded by a lock). The host, pubsub and router live in a dedicated thread r
   makes room in the outbox.
 
 Inbound frames are validated as a gossipsub topic validator, so a bad frame is neither
-delivered nor relayed: it must be a WakuMessage no larger than ``max_message_bytes``
-carrying the expected content topic. Each rejection is counted by its
-:class:`~sdsync.errors.RejectReason` in :attr:`Libp2pTransport.rejected` and logged.
-``drop_rate`` then discards a seeded random share of the valid frames (after relaying:
-only this node's application misses them), to exercise SDS under loss.
+delivered nor relayed: it must be unsigned, and a WakuMessage no larger than
+``max_message_bytes`` with a timestamp and a well-formed content topic (any application's:
+we relay them all). Each rejection is counted by its :class:`~sdsync.errors.RejectReason`
+in :attr:`Libp2pTransport.rejected` and logged. ``drop_rate`` then discards a seeded random
+share of the valid frames (after relaying: only this node's application misses them), to
+exercise SDS under loss.
+
+Request/response streams serve the Waku services (store query, LightPush, Filter):
+:meth:`Libp2pTransport.serve` answers a protocol with a handler on the asyncio loop,
+:meth:`Libp2pTransport.request` asks a peer (one frame out, one back) and
+:meth:`Libp2pTransport.push` sends one frame unanswered. Listen addresses may be TCP or
+websocket (``/ip4/127.0.0.1/tcp/0/ws``), which is what a browser's js-waku can dial.
 
 ``close()`` lets the outbox drain (briefly), cancels the trio nursery, which tears down
 host, pubsub and router, and joins the thread.
-
-Waku mode
----------
-``waku=WakuRelayConfig(...)`` makes the transport a Waku Relay node (docs/network.md):
-gossipsub under ``/vac/waku/relay/2.0.0``, unsigned messages (StrictNoSign) identified by
-sha256 of their bytes as js-waku does, and ``/vac/waku/metadata/1.0.0`` answered. The
-topic a channel names stays what it was; the transport maps it to a content topic
-(``content_topic``, e.g. ``/sds/1/<channel>/proto``) and that to the pubsub topic
-``/waku/2/rs/<cluster>/<shard>`` of a static shard or of autosharding
-(:meth:`WakuRelayConfig.pubsub_topic`). A subscriber gets the messages of its content
-topic only, since other applications share the shard; subscribing to a
-``/waku/2/rs/...`` topic itself gets every message on it. The validator checks
-14/WAKU2-MESSAGE (size, timestamp, a well-formed content topic) and relays any content
-topic. The Waku message hash on the real pubsub topic is the retrieval hint, as before.
-
-Both modes offer request/response streams for the Waku services (store query, LightPush,
-Filter): :meth:`Libp2pTransport.serve` answers a protocol with a handler on the asyncio
-loop, :meth:`Libp2pTransport.request` asks a peer (one frame out, one back) and
-:meth:`Libp2pTransport.push` sends one frame unanswered. Listen addresses may be TCP or
-websocket (``/ip4/127.0.0.1/tcp/0/ws``), which is what a browser's js-waku can dial.
 """
 
 from __future__ import annotations
@@ -77,7 +73,7 @@ from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 
 from sdsync.errors import LocalProtocolError, RemoteProtocolError
 from sdsync.lifecycle import AsyncLifecycle
-from sdsync.transport.base import Envelope, Received
+from sdsync.transport.base import Envelope, Received, default_content_topic
 from sdsync.transport.libp2p_host import Handler, TrioHost, run_host
 from sdsync.wire.waku import MAX_WAKU_MESSAGE_BYTES, WakuMessage
 from sdsync.wire.waku_protocols import (
@@ -117,7 +113,7 @@ class GossipParams:
 
 @dataclass(frozen=True, slots=True)
 class WakuRelayConfig:
-    """The Waku mode of :class:`Libp2pTransport`: which cluster, and how content topics
+    """Which Waku cluster :class:`Libp2pTransport` relays on, and how content topics
     map to shards — all on ``shard`` (static sharding), or autosharded over
     ``shard_count`` shards when ``shard`` is None (The Waku Network: cluster 1, 8)."""
 
@@ -144,13 +140,11 @@ def new_identity_key() -> bytes:
     return random.SystemRandom().randbytes(KEY_SIZE)
 
 
-def default_content_topic(pubsub_topic: str) -> str:
-    """``/sds/1/<channel>`` → ``/sds/1/<channel>/proto`` (app, version, name, encoding)."""
-    return pubsub_topic.rstrip("/") + "/proto"
+_THE_WAKU_NETWORK = WakuRelayConfig()
 
 
 class Libp2pTransport(AsyncLifecycle):
-    """A :class:`~sdsync.transport.Transport` over gossipsub; also a source of envelopes."""
+    """A :class:`~sdsync.transport.Transport` over Waku Relay; also a source of envelopes."""
 
     def __init__(
         self,
@@ -163,7 +157,7 @@ class Libp2pTransport(AsyncLifecycle):
         seed: int | None = None,
         max_message_bytes: int = MAX_WAKU_MESSAGE_BYTES,
         gossip: GossipParams | None = None,
-        waku: WakuRelayConfig | None = None,
+        waku: WakuRelayConfig = _THE_WAKU_NETWORK,
     ) -> None:
         if not 0.0 <= drop_rate <= 1.0:
             raise LocalProtocolError("drop_rate must be a probability")
@@ -265,8 +259,8 @@ class Libp2pTransport(AsyncLifecycle):
         return await self.publish_message(pubsub_topic, message)
 
     async def publish_message(self, pubsub_topic: str, message: WakuMessage) -> bytes:
-        """Publish ``message`` as it is on ``pubsub_topic`` itself (in the Waku mode a
-        ``/waku/2/rs/...`` topic): what a LightPush service relays for a light client.
+        """Publish ``message`` as it is on ``pubsub_topic`` itself (a ``/waku/2/rs/...``
+        topic): what a LightPush service relays for a light client.
         Returns its Waku message hash; queued as :meth:`publish` is."""
         frame = message.to_bytes()
         if len(frame) > self.max_message_bytes:
@@ -320,8 +314,6 @@ class Libp2pTransport(AsyncLifecycle):
     def _route(self, topic: str) -> tuple[str, str | None]:
         """The pubsub topic that carries the caller's ``topic``, and the content topic
         its subscribers want (None: every one)."""
-        if self.waku is None:
-            return topic, self.content_topic(topic)
         if topic.startswith(_SHARD_TOPIC_PREFIX):
             return topic, None
         content_topic = self.content_topic(topic)
@@ -438,9 +430,7 @@ class Libp2pTransport(AsyncLifecycle):
 
     async def metadata(self) -> WakuMetadata:
         """What we answer on ``/vac/waku/metadata/1.0.0``: our cluster and the shards we
-        relay (Waku mode only)."""
-        if self.waku is None:
-            raise LocalProtocolError("metadata needs the Waku mode (waku=WakuRelayConfig())")
+        relay."""
         trio_side = self._running()
 
         async def shards() -> tuple[int, ...]:

@@ -20,15 +20,13 @@ its subscriber tables (under the transport's lock), and keeps its counters (``re
 
 The outbox publishes in order, waiting for room in py-libp2p's per-peer queues (which
 drop when full) — but not for a peer that stopped taking frames, whose connection is
-closed at length (:class:`_DrainWatch`). Inbound frames are checked as a gossipsub topic
-validator, so a bad frame is neither delivered nor relayed.
+closed at length (:class:`_DrainWatch`).
 
-Two modes, chosen by the transport's ``waku`` setting. Without it, gossipsub runs under
-its own protocol ids with signed, sequenced messages whose id is the Waku message hash.
-In the Waku mode it is Waku Relay: :class:`~sdsync.transport.libp2p_patches.WakuGossipSub`
-under ``/vac/waku/relay/2.0.0``, unsigned publications, message id sha256(data) as
-js-waku's, the 14/WAKU2-MESSAGE checks in the validator, and ``/vac/waku/metadata/1.0.0``
-answered with our cluster and shards.
+The router is Waku Relay: :class:`~sdsync.transport.libp2p_patches.WakuGossipSub` under
+``/vac/waku/relay/2.0.0``, publications unsigned (no ``from`` or ``seqno``), message id
+sha256(data) as js-waku's. Inbound frames are checked as a gossipsub topic validator
+(unsigned, and the 14/WAKU2-MESSAGE checks), so a bad frame is neither delivered nor
+relayed. ``/vac/waku/metadata/1.0.0`` is answered with our cluster and shards.
 
 Request/response streams (:meth:`TrioHost.serve`, :meth:`TrioHost.request`,
 :meth:`TrioHost.push`) carry one uvarint-length-prefixed frame each way
@@ -49,7 +47,7 @@ import hashlib
 import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sized
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import trio
 from libp2p import new_host
@@ -58,7 +56,6 @@ from libp2p.custom_types import TProtocol
 from libp2p.network.stream.exceptions import StreamEOF
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
-from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, PROTOCOL_ID_V12, GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.tools.anyio_service import background_trio_service
 
@@ -113,9 +110,10 @@ class TrioHost:
     def __init__(self, transport: Libp2pTransport) -> None:
         self.transport = transport
         gossip = transport.gossip
-        self.waku = transport.waku is not None
         self.host: IHost = new_host(key_pair=transport._key_pair, listen_addrs=transport._listen)
-        router_options: dict[str, Any] = dict(
+        self.router = WakuGossipSub(
+            protocols=[TProtocol(RELAY_PROTOCOL)],
+            relay_protocols=(RELAY_PROTOCOL,),
             degree=gossip.degree,
             degree_low=gossip.degree_low,
             degree_high=gossip.degree_high,
@@ -124,25 +122,13 @@ class TrioHost:
             # and our own publications; SDS rate control belongs to the application.
             spam_protection_enabled=False,
         )
-        self.router: GossipSub
-        if self.waku:
-            self.router = WakuGossipSub(
-                protocols=[TProtocol(RELAY_PROTOCOL)],
-                relay_protocols=(RELAY_PROTOCOL,),
-                **router_options,
-            )
-        else:
-            self.router = GossipSub(
-                protocols=[PROTOCOL_ID_V12, PROTOCOL_ID_V11, PROTOCOL_ID],
-                **router_options,
-            )
         self.pubsub = DeliveringPubsub(
             self.host,
             self.router,
             deliver=self._deliver,
             # Waku relay publishes unsigned; authenticity is the application's concern.
             strict_signing=False,
-            msg_id_constructor=_relay_message_id if self.waku else _gossip_message_id,
+            msg_id_constructor=_relay_message_id,
             # Oversized frames must reach the validator to be counted, within reason.
             max_inbound_rpc_size=max(1 << 20, 2 * transport.max_message_bytes),
         )
@@ -175,8 +161,7 @@ class TrioHost:
                 await self._join(topic)
             for protocol, (handler, max_bytes, timeout_s) in self.transport._served.items():
                 self.serve(protocol, self.on_loop(handler), max_bytes, timeout_s)
-            if self.waku:
-                self.serve(METADATA_PROTOCOL, self._answer_metadata, 1024, _METADATA_TIMEOUT_S)
+            self.serve(METADATA_PROTOCOL, self._answer_metadata, 1024, _METADATA_TIMEOUT_S)
             nursery.start_soon(self._redial_forever)
             nursery.start_soon(self._send_forever)
             ready.set_result(self)
@@ -226,9 +211,7 @@ class TrioHost:
 
     def shards(self) -> tuple[int, ...]:
         """The shards of our cluster whose pubsub topics we relay."""
-        waku = self.transport.waku
-        assert waku is not None
-        prefix = f"{_SHARD_TOPIC_PREFIX}{waku.cluster_id}/"
+        prefix = f"{_SHARD_TOPIC_PREFIX}{self.transport.waku.cluster_id}/"
         return tuple(
             sorted(
                 int(t[len(prefix) :])
@@ -242,33 +225,17 @@ class TrioHost:
         if pubsub_topic in self._joined:
             return
         self._joined.add(pubsub_topic)
-        validator = self._validate_waku if self.waku else self._validate
-        self.pubsub.set_topic_validator(pubsub_topic, validator, is_async_validator=False)
+        self.pubsub.set_topic_validator(pubsub_topic, self._validate, is_async_validator=False)
         await self.pubsub.subscribe(pubsub_topic)
 
     def _validate(self, forwarder: ID, msg: rpc_pb2.Message) -> bool:
-        """Topic validator: is this a frame we would deliver and relay?"""
-        transport = self.transport
-        topic = msg.topicIDs[0] if msg.topicIDs else ""
-        return self._judge(
-            topic,
-            lambda: _check_envelope(
-                msg.data, transport.content_topic(topic), transport.max_message_bytes
-            ),
-        )
-
-    def _validate_waku(self, forwarder: ID, msg: rpc_pb2.Message) -> bool:
-        """Topic validator of Waku relay: unsigned, and a valid 14/WAKU2-MESSAGE on any
-        well-formed content topic (other applications share the shard; we relay theirs)."""
-        topic = msg.topicIDs[0] if msg.topicIDs else ""
-        return self._judge(
-            topic, lambda: _check_relay_message(msg, self.transport.max_message_bytes)
-        )
-
-    def _judge(self, topic: str, check: Callable[[], object]) -> bool:
+        """Topic validator: is this a frame we would deliver and relay? Unsigned, and a
+        valid 14/WAKU2-MESSAGE on any well-formed content topic (other applications share
+        the shard; we relay theirs)."""
         try:
-            check()
+            _check_relay_message(msg, self.transport.max_message_bytes)
         except RemoteProtocolError as exc:
+            topic = msg.topicIDs[0] if msg.topicIDs else ""
             self.transport.rejected[exc.reason] += 1
             logger.warning("%s: dropped a frame on %s: %s", self.transport.peer_id[-8:], topic, exc)
             return False
@@ -314,11 +281,10 @@ class TrioHost:
     async def _send_forever(self) -> None:
         loop = self.transport._loop
         assert loop is not None
-        publish = self.pubsub.publish_unsigned if self.waku else self.pubsub.publish
         async for topic, frame in self._outbox_out:
             try:
                 await self._room_to_send()
-                await publish(topic, frame)
+                await self.pubsub.publish_unsigned(topic, frame)
             except Exception as exc:
                 self.transport.publish_failures += 1
                 logger.warning("publishing on %s failed: %r", topic, exc)
@@ -482,7 +448,6 @@ class TrioHost:
         """``/vac/waku/metadata/1.0.0``: the peer's cluster and shards in, ours out."""
         theirs = WakuMetadata.from_bytes(request)
         waku = self.transport.waku
-        assert waku is not None
         if theirs.cluster_id not in (None, waku.cluster_id):
             logger.info(
                 "peer %s is on cluster %s, we are on %s", peer, theirs.cluster_id, waku.cluster_id
@@ -541,17 +506,6 @@ class _DrainWatch:
         return {p for p, (_, since) in self._progress.items() if now - since >= for_s}
 
 
-def _check_envelope(data: bytes, content_topic: str, max_bytes: int) -> None:
-    """Raises RemoteProtocolError unless ``data`` is a WakuMessage of at most ``max_bytes``
-    on ``content_topic``."""
-    message = decode_waku_message(data, max_bytes=max_bytes)
-    if message.content_topic != content_topic:
-        raise RemoteProtocolError(
-            f"wrong content topic: {message.content_topic!r}, expected {content_topic!r}",
-            reason=RejectReason.WRONG_CONTENT_TOPIC,
-        )
-
-
 def _check_relay_message(msg: rpc_pb2.Message, max_bytes: int) -> None:
     """Raises RemoteProtocolError unless ``msg`` is an unsigned relay message holding a
     WakuMessage of at most ``max_bytes`` with a timestamp and a well-formed content topic."""
@@ -583,13 +537,3 @@ def _reader(stream: INetStream) -> Callable[[int], Awaitable[bytes]]:
             return b""
 
     return read
-
-
-def _gossip_message_id(msg: rpc_pb2.Message) -> bytes:
-    """The Waku message hash of the frame; sha256 of the bytes for frames that are not
-    WakuMessages (they still need an id for the seen cache before validation drops them)."""
-    topic = msg.topicIDs[0] if msg.topicIDs else ""
-    try:
-        return decode_waku_message(msg.data).hash(topic)
-    except RemoteProtocolError:
-        return hashlib.sha256(msg.data).digest()

@@ -1,4 +1,6 @@
-"""Subclasses that mend py-libp2p 0.8.1 where it loses frames, or a whole node, unasked.
+"""Subclasses that mend py-libp2p 0.8.1 where it loses frames, or a whole node, unasked,
+or cannot speak Waku Relay (gossipsub v1.1 under ``/vac/waku/relay/2.0.0``, unsigned:
+StrictNoSign).
 
 Theory of operation
 -------------------
@@ -7,15 +9,10 @@ These subclasses run on the transport's trio thread, inside the host's pubsub se
 replaces one behaviour of the pinned py-libp2p:
 
 * :class:`DeliveringPubsub` hands every delivery straight to a callback instead of the
-  32-slot subscription channel, which drops on overflow; lets a peer's undecodable RPC
-  cost that peer its stream rather than end the pubsub service; and numbers its messages
-  from the time, so that a restarted host is not taken for an equivocating one;
+  32-slot subscription channel, which drops on overflow; and lets a peer's undecodable
+  RPC cost that peer its stream rather than end the pubsub service;
 * :class:`RoomyQueues` enlarges each peer's outbound queue, which drops whole RPCs when
-  full.
-
-Waku Relay (gossipsub v1.1 under ``/vac/waku/relay/2.0.0``, unsigned: StrictNoSign) needs
-more, and only in the transport's Waku mode:
-
+  full;
 * :meth:`DeliveringPubsub.publish_unsigned` sends a message with only ``data`` and
   ``topicIDs``: py-libp2p's ``publish`` always sets ``from`` and ``seqno``, and js-waku
   drops any message that carries a seqno;
@@ -35,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -65,17 +61,11 @@ class DeliveringPubsub(Pubsub):
         self._deliver = deliver
         self.corrupt_rpcs = 0
         self.peer_queues = RoomyQueues()
-        # Sequence numbers start at the time in seconds, and peers remember (sender, seqno)
-        # forever to catch equivocation: a host restarted with the same identity within
-        # as many seconds as it published messages would have its new messages rejected.
-        self.counter = time.time_ns()
         # Our unsigned publications in flight: they carry no `from` to recognise them by.
         self._own_unsigned: list[rpc_pb2.Message] = []
 
     def notify_subscriptions(self, publish_message: rpc_pb2.Message) -> None:
-        own = publish_message.from_id == self.my_id.to_bytes() or any(
-            publish_message is mine for mine in self._own_unsigned
-        )
+        own = any(publish_message is mine for mine in self._own_unsigned)
         self._deliver(publish_message, own)
 
     async def publish_unsigned(self, topic: str, data: bytes) -> None:
@@ -125,7 +115,7 @@ class RoomyQueues(dict[ID, RpcQueue]):
 
 
 class WakuGossipSub(GossipSub):
-    """GossipSub that relays Waku's way: under extra protocol ids taken as gossipsub v1.1
+    """GossipSub that relays Waku's way: under protocol ids taken as gossipsub v1.1
     (``relay_protocols``), with unsigned messages."""
 
     def __init__(self, *args: Any, relay_protocols: tuple[str, ...], **kwargs: Any) -> None:

@@ -1,4 +1,4 @@
-"""What the transport tests share: bounded waits around real hosts on 127.0.0.1."""
+"""What the tests of real transports share: bounded waits around hosts on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -31,3 +31,13 @@ async def until(condition: Callable[[], bool]) -> None:
     async with asyncio.timeout(PATIENCE_S):
         while not condition():
             await asyncio.sleep(0.02)
+
+
+async def nothing_more(items: AsyncIterator[T], within_s: float = 0.5) -> bool:
+    """True if ``items`` yields nothing more within ``within_s``."""
+    try:
+        async with asyncio.timeout(within_s):
+            await anext(items)
+    except TimeoutError:
+        return True
+    return False
