@@ -12,7 +12,7 @@ WAKU_JS := tests/interop/waku_relay tests/interop/waku_light
 WAKUSTAMPS := $(WAKU_JS:%=%/node_modules/.installed-stamp)
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint typecheck proto bench bench-memory bench-reconcile fuzz clean postgres
+.PHONY: demo test lint typecheck proto bench bench-memory bench-reconcile bench-sim fuzz clean postgres
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -73,6 +73,11 @@ bench-memory: $(STAMP) $(JSSTAMP)
 bench-reconcile: $(STAMP)
 	cd bench/js/negentropy && npm ci --no-audit --no-fund --loglevel=error
 	$(PY) bench/reconcile_vs_negentropy.py
+
+# The simulator's speed and memory at 100 / 1,000 / 10,000 participants, causal history 200
+# (docs/simulation.md#performance); about 10 minutes.
+bench-sim: $(STAMP)
+	$(PY) bench/sim_scale.py
 
 fuzz: $(STAMP)
 	$(PY) bench/fuzz_decoders.py --examples 100000

@@ -123,6 +123,7 @@ EXPORTS: dict[str, frozenset[str]] = {
     ),
     "sdsync.runtime": frozenset(
         {
+            "CatchUp",
             "ChannelDriver",
             "ChannelState",
             "Delivery",

@@ -9,25 +9,19 @@ They wait for conditions with generous liveness bounds and never assert on timin
 
 from __future__ import annotations
 
-import json
 import re
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
+from chatprocess import PATIENCE_S, ChatProcess, assert_same_logs, sends, wait_for
 from typer.testing import CliRunner
 
 from sdsync.chat import load_identity
 from sdsync.cli.main import app
 
-T = TypeVar("T")
-# Liveness bound for a whole group of processes; they normally finish in 10-30 s.
-PATIENCE_S = 240
 FAST = [
     "--sync-interval-ms",
     "300",
@@ -91,73 +85,25 @@ def test_interactive_lines_are_sent_and_commands_answered(tmp_path: Path) -> Non
     assert "→ [" in screen_text and "0 peer(s) in the channel" in screen_text
 
 
-class Chat:
-    """One `sdsync chat` process; output goes to files (a full pipe would block it)."""
+class Chat(ChatProcess):
+    """One `sdsync chat` process on the FAST timers, with its own state dir and ``seed``,
+    dialling ``peers``."""
 
     def __init__(self, tmp: Path, name: str, seed: int, peers: list[Chat], args: list[str]) -> None:
-        self.name = name
-        self.out = tmp / f"{name}.{time.monotonic_ns()}.out"
-        self.err = self.out.with_suffix(".err")
-        command = [sys.executable, "-m", "sdsync.cli", "chat", "--name", name, *FAST]
-        command += ["--state-dir", str(tmp / name), "--seed", str(seed)]
-        for peer in peers:
-            command += ["--peer", peer.address()]
-        command += args
-        with self.out.open("wb") as out, self.err.open("wb") as err:
-            self.process = subprocess.Popen(command, stdout=out, stderr=err)
-
-    def address(self) -> str:
-        found = wait_for(lambda: re.search(r"listening on (\S+)", self.err.read_text()))
-        return found.group(1)
+        dials = [arg for peer in peers for arg in ("--peer", peer.address())]
+        own = ["--state-dir", str(tmp / name), "--seed", str(seed)]
+        super().__init__(tmp, name, [*FAST, *own, *dials, *args])
 
     def sent(self) -> list[str]:
         """Texts this process reported as accepted (stored) before it died."""
         return re.findall(rf"→ \[\w+\] {self.name}: (\S+) · sent", self.err.read_text())
 
-    def finish(self) -> list[dict[str, object]]:
-        code = self.process.wait(PATIENCE_S)
-        assert code == 0, f"{self.name} exited {code}:\n{self.err.read_text()[-3000:]}"
-        return [json.loads(line) for line in self.out.read_text().splitlines()]
-
-    def dropped(self) -> int:
-        """Frames its --drop-rate discarded, as reported at exit."""
-        found = re.search(r"dropped by --drop-rate (\d+)", self.err.read_text())
-        assert found, f"{self.name} reported no frame counts"
-        return int(found.group(1))
-
-    def kill(self) -> None:
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(PATIENCE_S)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.kill()
-
-
-def wait_for(probe: Callable[[], T | None]) -> T:
-    deadline = time.monotonic() + PATIENCE_S
-    while time.monotonic() < deadline:
-        found = probe()
-        if found:
-            return found
-        time.sleep(0.05)
-    raise AssertionError("condition not reached")
-
-
-def sends(prefix: str, n: int) -> list[str]:
-    return [arg for i in range(n) for arg in ("--send", f"{prefix}{i:02d}")]
-
-
-def assert_same_logs(logs: list[list[dict[str, object]]], texts: Counter[str]) -> None:
-    assert all(log == logs[0] for log in logs), "logs differ"
-    assert Counter(str(entry["text"]) for entry in logs[0]) == texts
-    order = [(entry["lamport_timestamp"], entry["message_id"]) for entry in logs[0]]
-    assert order == sorted(order)
-
 
 def test_three_processes_at_20_percent_drop_end_with_identical_logs(tmp_path: Path) -> None:
     n = 50
-    wait = ["--wait-converged", str(PATIENCE_S), *FULL_MESH_OF_THREE]
+    # Heard from both others, but no wait for a full mesh: whether C's mesh also holds B
+    # is gossipsub's timing, not what this test is about (B's messages reach C through A).
+    wait = ["--wait-converged", str(PATIENCE_S), "--min-peers", "2"]
     a = Chat(tmp_path, "A", 1, [], [*wait, *sends("a", n)])
     b = Chat(tmp_path, "B", 2, [a], [*wait, *sends("b", n)])
     c = Chat(tmp_path, "C", 3, [a, b], [*wait, *sends("c", n)])
@@ -173,7 +119,9 @@ def test_three_processes_at_20_percent_drop_end_with_identical_logs(tmp_path: Pa
 
 def test_a_killed_process_restarts_from_its_state_dir_and_catches_up(tmp_path: Path) -> None:
     n = 50
-    wait = ["--wait-converged", str(PATIENCE_S), *FULL_MESH_OF_THREE]
+    # Heard from both others, but no wait for a full mesh: whether C's mesh also holds B
+    # is gossipsub's timing, not what this test is about (B's messages reach C through A).
+    wait = ["--wait-converged", str(PATIENCE_S), "--min-peers", "2"]
     # A and C keep sending while B is away, and wait for a long quiet period, so they
     # are still there when B comes back.
     steady = [*wait, "--send-interval-ms", "100", "--quiet-ms", "5000"]

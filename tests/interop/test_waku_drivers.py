@@ -19,6 +19,7 @@ from waku_drivers import (
     RELAY_DIR,
     Event,
     WakuDriver,
+    b64,
     light_argv,
     relay_argv,
     require_driver,
@@ -34,10 +35,6 @@ RELAY_CODEC = "/vac/waku/relay/2.0.0"
 SOME_PEER_ID = "12D3KooWLteLJhV37rBqUg6Rr4vFKENAh9p9W7oc7zyot5cnCbdD"
 
 Starter = Callable[..., WakuDriver]
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
 
 
 def closed_port() -> int:

@@ -57,6 +57,9 @@ RUNTIME = RuntimeConfig(
     max_attempts=1_000_000,  # never give up: everything accepted must arrive
     incoming_sweep_ms=100,
     store_query_ms=100,
+    # The harness's store answers by id, as a by-hint store does; catch-ups (a time range)
+    # and their crash story are tested in test_state.py and test_catch_up.py.
+    store_catchup=False,
 )
 CRASHES = 40
 

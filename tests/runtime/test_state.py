@@ -19,7 +19,14 @@ from sdsync.core import (
     SyncStatus,
 )
 from sdsync.errors import LocalProtocolError
-from sdsync.runtime import ChannelDriver, ChannelState, ReliableChannel, RuntimeConfig, Step
+from sdsync.runtime import (
+    CatchUp,
+    ChannelDriver,
+    ChannelState,
+    ReliableChannel,
+    RuntimeConfig,
+    Step,
+)
 from sdsync.runtime.state import Synchronous, state_path
 from sdsync.transport import MemoryNetwork
 from sdsync.transport.memory import Faults
@@ -31,15 +38,26 @@ CONFIG = ChannelConfig(
     max_log_entries=20,  # small: most of the log lives only in SQLite
     repair=RepairConfig(t_min_ms=100, t_max_ms=500),
 )
-RUNTIME = RuntimeConfig(resend_interval_ms=1_000, resend_jitter=0.0, resend_backoff=1.0)
+# Without catch-ups: their wake-ups would interleave with the resends these tests count
+# (the catch-up's own state is tested at the end).
+RUNTIME = RuntimeConfig(
+    resend_interval_ms=1_000, resend_jitter=0.0, resend_backoff=1.0, store_catchup=False
+)
 
 
 class Node:
     """A stored driver on a virtual clock, as the runtime uses it (commit, then act)."""
 
-    def __init__(self, path: Path, name: str, now: int, config: ChannelConfig = CONFIG) -> None:
+    def __init__(
+        self,
+        path: Path,
+        name: str,
+        now: int,
+        config: ChannelConfig = CONFIG,
+        runtime: RuntimeConfig = RUNTIME,
+    ) -> None:
         channel = MessageChannel("chan", name, now_ms=now, config=config)
-        self.driver = ChannelDriver(channel, RUNTIME, random.Random(name), now)
+        self.driver = ChannelDriver(channel, runtime, random.Random(name), now)
         self.state = ChannelState(path, self.driver, synchronous="NORMAL")
         self.channel = channel
 
@@ -313,13 +331,69 @@ def test_a_version_1_database_is_migrated(tmp_path: Path) -> None:
     db = sqlite3.connect(path)
     db.executescript(
         "ALTER TABLE outgoing DROP COLUMN retrieval_hint; DROP TABLE missing; DROP TABLE peers;"
-        " UPDATE channel SET schema_version = 1;"
+        " ALTER TABLE channel DROP COLUMN caught_up_ms; UPDATE channel SET schema_version = 1;"
     )
     db.close()
     a2 = Node(path, "a", START + 10)
     assert len(a2.channel.outgoing_ids()) == 1
     version = a2.state._db.execute("SELECT schema_version FROM channel").fetchone()[0]
-    assert version == 2
+    assert version == 3
+
+
+CATCHING_UP = RuntimeConfig(
+    store_catchup_interval_ms=60_000,
+    store_catchup_max_window_ms=3_600_000,
+    store_catchup_margin_ms=20_000,
+)
+
+
+def test_the_caught_up_time_survives_a_restart(tmp_path: Path) -> None:
+    path = tmp_path / "a.sqlite"
+    a = Node(path, "a", START, runtime=CATCHING_UP)
+    (first,) = a.driver.tick(START).actions
+    assert first == CatchUp(START - 20_000, START)
+    a.run(a.driver.caught_up(first, START + 5))  # type: ignore[arg-type]
+    later = START + 60_005
+    (second,) = a.driver.tick(later).actions
+    assert second == CatchUp(START - 20_000, later)  # from the last end, less the margin
+    a.run(a.driver.caught_up(second, later + 5))  # type: ignore[arg-type]
+    a.crash()  # the caught-up time was committed with the step that moved it
+
+    back = START + 600_000
+    a2 = Node(path, "a", back, runtime=CATCHING_UP)
+    assert a2.driver.caught_up_ms == later
+    (resumed,) = a2.driver.tick(back).actions
+    assert resumed == CatchUp(later - 20_000, back)
+
+
+def test_a_catch_up_not_reported_done_is_asked_again_after_a_crash(tmp_path: Path) -> None:
+    path = tmp_path / "a.sqlite"
+    a = Node(path, "a", START, runtime=CATCHING_UP)
+    a.run(a.driver.tick(START))  # the catch-up starts; the process dies before it ends
+    a.crash()
+    a2 = Node(path, "a", START + 1_000, runtime=CATCHING_UP)
+    assert a2.driver.caught_up_ms == START
+    (again,) = a2.driver.tick(START + 1_000).actions
+    assert again == CatchUp(START - 20_000, START + 1_000)
+
+
+def test_a_version_2_database_catches_up_the_whole_window(tmp_path: Path) -> None:
+    path = tmp_path / "a.sqlite"
+    a = Node(path, "a", START, runtime=CATCHING_UP)
+    a.run(a.driver.publish(b"kept", START + 1))
+    a.state.close()
+    db = sqlite3.connect(path)
+    db.executescript(
+        "ALTER TABLE channel DROP COLUMN caught_up_ms; UPDATE channel SET schema_version = 2;"
+    )
+    db.close()
+    back = START + 86_400_000
+    a2 = Node(path, "a", back, runtime=CATCHING_UP)
+    assert len(a2.channel.outgoing_ids()) == 1
+    assert a2.state._db.execute("SELECT schema_version FROM channel").fetchone()[0] == 3
+    assert a2.driver.caught_up_ms is None  # unknown: how long it was away
+    catch_up = next(x for x in a2.driver.tick(back).actions if isinstance(x, CatchUp))
+    assert catch_up == CatchUp(back - 3_600_000, back)
 
 
 def open_state(

@@ -180,6 +180,12 @@ async def ask(host: FakeHost, protocol: str, peer: str, request: bytes) -> bytes
     return await handler(peer, request)  # type: ignore[operator, no-any-return]
 
 
+async def lightpush(host: FakeHost, request: LightPushRequestV3) -> LightPushResponseV3:
+    """The LightPush (3.0.0) answer to ``request`` from the peer "pusher"."""
+    answer = await ask(host, LIGHTPUSH_PROTOCOL, "pusher", request.to_bytes())
+    return LightPushResponseV3.from_bytes(answer)
+
+
 def test_light_services_relay_archive_and_push_to_filter_subscribers(
     sqlite_archive: SqlArchive, tmp_path: Path
 ) -> None:
@@ -204,8 +210,7 @@ def test_light_services_relay_archive_and_push_to_filter_subscribers(
             # No relay peers: the archive and the subscribers count.
             for i in range(3):
                 push = LightPushRequestV3(f"p{i}", SHARD, message(payload=bytes([i])))
-                answer = await ask(host, LIGHTPUSH_PROTOCOL, "pusher", push.to_bytes())
-                assert LightPushResponseV3.from_bytes(answer).status_code == 200
+                assert (await lightpush(host, push)).status_code == 200
             assert node.light is not None
             async with asyncio.timeout(10):
                 while len(host.pushed) < 3 or node.light.filters.criteria("gone"):
@@ -215,22 +220,12 @@ def test_light_services_relay_archive_and_push_to_filter_subscribers(
             assert [t for t, _ in host.published] == [SHARD] * 3
             assert sqlite_archive.count() == 3
             # An ephemeral message no relay peer or subscriber takes: 505.
-            lonely = message(content_topic="/other/1/x/proto", ephemeral=True)
-            answer = await ask(
-                host,
-                LIGHTPUSH_PROTOCOL,
-                "pusher",
-                LightPushRequestV3("e", SHARD, lonely).to_bytes(),
+            lonely = LightPushRequestV3(
+                "e", SHARD, message(content_topic="/other/1/x/proto", ephemeral=True)
             )
-            assert LightPushResponseV3.from_bytes(answer).status_code == 505
+            assert (await lightpush(host, lonely)).status_code == 505
             host.peers.append("relay-peer")
-            answer = await ask(
-                host,
-                LIGHTPUSH_PROTOCOL,
-                "pusher",
-                LightPushRequestV3("e", SHARD, lonely).to_bytes(),
-            )
-            assert LightPushResponseV3.from_bytes(answer).relay_peer_count == 1
+            assert (await lightpush(host, lonely)).relay_peer_count == 1
             assert sqlite_archive.count() == 3  # ephemeral: relayed, not archived
             sample = node.metrics.registry.get_sample_value
             assert sample("sdsync_store_ingested_messages_total", {"source": "lightpush"}) == 3

@@ -12,6 +12,7 @@ from storetest import running
 from testdeps import require
 
 from sdsync.store import SqlArchive, StoreQuery, WakuStoreClient
+from sdsync.transport.base import default_content_topic
 from sdsync.wire.waku_protocols import MAX_STORE_RESPONSE_BYTES, WakuMetadata
 
 libp2p = require("sdsync.transport.libp2p", "needs the 'p2p' extra")
@@ -23,7 +24,7 @@ PATIENCE_S = 30.0  # a liveness bound; this normally takes a second or two
 
 
 def other_application(topic: str) -> str:
-    return OTHER_CONTENT if topic == SHARD else libp2p.default_content_topic(topic)
+    return OTHER_CONTENT if topic == SHARD else default_content_topic(topic)
 
 
 def test_a_waku_store_archives_its_shard_and_answers_store_queries(

@@ -190,3 +190,66 @@ def test_a_missing_dependency_is_fetched_from_a_waku_store_peer(
             await alice_host.close()
 
     asyncio.run(scenario())
+
+
+CATCHING_UP = RuntimeConfig(
+    sync_interval_ms=600_000,  # nothing but the store can tell bob anything
+    resend_interval_ms=600_000,
+    resend_possibly_acknowledged_ms=600_000,
+    incoming_sweep_ms=50,
+    store_query_ms=100,
+    store_catchup_interval_ms=200,
+    store_catchup_page_size=2,  # three messages: two pages
+)
+
+
+def test_a_message_nothing_names_is_caught_up_from_the_store(
+    sqlite_archive: SqlArchive, tmp_path: Path
+) -> None:
+    """Bob misses three messages and every message naming them, so he never learns their
+    ids (by-hint retrieval has nothing to ask for); the periodic catch-up finds them,
+    delivered once each, in causal order, whatever the catch-ups after it find again."""
+
+    async def scenario() -> None:
+        net = MemoryNetwork(seed=1)
+        history2 = ChannelConfig(causal_history_size=2, repair=RepairConfig(enabled=False))
+        async with (
+            running(sqlite_archive, tmp_path) as node,
+            HttpStoreClient(node.url, token=TOKEN) as writer,
+            HttpStoreClient(node.url) as reader,
+        ):
+            publisher = WakuPublisher(net.transport("alice"), writer)
+            alice = ReliableChannel(
+                publisher, "chat", "alice", config=history2, runtime=RUNTIME, rng=random.Random(1)
+            )
+            bob = ReliableChannel(
+                net.transport("bob"),
+                "chat",
+                "bob",
+                config=history2,
+                runtime=CATCHING_UP,
+                store=reader,
+                rng=random.Random(2),
+                state_dir=tmp_path / "bob",
+            )
+            await alice.start()
+            await bob.start()
+            publisher.silent = True
+            missed = [await alice.send(f"only the store has #{i}".encode()) for i in range(3)]
+            publisher.silent = False
+            delivered = await asyncio.wait_for(deliveries(bob, 3), PATIENCE_S)
+            assert delivered == missed
+            assert bob.catch_ups >= 1 and bob.caught_up_messages == 3
+            # Later catch-ups overlap the first: nothing is delivered twice.
+            live = await alice.send(b"heard live, names the last two")
+            assert await asyncio.wait_for(deliveries(bob, 1), PATIENCE_S) == [live]
+            done = bob.catch_ups
+            while bob.catch_ups < done + 2:
+                await asyncio.sleep(0.05)
+            assert not [e for e in bob.pending_events() if isinstance(e, MessageDelivered)]
+            assert bob.channel.log_ids() == [*missed, live]
+            assert bob.caught_up_messages == 3
+            await bob.close()
+            await alice.close()
+
+    asyncio.run(scenario())

@@ -23,7 +23,10 @@ group even in a line of chats each connected to the previous one).
 
 With ``stores`` (``--store``, :mod:`sdsync.chat.stores`) the channel fetches the messages
 it misses by their retrieval hints from store nodes: over their REST API, or as Waku store
-peers over this run's own libp2p host; a scripted run reports how many it fetched.
+peers over this run's own libp2p host, and catches up from them periodically (everything
+on its content topic since the last time; at start, the time it was away). Interactive, a
+catch-up is a status line when it starts and ends; a scripted run reports how many
+messages it fetched and how many catch-ups found.
 """
 
 from __future__ import annotations
@@ -96,11 +99,8 @@ class ChatOptions:
 
 async def run_chat(options: ChatOptions, console: Console) -> int:
     """The whole chat; returns the exit code."""
-    from sdsync.transport.libp2p import (
-        Libp2pTransport,
-        WakuRelayConfig,
-        default_content_topic,
-    )
+    from sdsync.transport.base import default_content_topic
+    from sdsync.transport.libp2p import Libp2pTransport, WakuRelayConfig
 
     identity = load_identity(options.state_dir, options.name)
     waku = WakuRelayConfig(cluster_id=options.cluster_id, shard=options.shard)
@@ -206,7 +206,8 @@ async def _script(
     if stores is not None:
         session.say(
             f"store: fetched {stores.fetched} message(s) in {stores.fetches} answer(s), "
-            f"{stores.unavailable} time(s) unavailable",
+            f"{stores.unavailable} time(s) unavailable; caught up {stores.catch_ups} "
+            f"time(s), {session.channel.caught_up_messages} message(s) we did not have",
             style="dim",
         )
     if options.print_log:

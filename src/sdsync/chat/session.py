@@ -7,7 +7,8 @@ acknowledged → acknowledged, or failed) and the text of every message, and sho
 change on a console. A message from others is shown as soon as it arrives — marked with
 how many earlier messages are missing if it has to wait for them (``deliver_early``), and
 confirmed in place once they arrived; one that lands before lines already shown (older by
-Lamport timestamp) is marked as such.
+Lamport timestamp) is marked as such. A store catch-up (the driver's sync status) is shown
+when it starts and when it ends, with what it brought.
 
 *Converged* (:meth:`ChatSession.wait_converged`) is a local judgement: nothing of ours
 unacknowledged, nothing waiting in the incoming buffer, no message we know of missing (the
@@ -41,12 +42,14 @@ from sdsync.core import (
     SendFailed,
     SyncReceived,
     SyncSent,
+    SyncStatus,
 )
 from sdsync.runtime import LogRecord, ReliableChannel
 
 # Events that change nothing a converged judgement looks at. (A duplicate is not one of
-# them: it is a peer resending, so that peer still lacks an acknowledgement.)
-_QUIET_EVENTS = (SyncSent, SyncReceived)
+# them: it is a peer resending, so that peer still lacks an acknowledgement.) A sync
+# status comes with the events that changed it, or says a periodic catch-up ran.
+_QUIET_EVENTS = (SyncSent, SyncReceived, SyncStatus)
 
 SENT = "sent"
 POSSIBLY_ACKNOWLEDGED = "possibly acknowledged"
@@ -89,6 +92,8 @@ class ChatSession:
         self.changed_at = time.monotonic()
         self._last_ns = 0
         self._newest_shown: tuple[int, str] = (0, "")
+        self.catching_up = False
+        self._caught_up_before = 0  # the channel's count when the running catch-up began
 
     # Sending
 
@@ -141,6 +146,18 @@ class ChatSession:
             self._set_status(mid, ACKNOWLEDGED, f"by {event.acker_id}", style="green")
         elif isinstance(event, SendFailed) and mid in self.status:
             self._set_status(mid, FAILED, "no peer acknowledged it", style="red")
+        elif isinstance(event, SyncStatus) and event.catching_up != self.catching_up:
+            self._catch_up_changed(event.catching_up)
+
+    def _catch_up_changed(self, running: bool) -> None:
+        self.catching_up = running
+        found = self.channel.caught_up_messages
+        if running:
+            self._caught_up_before = found
+            self.say("⟳ catching up from the store…", style="dim")
+        else:
+            new = found - self._caught_up_before
+            self.say(f"⟳ caught up: {new} message(s) we did not have", style="dim")
 
     def _delivered(self, event: MessageDelivered) -> None:
         mid = event.message_id

@@ -9,17 +9,18 @@ through the chat's own transport (:meth:`~sdsync.store.WakuStoreClient.over`), w
 dials it when asked. :func:`store_kind` tells which, and refuses anything else before the
 chat starts (exit 2).
 
-:class:`StoreChoice` is the runtime's StoreClient for all of them: each fetch asks the
-stores in the order given and moves on to the next only while one is unavailable
-(unreachable, too slow, or busy: an ``OSError``); when none answers the last error goes to
-the runtime, which asks again on its next store query. It counts what it fetched, for
-the chat's closing report.
+:class:`StoreChoice` is the runtime's StoreClient for all of them: each fetch or catch-up
+asks the stores in the order given and moves on to the next only while one is unavailable
+(unreachable, too slow, or busy: an ``OSError``; a catch-up cut off midway starts over at
+the next store, and the channel skips what it has); when none answers the last error goes
+to the runtime, which asks again on its next store query or catch-up. It counts what it
+fetched and caught up, for the chat's closing report.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
 
@@ -91,6 +92,8 @@ class StoreChoice(AsyncLifecycle):
         self.fetches = 0  # fetches a store answered
         self.fetched = 0  # messages those answers held
         self.unavailable = 0  # times a store could not answer
+        self.catch_ups = 0  # catch-ups a store answered to the end
+        self.caught_up = 0  # messages those answers held (most already heard live)
 
     async def start(self) -> None:
         """Nothing to start: each client connects when asked."""
@@ -108,6 +111,25 @@ class StoreChoice(AsyncLifecycle):
             self.fetches += 1
             self.fetched += len(found)
             return found
+        assert failure is not None
+        raise failure
+
+    async def catch_up(
+        self, content_topic: str, start_ms: int, end_ms: int, page_size: int
+    ) -> AsyncIterator[list[Received]]:
+        failure: OSError | None = None
+        for store in self.stores:
+            try:
+                async for page in store.catch_up(content_topic, start_ms, end_ms, page_size):
+                    self.caught_up += len(page)
+                    yield page
+            except OSError as exc:
+                self.unavailable += 1
+                logger.info("store %s unavailable: %s", store.name, exc)
+                failure = exc
+                continue
+            self.catch_ups += 1
+            return
         assert failure is not None
         raise failure
 

@@ -288,7 +288,8 @@ def _served_topics(
     from sdsync.errors import LocalProtocolError
 
     try:
-        from sdsync.transport.libp2p import WakuRelayConfig, default_content_topic
+        from sdsync.transport.base import default_content_topic
+        from sdsync.transport.libp2p import WakuRelayConfig
     except ImportError as exc:  # pragma: no cover - depends on the installation
         raise fail(f"the relay needs the 'p2p' extra ({exc})") from None
     waku = WakuRelayConfig(cluster_id=cluster_id)

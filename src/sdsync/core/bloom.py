@@ -18,7 +18,10 @@ size and therefore the wire format do not.
 
 A *received* filter is evidence, not state. It is usable only if it has exactly our size
 (peers must agree on parameters) and is not saturated: a filter whose fill ratio implies a
-false-positive rate far above the agreed one would "acknowledge" almost anything.
+false-positive rate far above the agreed one would "acknowledge" almost anything. Both
+answers about a received filter — its fill and which ids it holds — depend on its bytes
+alone, so :func:`received_filter` works each out once per bytes object, for every channel
+that consults it.
 """
 
 from __future__ import annotations
@@ -82,7 +85,62 @@ def _positions(m_bits: int, k: int, item: str) -> tuple[Position, ...]:
 
 def contains(data: bytes | bytearray, positions: tuple[Position, ...]) -> bool:
     """Whether all of an item's bits are set in serialised filter bytes."""
-    return all(data[i] & mask for i, mask in positions)
+    # A plain loop: this runs for every id checked against every filter received, and
+    # all() over a generator costs several times more per position.
+    for i, mask in positions:  # noqa: SIM110 — see above
+        if not data[i] & mask:
+            return False
+    return True
+
+
+class ReceivedFilter:
+    """A peer's filter as evidence: its false-positive rate and the membership of ids,
+    each worked out once however many channels consult the same filter.
+
+    One received bytes object often reaches many channels (a simulator decodes a broadcast
+    once for all its receivers; a host of many channels may do the same): they all judge
+    its fill and look up the same recent ids in it. Get one through
+    :func:`received_filter`.
+    """
+
+    __slots__ = ("_fpr", "_members", "data", "params")
+
+    def __init__(self, data: bytes, params: BloomParams) -> None:
+        self.data = data
+        self.params = params
+        self._fpr: float | None = None
+        self._members: dict[str, bool] = {}
+
+    @property
+    def false_positive_rate(self) -> float:
+        fpr = self._fpr
+        if fpr is None:
+            fpr = self._fpr = self.params.false_positive_rate(self.data)
+        return fpr
+
+    def __contains__(self, item: str) -> bool:
+        member = self._members.get(item)
+        if member is None:
+            member = self._members[item] = contains(self.data, self.params.positions(item))
+        return member
+
+
+# id(bytes) -> the ReceivedFilter of that very object. An entry keeps its bytes alive, so
+# while it is here no other object can have that id (and the identity check below makes
+# sure). Bounded by clearing: a broadcast's receivers consult its filter within moments.
+_RECEIVED: dict[int, ReceivedFilter] = {}
+_RECEIVED_MAX = 64
+
+
+def received_filter(data: bytes, params: BloomParams) -> ReceivedFilter:
+    """The shared :class:`ReceivedFilter` of the bytes object ``data`` under ``params``."""
+    known = _RECEIVED.get(id(data))
+    if known is not None and known.data is data and known.params is params:
+        return known
+    if len(_RECEIVED) >= _RECEIVED_MAX:
+        _RECEIVED.clear()
+    known = _RECEIVED[id(data)] = ReceivedFilter(data, params)
+    return known
 
 
 class BloomFilter:

@@ -48,11 +48,16 @@ from __future__ import annotations
 import hashlib
 import heapq
 import logging
-from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from sdsync.core.bloom import Position, RollingBloomFilter, contains
+from sdsync.core.bloom import (
+    Position,
+    ReceivedFilter,
+    RollingBloomFilter,
+    contains,
+    received_filter,
+)
 from sdsync.core.config import ChannelConfig
 from sdsync.core.events import (
     DropReason,
@@ -200,7 +205,9 @@ class MessageChannel:
         self._heard: set[str] = set()
         self._lost: set[str] = set()
         self._met_elsewhere: set[str] = set()
-        self._wire_cache: OrderedDict[str, bytes] = OrderedDict()
+        # In insertion order (a plain dict keeps it, at a third of an OrderedDict's size): the
+        # first key is the one to evict.
+        self._wire_cache: dict[str, bytes] = {}
         self._repair = (
             RepairState(self.config.repair, participant_id) if self.config.repair.enabled else None
         )
@@ -518,16 +525,17 @@ class MessageChannel:
 
     def _unmet(self, message: Message) -> list[HistoryEntry]:
         """Entries of a causal history that are not (yet) in our log, lost or met elsewhere."""
-        # Set difference against the window's dict runs in C; nearly always it is empty.
+        # Set differences run in C; the first is nearly always empty. What is left is outside
+        # the window, so of _met's tests only the history store's remains, one id at a time.
         absent = message.history_ids.difference(self._log.window)
         if not absent:
             return []
-        absent = absent - {message.message_id}
-        return [
-            e
-            for e in message.causal_history
-            if e.message_id in absent and not self._met(e.message_id)
-        ]
+        absent = absent.difference(self._lost, self._met_elsewhere, (message.message_id,))
+        evicted = self._log.history_store
+        unmet = {mid for mid in absent if mid not in evicted}
+        if not unmet:
+            return []
+        return [e for e in message.causal_history if e.message_id in unmet]
 
     def _buffer(
         self,
@@ -666,16 +674,17 @@ class MessageChannel:
 
     # ------------------------------------------------------------ acknowledgement
 
-    def _bloom_evidence(self, message: Message) -> bytes | None:
+    def _bloom_evidence(self, message: Message) -> ReceivedFilter | None:
         """The message's bloom filter if it may be trusted, else None (counted, logged)."""
-        bloom = message.bloom_filter
-        if bloom is None:
+        data = message.bloom_filter
+        if data is None:
             return None
         params = self.config.bloom
-        if len(bloom) != params.n_bytes:
-            self._ignore_bloom(f"{len(bloom)} bytes, expected {params.n_bytes}", message.sender_id)
+        if len(data) != params.n_bytes:
+            self._ignore_bloom(f"{len(data)} bytes, expected {params.n_bytes}", message.sender_id)
             return None
-        if params.false_positive_rate(bloom) > self.config.max_bloom_false_positive_rate:
+        bloom = received_filter(data, params)
+        if bloom.false_positive_rate > self.config.max_bloom_false_positive_rate:
             self._ignore_bloom("saturated", message.sender_id)
             return None
         return bloom
@@ -697,13 +706,13 @@ class MessageChannel:
         if implied:
             self._answer_implied_requests(message, bloom, now_ms)
 
-    def _review_bloom(self, bloom: bytes, sender_id: str, events: list[Event]) -> None:
+    def _review_bloom(self, bloom: ReceivedFilter, sender_id: str, events: list[Event]) -> None:
         # Never more peers than we have heard from: in a two-member channel, the other
         # member's filter is all the evidence there can be.
         threshold = min(self.config.possible_acks_threshold, len(self._heard))
         outgoing = self._outgoing
         for mid, entry in list(outgoing.items()):
-            if sender_id in entry.possible_ackers or not contains(bloom, entry.positions):
+            if sender_id in entry.possible_ackers or not contains(bloom.data, entry.positions):
                 continue
             entry.possible_ackers.add(sender_id)
             self._touch_outgoing(mid)
@@ -760,7 +769,7 @@ class MessageChannel:
             and self.config.repair.sync_repair_window > 0
         )
 
-    def _answer_implied_requests(self, sync: Message, bloom: bytes, now_ms: int) -> None:
+    def _answer_implied_requests(self, sync: Message, bloom: ReceivedFilter, now_ms: int) -> None:
         """Rebroadcast (SDS-R style) what the sync's sender shows it lacks, of what it
         has had ``t_min_ms`` to receive and its filter still holds; see :mod:`.repair`."""
         repair = self._repair
@@ -772,13 +781,12 @@ class MessageChannel:
         window = min(repair.config.sync_repair_window, remembered)
         if window <= 0:
             return
-        positions = self.config.bloom.positions
         lacking = [
             entry.history_entry
             for entry in self._log.newest_before(settled, window)
             if entry.sender_id != sync.sender_id
             and entry.message_id in self._wire_cache
-            and not contains(bloom, positions(entry.message_id))
+            and entry.message_id not in bloom
         ]
         repair.answer_implied(lacking, now_ms)
 
@@ -931,7 +939,7 @@ class MessageChannel:
         self._bloom.restore(list(snapshot.bloom_recent), snapshot.bloom_total)
         self._lost = set(snapshot.lost)
         self._met_elsewhere = set(snapshot.met_elsewhere)
-        self._wire_cache = OrderedDict(snapshot.wire_cache)
+        self._wire_cache = dict(snapshot.wire_cache)
         self._heard = set(list(snapshot.peers_heard)[: self.config.possible_acks_threshold])
         self._missing.restore(snapshot.missing)
         for out in snapshot.outgoing:

@@ -188,11 +188,15 @@ class SyncStatus(Event):
     Synced means nothing is missing, waiting or outstanding; otherwise the channel is
     syncing: ``missing`` dependencies were never received, ``waiting`` received messages
     are held back for them, ``outstanding`` of our messages are not acknowledged yet.
+    ``catching_up`` while a store catch-up (:class:`~sdsync.runtime.CatchUp`) runs; it
+    does not make the channel unsynced: catch-ups are periodic, and what one finds shows
+    up in the other counts.
     """
 
     missing: int
     waiting: int
     outstanding: int
+    catching_up: bool = False
     type = "sync_status"
 
     @property

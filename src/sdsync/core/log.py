@@ -33,12 +33,20 @@ class LogEntry:
     lamport_timestamp: int
     sender_id: str
     retrieval_hint: bytes | None = None
-    # Built once: the same entry is quoted in the causal history of many later messages.
-    history_entry: HistoryEntry = field(init=False, repr=False, compare=False)
+    _history_entry: HistoryEntry | None = field(default=None, init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        entry = HistoryEntry(self.message_id, self.retrieval_hint, self.sender_id)
-        object.__setattr__(self, "history_entry", entry)
+    @property
+    def history_entry(self) -> HistoryEntry:
+        """This entry as a causal history names it.
+
+        Built once, when first needed: only the newest entries are ever quoted (in many
+        later messages), and a log holds one LogEntry per message delivered.
+        """
+        entry = self._history_entry
+        if entry is None:
+            entry = HistoryEntry(self.message_id, self.retrieval_hint, self.sender_id)
+            object.__setattr__(self, "_history_entry", entry)
+        return entry
 
 
 class HistoryStore(Protocol):
@@ -64,7 +72,13 @@ class MemoryHistoryStore:
         self._digests.add(_digest(entry.message_id))
 
     def __contains__(self, message_id: object) -> bool:
-        return isinstance(message_id, str) and _digest(message_id) in self._digests
+        # Every id a causal history names and the window lacks is looked up here: hashing
+        # it is pointless while nothing was evicted (always, when the window holds a run).
+        return (
+            bool(self._digests)
+            and isinstance(message_id, str)
+            and (_digest(message_id) in self._digests)
+        )
 
     def __len__(self) -> int:
         return len(self._digests)

@@ -1,6 +1,6 @@
 """Runtime: the sans-I/O scheduling driver, durable state, and the asyncio ReliableChannel."""
 
-from sdsync.runtime.driver import ChannelDriver, QueryStore, Step, Transmit
+from sdsync.runtime.driver import CatchUp, ChannelDriver, QueryStore, Step, Transmit
 from sdsync.runtime.history import SqliteHistoryStore
 from sdsync.runtime.memory_store import MemoryStore
 from sdsync.runtime.policy import RuntimeConfig
@@ -8,6 +8,7 @@ from sdsync.runtime.reliable import ReliableChannel, StoreClient
 from sdsync.runtime.state import ChannelState, Delivery, LogRecord, state_path
 
 __all__ = [
+    "CatchUp",
     "ChannelDriver",
     "ChannelState",
     "Delivery",

@@ -14,11 +14,24 @@ call takes ``now_ms`` and returns a :class:`Step` of *actions* for the caller to
 then and the simulator schedules a wake-up on its virtual clock: both run the same code.
 Randomness comes from the ``rng`` the caller passes in.
 
+With a store, the driver also *catches up*: at start and then every
+``store_catchup_interval_ms`` it asks (a :class:`CatchUp` action) for every message of the
+channel's topic timestamped since the last catch-up, whether or not anything is known to be
+missing — a message missed together with every message naming it is never missing by id,
+so only a time range finds it. The window starts ``store_catchup_margin_ms`` before the
+previous one ended (clock skew, late archiving) and at most ``store_catchup_max_window_ms``
+back. One catch-up runs at a time: the caller feeds what the store found to
+:meth:`~ChannelDriver.receive_found` and then reports :meth:`~ChannelDriver.caught_up` or
+:meth:`~ChannelDriver.catch_up_failed` (the next one is due an interval later either way;
+a failed window is asked again, since the caught-up time did not move).
+
 After every step the driver compares the channel's sync status (missing dependencies,
-waiting messages, unacknowledged messages of ours) with the last one reported and adds a
-:class:`~sdsync.core.SyncStatus` event when it changed. Of its own state only the resend
-schedule is worth keeping across a restart (see :mod:`sdsync.runtime.state`): sync, sweep
-and store query timers simply start afresh.
+waiting messages, unacknowledged messages of ours, a catch-up running) with the last one
+reported and adds a :class:`~sdsync.core.SyncStatus` event when it changed. Of its own
+state the resend schedule and the caught-up time are worth keeping across a restart (see
+:mod:`sdsync.runtime.state`): sync, sweep and store query timers simply start afresh. A
+new channel counts as caught up at its creation; one whose caught-up time is unknown
+(``None``) catches up the whole maximum window.
 """
 
 from __future__ import annotations
@@ -36,7 +49,7 @@ from sdsync.core import (
     SyncStatus,
 )
 from sdsync.runtime.policy import RuntimeConfig, SyncTimer
-from sdsync.wire import HistoryEntry, Message
+from sdsync.wire import HistoryEntry, Message, MessageKind
 
 TransmitKind = Literal["content", "resend", "sync", "repair", "ephemeral"]
 
@@ -57,7 +70,16 @@ class QueryStore:
     entries: tuple[HistoryEntry, ...]
 
 
-Action = Transmit | QueryStore
+@dataclass(frozen=True, slots=True)
+class CatchUp:
+    """Ask store nodes for every message of the channel's topic timestamped in
+    [``start_ms``, ``end_ms``] (the driver's clock), page by page; then report back."""
+
+    start_ms: int
+    end_ms: int
+
+
+Action = Transmit | QueryStore | CatchUp
 
 
 @dataclass(slots=True)
@@ -97,7 +119,11 @@ class ChannelDriver:
         self._rescheduled: set[str] | None = None  # recorded for durable storage
         self._next_sweep = now_ms + config.incoming_sweep_ms
         self._next_store_query = now_ms
-        self._status = (0, 0, 0)
+        self.caught_up_ms: int | None = now_ms
+        self._catching_up: CatchUp | None = None
+        catch_up = query_stores and config.store_catchup
+        self._next_catch_up: int | None = now_ms if catch_up else None
+        self._status: tuple[int, int, int, bool] = (0, 0, 0, False)
 
     # ------------------------------------------------------------------ inputs
 
@@ -141,6 +167,53 @@ class ChannelDriver:
                 self._sync.after_received_sync(now_ms)
         return self._with_status(Step([], events))
 
+    def receive_found(
+        self,
+        message: Message,
+        now_ms: int,
+        *,
+        retrieval_hint: bytes | None = None,
+        data: bytes | None = None,
+    ) -> Step:
+        """A message a catch-up found: new content goes the normal receive way; what the
+        channel holds already (most of a window: it was heard live) and non-content (old
+        syncs) changes nothing and reports nothing."""
+        if message.kind is not MessageKind.CONTENT or self._holds(message):
+            return Step()
+        return self.receive_message(message, now_ms, retrieval_hint=retrieval_hint, data=data)
+
+    def _holds(self, message: Message) -> bool:
+        channel = self.channel
+        mid = message.message_id
+        return (
+            message.sender_id == channel.participant_id
+            or mid in channel.log
+            or channel.stored_incoming(mid) is not None
+        )
+
+    def caught_up(self, done: CatchUp, now_ms: int) -> Step:
+        """Everything the store had in ``done``'s window went through :meth:`receive_found`."""
+        self.caught_up_ms = done.end_ms
+        return self._end_catch_up(now_ms)
+
+    def catch_up_failed(self, now_ms: int) -> Step:
+        """No store answered (all of) the running catch-up: its window is asked again."""
+        return self._end_catch_up(now_ms)
+
+    def _end_catch_up(self, now_ms: int) -> Step:
+        self._catching_up = None
+        self._next_catch_up = now_ms + self.config.store_catchup_interval_ms
+        return self._with_status(Step())
+
+    def back_online(self, now_ms: int) -> None:
+        """Back from being away (offline, disconnected): catch up now, not an interval on."""
+        if self._next_catch_up is not None:
+            self._next_catch_up = now_ms
+
+    def restore_caught_up(self, caught_up_ms: int | None) -> None:
+        """The stored caught-up time (None: unknown, catch up the whole window)."""
+        self.caught_up_ms = caught_up_ms
+
     def mark_dependencies_met(self, message_ids: list[str]) -> Step:
         """The application found these itself: release whatever waited for them."""
         return self._with_status(Step([], self.channel.mark_dependencies_met(message_ids)))
@@ -150,6 +223,8 @@ class ChannelDriver:
     def next_due(self) -> int:
         """The earliest time at which :meth:`tick` has something to do."""
         candidates = [self._sync.due_ms, self._next_sweep]
+        if self._next_catch_up is not None and self._catching_up is None:
+            candidates.append(self._next_catch_up)
         self._drop_stale_resends()
         if self._resends:
             candidates.append(self._resends[0][0])
@@ -175,17 +250,30 @@ class ChannelDriver:
         if now_ms >= self._next_sweep:
             self._next_sweep = now_ms + self.config.incoming_sweep_ms
             self._sweep_incoming(now_ms, step)
+        self._catch_up_if_due(now_ms, step)
         return self._with_status(step)
+
+    def _catch_up_if_due(self, now_ms: int, step: Step) -> None:
+        due = self._next_catch_up
+        if due is None or now_ms < due or self._catching_up is not None:
+            return
+        config = self.config
+        start = now_ms - config.store_catchup_max_window_ms
+        if self.caught_up_ms is not None:
+            start = max(start, self.caught_up_ms - config.store_catchup_margin_ms)
+        self._catching_up = CatchUp(start, now_ms)
+        step.actions.append(self._catching_up)
 
     # ----------------------------------------------------------------- status
 
     def sync_status(self) -> SyncStatus:
         waiting, outstanding = self.channel.buffer_sizes()
-        return SyncStatus("", self.channel.missing_count(), waiting, outstanding)
+        catching_up = self._catching_up is not None
+        return SyncStatus("", self.channel.missing_count(), waiting, outstanding, catching_up)
 
     def _with_status(self, step: Step) -> Step:
         status = self.sync_status()
-        key = (status.missing, status.waiting, status.outstanding)
+        key = (status.missing, status.waiting, status.outstanding, status.catching_up)
         if key != self._status:
             self._status = key
             step.events.append(status)
@@ -233,7 +321,7 @@ class ChannelDriver:
         """Plan the resends of a restored outgoing buffer (stored due times)."""
         for message_id, due in due_by_id.items():
             self._plan(message_id, due)
-        self._status = (-1, -1, -1)  # report the restored status with the next step
+        self._status = (-1, -1, -1, False)  # report the restored status with the next step
 
     def _plan(self, message_id: str, due: int) -> None:
         self._resend_at[message_id] = due

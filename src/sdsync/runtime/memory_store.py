@@ -1,4 +1,6 @@
-"""A store node in memory: archives every frame it hears, answers fetches by hint or id.
+"""A store node in memory: archives every frame it hears, answers fetches by hint or id
+and catch-ups by the time it heard each frame (its topics carried on the content topics
+:func:`~sdsync.transport.base.default_content_topic` names).
 
 Stands in for the real store node (its REST API arrives with the store component) in
 tests and examples; it implements the same :class:`~sdsync.runtime.reliable.StoreClient`.
@@ -10,8 +12,9 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
+from sdsync.core import system_clock_ms
 from sdsync.errors import RemoteProtocolError
-from sdsync.transport.base import Received, Transport
+from sdsync.transport.base import Received, Transport, default_content_topic
 from sdsync.wire import HistoryEntry, decode
 
 
@@ -21,11 +24,13 @@ class MemoryStore:
         self.topics = topics
         self.by_hint: dict[bytes, Received] = {}
         self.by_id: dict[tuple[str, str], Received] = {}
+        # content topic -> (time heard, frame), in the order heard
+        self.heard: dict[str, list[tuple[int, Received]]] = {}
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
         self._tasks = [
-            asyncio.create_task(self._archive(self.transport.subscribe(topic)))
+            asyncio.create_task(self._archive(topic, self.transport.subscribe(topic)))
             for topic in self.topics
         ]
 
@@ -35,7 +40,8 @@ class MemoryStore:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    async def _archive(self, frames: AsyncIterator[Received]) -> None:
+    async def _archive(self, topic: str, frames: AsyncIterator[Received]) -> None:
+        heard = self.heard.setdefault(default_content_topic(topic), [])
         async for frame in frames:
             try:
                 message = decode(frame.data)
@@ -44,6 +50,7 @@ class MemoryStore:
             if frame.retrieval_hint is not None:
                 self.by_hint[frame.retrieval_hint] = frame
             self.by_id[(message.channel_id, message.message_id)] = frame
+            heard.append((system_clock_ms(), frame))
 
     async def fetch(self, channel_id: str, entries: tuple[HistoryEntry, ...]) -> list[Received]:
         found = []
@@ -56,3 +63,10 @@ class MemoryStore:
             if frame is not None:
                 found.append(frame)
         return found
+
+    async def catch_up(
+        self, content_topic: str, start_ms: int, end_ms: int, page_size: int
+    ) -> AsyncIterator[list[Received]]:
+        found = [f for t, f in self.heard.get(content_topic, ()) if start_ms <= t <= end_ms]
+        for start in range(0, len(found), page_size):
+            yield found[start : start + page_size]

@@ -15,7 +15,12 @@ Whatever a driver step asks for is carried out in order: with a ``state_dir`` th
 is first committed to the channel's SQLite database (:mod:`sdsync.runtime.state`), then
 its events are queued for the application and its transmissions published (and the
 transport's retrieval hint attached to our own messages); store queries are answered by
-the :class:`StoreClient` and fed back in. Application events arrive on :meth:`events`,
+the :class:`StoreClient` and fed back in. A store catch-up (:class:`CatchUp`) reads the
+channel's content topic over the window page by page; each page's messages go to the
+driver (:meth:`ChannelDriver.receive_found`: what we had is skipped, the rest takes the
+normal receive path), and the driver hears that the window is done — or, when the store
+was unavailable or answered nonsense, that it failed and is asked again an interval
+later (what earlier pages brought stays). Application events arrive on :meth:`events`,
 each delivery exactly once even across a kill -9. Data flows one way: transport → wire
 decode → core → (state) → events → app.
 
@@ -31,18 +36,25 @@ import contextlib
 import logging
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import Protocol
 
-from sdsync.core import ChannelConfig, Event, MessageChannel, MessageDropped, system_clock_ms
+from sdsync.core import (
+    ChannelConfig,
+    Event,
+    MessageChannel,
+    MessageDropped,
+    MessageReceived,
+    system_clock_ms,
+)
 from sdsync.errors import LocalProtocolError, RemoteProtocolError
 from sdsync.lifecycle import AsyncLifecycle
-from sdsync.runtime.driver import ChannelDriver, QueryStore, Step, Transmit
+from sdsync.runtime.driver import CatchUp, ChannelDriver, QueryStore, Step, Transmit
 from sdsync.runtime.policy import RuntimeConfig
 from sdsync.runtime.state import ChannelState, Delivery, LogRecord, Synchronous, state_path
-from sdsync.transport.base import Received, Transport
-from sdsync.wire import HistoryEntry
+from sdsync.transport.base import Received, Transport, default_content_topic
+from sdsync.wire import HistoryEntry, decode
 
 logger = logging.getLogger("sdsync.runtime")
 
@@ -52,6 +64,14 @@ class StoreClient(Protocol):
 
     async def fetch(self, channel_id: str, entries: tuple[HistoryEntry, ...]) -> list[Received]:
         """The stored frames of whichever of ``entries`` the store has."""
+        ...
+
+    def catch_up(
+        self, content_topic: str, start_ms: int, end_ms: int, page_size: int
+    ) -> AsyncIterator[list[Received]]:
+        """Every stored frame on ``content_topic`` timestamped in [``start_ms``,
+        ``end_ms``] (Unix ms), a page of at most ``page_size`` at a time, oldest first.
+        Raises ``OSError`` when the store cannot answer now."""
         ...
 
 
@@ -68,11 +88,19 @@ class ReliableChannel(AsyncLifecycle):
         rng: random.Random | None = None,
         clock: Callable[[], int] = system_clock_ms,
         topic: str | None = None,
+        content_topic: str | None = None,
         state_dir: Path | None = None,
         synchronous: Synchronous = "NORMAL",
     ) -> None:
         self.transport = transport
         self.topic = topic if topic is not None else f"/sds/1/{channel_id}"
+        # What a store catch-up asks for: where the transport publishes ``topic``.
+        self.content_topic = (
+            content_topic if content_topic is not None else default_content_topic(self.topic)
+        )
+        # Store catch-ups the store answered to the end, and messages they brought.
+        self.catch_ups = 0
+        self.caught_up_messages = 0
         self._clock = clock
         now = clock()
         self.channel = MessageChannel(channel_id, participant_id, now_ms=now, config=config)
@@ -218,14 +246,17 @@ class ReliableChannel(AsyncLifecycle):
         self._failure = exc
         self._events.put_nowait(None)
 
-    async def _receive(self, frame: Received) -> None:
+    async def _receive(self, frame: Received, *, found: bool = False) -> None:
+        """A frame from the transport, or ``found`` by a store catch-up."""
         try:
-            step = self.driver.receive(
-                frame.data, self._clock(), retrieval_hint=frame.retrieval_hint
-            )
+            message = decode(frame.data, self.channel.config.limits)
         except RemoteProtocolError as exc:
             self._reject(exc.reason, str(exc))
             return
+        receive = self.driver.receive_found if found else self.driver.receive_message
+        step = receive(message, self._clock(), retrieval_hint=frame.retrieval_hint, data=frame.data)
+        if found:
+            self.caught_up_messages += sum(isinstance(e, MessageReceived) for e in step.events)
         for event in step.events:
             if isinstance(event, MessageDropped) and event.reason.bad_input:
                 self._reject(event.reason, f"message {event.message_id}")
@@ -277,9 +308,14 @@ class ReliableChannel(AsyncLifecycle):
                 await self._transmit(action)
             elif isinstance(action, QueryStore) and self.store is not None:
                 # Fetch outside the lock: a slow store must not stall receiving.
-                task = asyncio.create_task(self._query_store(self.store, action))
-                self._fetches.add(task)
-                task.add_done_callback(self._fetches.discard)
+                self._in_background(self._query_store(self.store, action))
+            elif isinstance(action, CatchUp) and self.store is not None:
+                self._in_background(self._catch_up(self.store, action))
+
+    def _in_background(self, work: Coroutine[None, None, None]) -> None:
+        task = asyncio.create_task(work)
+        self._fetches.add(task)
+        task.add_done_callback(self._fetches.discard)
 
     async def _transmit(self, action: Transmit) -> None:
         hint = await self.transport.publish(self.topic, action.data)
@@ -301,3 +337,35 @@ class ReliableChannel(AsyncLifecycle):
             for frame in found:
                 await self._receive(frame)
         self._wake.set()
+
+    async def _catch_up(self, store: StoreClient, window: CatchUp) -> None:
+        try:
+            try:
+                pages = store.catch_up(
+                    self.content_topic,
+                    window.start_ms,
+                    window.end_ms,
+                    self.driver.config.store_catchup_page_size,
+                )
+                async for page in pages:
+                    async with self._lock:
+                        for frame in page:
+                            await self._receive(frame, found=True)
+                    self._wake.set()
+            except (OSError, RemoteProtocolError) as exc:
+                # Not lost: the caught-up time stays, and the next catch-up asks again.
+                logger.info("store catch-up failed: %s", exc)
+                async with self._lock:
+                    await self._carry_out(self.driver.catch_up_failed(self._clock()))
+                return
+            async with self._lock:
+                self.catch_ups += 1
+                await self._carry_out(self.driver.caught_up(window, self._clock()))
+        except asyncio.CancelledError:
+            # Stopped midway: a later start() catches up this window again.
+            self.driver.catch_up_failed(self._clock())
+            raise
+        except Exception as exc:  # fail-stop: reported through events()
+            self._fail(exc)
+        finally:
+            self._wake.set()

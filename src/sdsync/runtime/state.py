@@ -7,7 +7,7 @@ record. After every driver step (a send, a received frame, a tick) :meth:`commit
 the channel's :class:`~sdsync.core.Journal` and the driver's rescheduled resends and
 writes what changed in ONE transaction — log rows, bloom filter ids, outgoing and incoming
 buffer rows, known missing, lost and met ids, peers heard from, SDS-R schedules and wire
-cache, the Lamport timestamp — and
+cache, the Lamport timestamp, the store catch-up's caught-up time — and
 only then are the step's events handed to the application and its bytes transmitted. So a
 kill -9 at any instant leaves either the state before the step (the frame was not
 processed; its sender resends it, or a store has it) or after it, never half of it, and
@@ -30,6 +30,12 @@ handed over (:meth:`handed_off`). On open, deliveries above the cursor — commi
 yet taken when the process died — are handed over again, in order. Other events (sent,
 acknowledged, missing, ...) report state that can be read back after a restart and are
 not replayed.
+
+The caught-up time moves in the step that ends a catch-up, after every message the store
+found was committed by its own receive step: a crash in between asks the same window
+again on restart, and what was already received is recognised and skipped. A database
+from before catch-ups (schema 2) has no caught-up time: its channel catches up the whole
+``store_catchup_max_window_ms``.
 
 WAL with ``synchronous=NORMAL`` survives the process dying at any instant; ``FULL`` also
 survives the machine losing power, at the price of an fsync per step. The database is
@@ -61,11 +67,12 @@ from sdsync.runtime.driver import ChannelDriver, Step
 from sdsync.wire import HistoryEntry, decode
 
 Synchronous = Literal["NORMAL", "FULL"]
-SCHEMA_VERSION = 2
-# What each older schema needs to become the current one (new tables are created by
+SCHEMA_VERSION = 3
+# What each older schema needs to become the next one (new tables are created by
 # _SCHEMA itself).
 _MIGRATIONS = {
     1: "ALTER TABLE outgoing ADD COLUMN retrieval_hint BLOB;",
+    2: "ALTER TABLE channel ADD COLUMN caught_up_ms INTEGER;",  # NULL: unknown
 }
 
 _SCHEMA = """
@@ -77,7 +84,8 @@ CREATE TABLE IF NOT EXISTS channel (
     lamport INTEGER NOT NULL,
     bloom_total INTEGER NOT NULL,
     event_seq INTEGER NOT NULL,
-    delivered_cursor INTEGER NOT NULL
+    delivered_cursor INTEGER NOT NULL,
+    caught_up_ms INTEGER
 );
 CREATE TABLE IF NOT EXISTS log (
     message_id TEXT PRIMARY KEY,
@@ -273,9 +281,13 @@ class ChannelState:
         if row is None:
             row = (SCHEMA_VERSION, channel.channel_id, channel.participant_id)
             row += (channel.lamport_timestamp, 0, 0, 0)
-            db.execute("INSERT INTO channel VALUES (0, ?, ?, ?, ?, ?, ?, ?)", row)
+            db.execute(
+                "INSERT INTO channel VALUES (0, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (*row, self.driver.caught_up_ms),
+            )
         version, channel_id, participant_id, lamport, bloom_total, event_seq, cursor = row
         self._migrate(version)
+        (self._caught_up,) = db.execute("SELECT caught_up_ms FROM channel").fetchone()
         if (channel_id, participant_id) != (channel.channel_id, channel.participant_id):
             raise LocalProtocolError(
                 f"{self.path} holds channel {channel_id!r} of participant {participant_id!r},"
@@ -297,6 +309,7 @@ class ChannelState:
             dict(db.execute("SELECT message_id, COALESCE(next_due_ms, 0) FROM outgoing"))
         )
         self.driver.take_rescheduled()  # what was restored is stored already
+        self.driver.restore_caught_up(self._caught_up)
         self.pending = self._undelivered()
 
     def _migrate(self, version: int) -> None:
@@ -407,15 +420,17 @@ class ChannelState:
         deliveries, delivered, early = self._number(step.events)
         rescheduled = self.driver.take_rescheduled()
         lamport = self.channel.lamport_timestamp
-        if not (delivered or early or self._changed(rescheduled, lamport)):
+        caught_up = self.driver.caught_up_ms
+        changed = self._changed(rescheduled, lamport) or caught_up != self._caught_up
+        if not (delivered or early or changed):
             return deliveries
         db = self._db
         try:
             db.execute("BEGIN IMMEDIATE")
             self._write(delivered, early, rescheduled)
             db.execute(
-                "UPDATE channel SET lamport = ?, bloom_total = ?, event_seq = ?",
-                (lamport, self.channel.bloom_inserted(), self._event_seq),
+                "UPDATE channel SET lamport = ?, bloom_total = ?, event_seq = ?, caught_up_ms = ?",
+                (lamport, self.channel.bloom_inserted(), self._event_seq, caught_up),
             )
             db.execute("COMMIT")
         except BaseException:
@@ -428,6 +443,7 @@ class ChannelState:
         self._history.committed()
         self._wires.committed()
         self._lamport = lamport
+        self._caught_up = caught_up
         return deliveries
 
     def _changed(self, rescheduled: set[str], lamport: int) -> bool:

@@ -110,6 +110,14 @@ class ProtocolConfig:
     resend_possibly_acknowledged_ms: int = _RUNTIME.resend_possibly_acknowledged_ms
     max_attempts: int = _RUNTIME.max_attempts
     lost_timeout_ms: int | None = _CHANNEL.lost_timeout_ms
+    # With stores: catch up from them periodically (off: retrieval by hint only). The
+    # four retrieval setups of a comparison: stores >= 1 with store_catchup (the default),
+    # stores >= 1 without it (by hint only), stores = 0 with repair (SDS-R only), stores =
+    # 0 without repair (nothing).
+    store_catchup: bool = _RUNTIME.store_catchup
+    store_catchup_interval_ms: int = _RUNTIME.store_catchup_interval_ms
+    store_catchup_margin_ms: int = _RUNTIME.store_catchup_margin_ms
+    store_catchup_page_size: int = _RUNTIME.store_catchup_page_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +133,15 @@ class SimConfig:
     partitions: tuple[PartitionConfig, ...] = ()
     churn: tuple[ChurnConfig, ...] = ()
     store_outages: tuple[StoreOutage, ...] = ()
+
+    @property
+    def retrieval(self) -> str:
+        """How a participant gets what it missed besides resends: ``catchup`` (a store,
+        by hint and by periodic catch-up), ``hint`` (a store, by hint only), ``sdsr``
+        (no store, SDS-R) or ``none``."""
+        if self.stores:
+            return "catchup" if self.protocol.store_catchup else "hint"
+        return "sdsr" if self.protocol.repair else "none"
 
     def __post_init__(self) -> None:
         if self.participants < 2:

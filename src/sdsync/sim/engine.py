@@ -13,8 +13,16 @@ simulator only carries out the driver's actions (broadcast bytes, query a store)
 ground truth to check the outcome. A broadcast is decoded once and the immutable message
 shared by all receivers, which is what lets one core process a million receives quickly.
 
-Store nodes archive every copy they hear (by retrieval hint and by message id) and answer
-queries for missing dependencies after a round trip, unless they are in an outage.
+Store nodes archive every copy they hear (by retrieval hint, by message id, and in time
+order per channel) and answer queries for missing dependencies after a round trip, unless
+they are in an outage. A driver's store catch-up (:class:`~sdsync.runtime.CatchUp`) is
+answered from the archive as it stands when asked: the messages sent in the window, in
+pages of ``store_catchup_page_size``, one round trip each, delivered together when the
+last page would arrive; with no store online the driver hears of the failure after one
+round trip, and retries at its next interval. A participant coming back online catches up
+at once, as a restarted runtime does. Every store exchange is counted in round trips and
+in the bytes of its StoreQueryRequest and StoreQueryResponse as the libp2p store protocol
+encodes them (``store_query_bytes``; ``bytes_on_wire`` stays the relay's copies).
 
 Every broadcast travels as a WakuMessage: the SDS bytes are its payload, the channel has
 its own content topic, and its timestamp is the virtual send time on a fixed epoch.  The
@@ -25,6 +33,7 @@ pipeline reconciles).
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import random
 import zlib
@@ -32,10 +41,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sdsync.core import BloomParams, ChannelConfig, MessageChannel, RepairConfig
-from sdsync.runtime import ChannelDriver, QueryStore, RuntimeConfig, Step, Transmit
+from sdsync.runtime import CatchUp, ChannelDriver, QueryStore, RuntimeConfig, Step, Transmit
 from sdsync.sim.config import SimConfig, participant_name
 from sdsync.sim.record import Recorder
 from sdsync.wire import Message, decode, message_hash
+from sdsync.wire.waku import WakuMessage
+from sdsync.wire.waku_protocols import (
+    MAX_STORE_PAGE_SIZE,
+    StoreQueryRequest,
+    StoreQueryResponse,
+    WakuMessageKeyValue,
+)
 
 # Event kinds in the heap, in the order they run when due at the same time.
 _CHURN, _OUTAGE, _ARRIVE, _STORE_REPLY, _PUBLISH, _WAKE = range(6)
@@ -63,6 +79,22 @@ class SimulatedStore:
     by_hint: dict[bytes, bytes] = field(default_factory=dict)
     # (channel, message id) -> the retrieval hint of the latest copy archived
     by_id: dict[tuple[int, str], bytes] = field(default_factory=dict)
+    # per channel, in the order heard (so by send time): send times and retrieval hints
+    sent_ms: dict[int, list[int]] = field(default_factory=dict)
+    sent_hints: dict[int, list[bytes]] = field(default_factory=dict)
+
+    def archive(self, channel: int, hint: bytes, data: bytes, now_ms: int) -> None:
+        if hint not in self.by_hint:
+            self.sent_ms.setdefault(channel, []).append(now_ms)
+            self.sent_hints.setdefault(channel, []).append(hint)
+        self.by_hint[hint] = data
+
+    def between(self, channel: int, start_ms: int, end_ms: int) -> list[bytes]:
+        """The hints of the messages sent on ``channel`` in [start_ms, end_ms], in order."""
+        times = self.sent_ms.get(channel, [])
+        low = bisect.bisect_left(times, start_ms)
+        high = bisect.bisect_right(times, end_ms)
+        return self.sent_hints[channel][low:high] if high > low else []
 
 
 ChannelFactory = Callable[[str, str, int, ChannelConfig], MessageChannel]
@@ -85,6 +117,26 @@ def waku_timestamp(now_ms: int) -> int:
 def retrieval_hint(data: bytes, topic: str, now_ms: int) -> bytes:
     """The Waku message hash of ``data`` broadcast on content topic ``topic`` at ``now_ms``."""
     return message_hash(PUBSUB_TOPIC, data, topic, b"", waku_timestamp(now_ms))
+
+
+_Reply = tuple[int, list[tuple[bytes, bytes]], CatchUp | None, bool]
+"""A store's answer as it reaches a participant: channel, (hint, bytes) found, the
+catch-up it answers (None: a query by hint), and whether a store answered at all."""
+
+_REQUEST_ID = "0" * 32
+"""As long as the uuid4 hex a client sends."""
+
+
+_EMPTY_RESPONSE = len(StoreQueryResponse(_REQUEST_ID, 200, "OK").to_bytes())
+
+
+def _entry_size(hint: bytes, data: bytes, topic: str, sent_ms: int) -> int:
+    """The bytes one archived message adds to a StoreQueryResponse (entries are a
+    repeated field: each adds the same bytes whatever else the page holds)."""
+    message = WakuMessage(data, topic, timestamp=waku_timestamp(sent_ms))
+    entry = WakuMessageKeyValue(hint, message, PUBSUB_TOPIC)
+    page = StoreQueryResponse(_REQUEST_ID, 200, "OK", messages=(entry,))
+    return len(page.to_bytes()) - _EMPTY_RESPONSE
 
 
 class Simulation:
@@ -125,6 +177,10 @@ class Simulation:
             resend_interval_ms=proto.resend_interval_ms,
             resend_possibly_acknowledged_ms=proto.resend_possibly_acknowledged_ms,
             max_attempts=proto.max_attempts,
+            store_catchup=proto.store_catchup,
+            store_catchup_interval_ms=proto.store_catchup_interval_ms,
+            store_catchup_margin_ms=proto.store_catchup_margin_ms,
+            store_catchup_page_size=proto.store_catchup_page_size,
         )
         self.channel_ids = [f"channel-{c}" for c in range(config.channels)]
         self.content_topics = [content_topic(c) for c in self.channel_ids]
@@ -134,6 +190,8 @@ class Simulation:
         # retrieval hint -> (send time, channel) of every broadcast a store heard: what an
         # archive needs besides the bytes to rebuild each WakuMessage.
         self.envelopes: dict[bytes, tuple[int, int]] = {}
+        # retrieval hint -> size of its entry in a StoreQueryResponse, once asked for
+        self._entry_bytes: dict[bytes, int] = {}
         self._partition_of: list[int] = [0] * config.participants
         # The run may stop early once consistent, but never before the last scheduled fault:
         # a scenario whose participant goes offline after the workload must see it happen.
@@ -283,6 +341,8 @@ class Simulation:
                 self._broadcast(p, channel, action)
             elif isinstance(action, QueryStore):
                 self._query_store(p, channel, action)
+            elif isinstance(action, CatchUp):
+                self._catch_up(p, channel, action)
         self._rearm(p)
 
     def _broadcast(self, sender: Participant, channel: int, action: Transmit) -> None:
@@ -318,7 +378,7 @@ class Simulation:
                 self._push(self.now + latency, _ARRIVE, p.index, packet)
         for store in self.stores:
             if store.online and not (net.store_loss and rng.random() < net.store_loss):
-                store.by_hint[hint] = data
+                store.archive(channel, hint, data, self.now)
                 store.by_id[(channel, message.message_id)] = hint
                 self.envelopes[hint] = (self.now, channel)
 
@@ -374,24 +434,91 @@ class Simulation:
                 hint = store.by_id.get((channel, entry.message_id))
             if hint is not None:
                 found.append((hint, store.by_hint[hint]))
+        hashes = tuple(e.retrieval_hint for e in query.entries if e.retrieval_hint is not None)
+        request = StoreQueryRequest(
+            _REQUEST_ID, include_data=True, message_hashes=hashes[:MAX_STORE_PAGE_SIZE]
+        )
+        self._count_exchange(channel, request, found, None)
         rtt = self._latency() + self._latency()
-        self._push(self.now + rtt, _STORE_REPLY, p.index, (channel, found))
+        self._push(self.now + rtt, _STORE_REPLY, p.index, (channel, found, None, True))
 
-    def _store_reply(self, index: int, reply: tuple[int, list[tuple[bytes, bytes]]]) -> None:
+    def _catch_up(self, p: Participant, channel: int, window: CatchUp) -> None:
+        online = [s for s in self.stores if s.online]
+        if not online:  # refused or timed out: the driver hears it after a round trip
+            failed: _Reply = (channel, [], window, False)
+            self._push(self.now + self._latency() + self._latency(), _STORE_REPLY, p.index, failed)
+            return
+        store = online[self.rng.randrange(len(online))]
+        hints = store.between(channel, window.start_ms, window.end_ms)
+        found = [(hint, store.by_hint[hint]) for hint in hints]
+        size = min(self.runtime_config.store_catchup_page_size, MAX_STORE_PAGE_SIZE)
+        at = self.now
+        for start in range(0, max(1, len(hints)), size):
+            page = found[start : start + size]
+            last = start + size >= len(hints)
+            request = StoreQueryRequest(
+                _REQUEST_ID,
+                include_data=True,
+                content_topics=(self.content_topics[channel],),
+                time_start=waku_timestamp(window.start_ms),
+                time_end=waku_timestamp(window.end_ms),
+                pagination_cursor=None if start == 0 else hints[start - 1],
+                pagination_forward=True,
+                pagination_limit=size,
+            )
+            self._count_exchange(channel, request, page, None if last else page[-1][0])
+            at += self._latency() + self._latency()
+        self.recorder.catch_ups += 1
+        self._push(at, _STORE_REPLY, p.index, (channel, found, window, True))
+
+    def _count_exchange(
+        self,
+        channel: int,
+        request: StoreQueryRequest,
+        found: list[tuple[bytes, bytes]],
+        cursor: bytes | None,
+    ) -> None:
+        """One round trip to a store: its request's bytes and its response's."""
+        response = StoreQueryResponse(_REQUEST_ID, 200, "OK", pagination_cursor=cursor)
+        size = len(request.to_bytes()) + len(response.to_bytes())
+        sizes = self._entry_bytes
+        for hint, data in found:
+            entry = sizes.get(hint)
+            if entry is None:
+                sent_ms = self.envelopes[hint][0]
+                entry = _entry_size(hint, data, self.content_topics[channel], sent_ms)
+                sizes[hint] = entry
+            size += entry
+        self.recorder.store_round_trips += 1
+        self.recorder.store_query_bytes += size
+
+    def _store_reply(self, index: int, reply: _Reply) -> None:
         p = self.participants[index]
-        channel, found = reply
+        channel, found, window, answered = reply
+        driver = p.drivers[channel]
         if not p.online:
             for _, data in found:
                 mid = decode(data, self.channel_config.limits).message_id
                 self.recorder.dropped_copy(index, channel, mid, "offline", self.now)
+            if window is not None:
+                driver.catch_up_failed(self.now)
             return
         for hint, data in found:
             message = decode(data, self.channel_config.limits)
-            step = p.drivers[channel].receive_message(
-                message, self.now, retrieval_hint=hint, data=data
-            )
+            if window is None:
+                step = driver.receive_message(message, self.now, retrieval_hint=hint, data=data)
+            else:
+                step = driver.receive_found(message, self.now, retrieval_hint=hint, data=data)
+                if not step.events:
+                    continue  # held already: not a receive
+                self.recorder.caught_up_messages += 1
             self.recorder.received(p.index, channel, message, len(data), self.now, store=True)
             self._carry_out(p, channel, step)
+        if window is not None:
+            if answered:
+                self._carry_out(p, channel, driver.caught_up(window, self.now))
+            else:
+                self._carry_out(p, channel, driver.catch_up_failed(self.now))
 
     # ------------------------------------------------------------------ faults
 
@@ -400,6 +527,8 @@ class Simulation:
         p.online = online
         self.recorder.churned(index, online, self.now)
         if online:
+            for driver in p.drivers:
+                driver.back_online(self.now)
             p.wake_at = -1
             self._rearm(p)
         elif lose_state:

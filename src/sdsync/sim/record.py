@@ -101,6 +101,12 @@ class Recorder:
         self.copies = 0
         self.bytes_on_wire = 0
         self.store_queries = 0
+        # Store exchanges (by-hint queries and catch-up pages): round trips and the bytes
+        # of their requests and responses; catch-ups answered and the news they brought.
+        self.store_round_trips = 0
+        self.store_query_bytes = 0
+        self.catch_ups = 0
+        self.caught_up_messages = 0
         self.net_drops: dict[str, int] = defaultdict(int)
         self.abandoned: set[tuple[int, str]] = set()
         self.false_acks = 0
@@ -348,6 +354,11 @@ class Recorder:
             "abandoned": len(self.abandoned),
             "false_acks": self.false_acks,
             "store_queries": self.store_queries,
+            "retrieval": self.config.retrieval,
+            "store_round_trips": self.store_round_trips,
+            "store_query_bytes": self.store_query_bytes,
+            "store_catch_ups": self.catch_ups,
+            "caught_up_messages": self.caught_up_messages,
             "transmissions": {k: self.counts[k] for k in ("send", "resend", "sync", "repair")},
             "virtual_ms": self.end_ms,
             "wall_seconds": round(self.wall_seconds, 3),

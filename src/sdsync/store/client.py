@@ -5,7 +5,8 @@ Theory of operation
 :class:`StoreQueries` is what every store client offers on top of its one transport
 call, :meth:`~StoreQueries.query` (one page): :meth:`~StoreQueries.pages` follows the
 pagination cursor to the end, :meth:`~StoreQueries.get` asks for messages by hash, and
-:meth:`~StoreQueries.fetch` is the :class:`~sdsync.runtime.reliable.StoreClient` of a
+:meth:`~StoreQueries.fetch` and :meth:`~StoreQueries.catch_up` (a time range of one
+content topic) are the :class:`~sdsync.runtime.reliable.StoreClient` of a
 ReliableChannel.  Two transports: :class:`HttpStoreClient` here speaks the REST API of
 :mod:`sdsync.store.server` (which is nwaku's ``/store/v3/messages``, so it works
 against nwaku too), :class:`~sdsync.store.waku_store.WakuStoreClient` the libp2p
@@ -104,6 +105,22 @@ class StoreQueries(ABC):
             logger.warning("store %s answered badly for channel %s: %s", self.name, channel_id, exc)
             return []
         return [Received(m.message.payload, m.message_hash) for m in found]
+
+    async def catch_up(
+        self, content_topic: str, start_ms: int, end_ms: int, page_size: int
+    ) -> AsyncIterator[list[Received]]:
+        """The runtime's store catch-up: every message on ``content_topic`` timestamped in
+        [``start_ms``, ``end_ms``], one page at a time (a content filter without a pubsub
+        topic, which nwaku and our store answer)."""
+        query = StoreQuery(
+            include_data=True,
+            content_topics=(content_topic,),
+            time_start=start_ms * 1_000_000,
+            time_end=end_ms * 1_000_000,
+            pagination_limit=page_size,
+        )
+        async for page in self.pages(query):
+            yield [Received(m.message.payload, m.message_hash) for m in page.messages]
 
 
 def check_status(name: str, status: object, description: object) -> None:
