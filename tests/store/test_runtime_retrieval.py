@@ -13,6 +13,7 @@ import asyncio
 import random
 import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from storetest import TOKEN, running
@@ -74,31 +75,50 @@ async def deliveries(channel: ReliableChannel, count: int) -> list[str]:
     return delivered
 
 
+@asynccontextmanager
+async def alice_to_bob_via_store(
+    archive: SqlArchive,
+    tmp_path: Path,
+    config: ChannelConfig,
+    bob_runtime: RuntimeConfig,
+    bob_state_dir: Path | None = None,
+) -> AsyncIterator[tuple[WakuPublisher, ReliableChannel, ReliableChannel]]:
+    """Alice and bob, started, on a memory network; alice's publisher posts to a store
+    node through its REST API and bob reads it from there."""
+    net = MemoryNetwork(seed=1)
+    async with (
+        running(archive, tmp_path) as node,
+        HttpStoreClient(node.url, token=TOKEN) as writer,
+        HttpStoreClient(node.url) as reader,
+    ):
+        publisher = WakuPublisher(net.transport("alice"), writer)
+        alice = ReliableChannel(
+            publisher, "chat", "alice", config=config, runtime=RUNTIME, rng=random.Random(1)
+        )
+        bob = ReliableChannel(
+            net.transport("bob"),
+            "chat",
+            "bob",
+            config=config,
+            runtime=bob_runtime,
+            store=reader,
+            rng=random.Random(2),
+            state_dir=bob_state_dir,
+        )
+        await alice.start()
+        await bob.start()
+        yield publisher, alice, bob
+
+
 def test_a_missing_dependency_is_fetched_from_the_store(
     sqlite_archive: SqlArchive, tmp_path: Path
 ) -> None:
     async def scenario() -> None:
-        net = MemoryNetwork(seed=1)
-        async with (
-            running(sqlite_archive, tmp_path) as node,
-            HttpStoreClient(node.url, token=TOKEN) as writer,
-            HttpStoreClient(node.url) as reader,
+        async with alice_to_bob_via_store(sqlite_archive, tmp_path, CONFIG, RUNTIME) as (
+            publisher,
+            alice,
+            bob,
         ):
-            publisher = WakuPublisher(net.transport("alice"), writer)
-            alice = ReliableChannel(
-                publisher, "chat", "alice", config=CONFIG, runtime=RUNTIME, rng=random.Random(1)
-            )
-            bob = ReliableChannel(
-                net.transport("bob"),
-                "chat",
-                "bob",
-                config=CONFIG,
-                runtime=RUNTIME,
-                store=reader,
-                rng=random.Random(2),
-            )
-            await alice.start()
-            await bob.start()
             publisher.silent = True
             first = await alice.send(b"only the store has this")
             publisher.silent = False
@@ -211,29 +231,10 @@ def test_a_message_nothing_names_is_caught_up_from_the_store(
     delivered once each, in causal order, whatever the catch-ups after it find again."""
 
     async def scenario() -> None:
-        net = MemoryNetwork(seed=1)
         history2 = ChannelConfig(causal_history_size=2, repair=RepairConfig(enabled=False))
-        async with (
-            running(sqlite_archive, tmp_path) as node,
-            HttpStoreClient(node.url, token=TOKEN) as writer,
-            HttpStoreClient(node.url) as reader,
-        ):
-            publisher = WakuPublisher(net.transport("alice"), writer)
-            alice = ReliableChannel(
-                publisher, "chat", "alice", config=history2, runtime=RUNTIME, rng=random.Random(1)
-            )
-            bob = ReliableChannel(
-                net.transport("bob"),
-                "chat",
-                "bob",
-                config=history2,
-                runtime=CATCHING_UP,
-                store=reader,
-                rng=random.Random(2),
-                state_dir=tmp_path / "bob",
-            )
-            await alice.start()
-            await bob.start()
+        async with alice_to_bob_via_store(
+            sqlite_archive, tmp_path, history2, CATCHING_UP, tmp_path / "bob"
+        ) as (publisher, alice, bob):
             publisher.silent = True
             missed = [await alice.send(f"only the store has #{i}".encode()) for i in range(3)]
             publisher.silent = False

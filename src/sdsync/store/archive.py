@@ -59,13 +59,19 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from sdsync.store.model import Page, QueryError, StatusCode, StoredMessage, StoreQuery
+from sdsync.store.model import (
+    INT64_MAX,
+    Page,
+    QueryError,
+    StatusCode,
+    StoredMessage,
+    StoreQuery,
+)
 from sdsync.store.schema import COLUMNS
 from sdsync.wire.waku import HASH_SIZE
 
 SCAN_BATCH = 10_000
 ARRAY_BATCH = 65_536
-_INT64_MAX = (1 << 63) - 1
 _ABOVE_EVERY_HASH = b"\xff" * 33
 # The index of each query shape (both backends create them under these names).
 TIME_INDEX = "messages_time"  # PostgreSQL: the primary key
@@ -236,7 +242,7 @@ class SqlArchive(ABC):
             return 0
         sql = "SELECT timestamp, message_hash FROM messages ORDER BY timestamp, message_hash"
         rows = self._fetch(f"{sql} LIMIT 1 OFFSET ?", [count])
-        key = (rows[0][0], bytes(rows[0][1])) if rows else (_INT64_MAX, _ABOVE_EVERY_HASH)
+        key = (rows[0][0], bytes(rows[0][1])) if rows else (INT64_MAX, _ABOVE_EVERY_HASH)
         return self._delete_below(key)
 
     # -- reading

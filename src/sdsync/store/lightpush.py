@@ -41,7 +41,12 @@ from enum import IntEnum
 from typing import NamedTuple, Protocol, TypeVar
 
 from sdsync.errors import RejectReason, RemoteProtocolError
-from sdsync.store.model import InvalidMessageError, check_timestamp, topic_problem
+from sdsync.store.model import (
+    InvalidMessageError,
+    check_timestamp,
+    refusal_reason,
+    topic_problem,
+)
 from sdsync.wire.waku import WakuMessage
 from sdsync.wire.waku_protocols import (
     TWN_CLUSTER_ID,
@@ -146,10 +151,10 @@ def check_push(
         if problem is not None:
             raise InvalidMessageError("bad_topic", f"the content topic {problem}")
         check_timestamp(message.timestamp, now_ns, max_future_ns)
-    except InvalidMessageError as exc:
-        raise LightPushRefused(LightPushStatus.INVALID_MESSAGE, exc.reason, str(exc)) from None
     except RemoteProtocolError as exc:
-        raise LightPushRefused(LightPushStatus.INVALID_MESSAGE, _label(exc), str(exc)) from None
+        raise LightPushRefused(
+            LightPushStatus.INVALID_MESSAGE, refusal_reason(exc), str(exc)
+        ) from None
     if not served.serves(topic, message.content_topic):
         raise LightPushRefused(
             LightPushStatus.UNSUPPORTED_TOPIC,
@@ -159,15 +164,11 @@ def check_push(
     return Push(topic, message)
 
 
-def _label(exc: RemoteProtocolError) -> str:
-    return exc.reason.name.lower() if isinstance(exc.reason, RejectReason) else str(exc.reason)
-
-
 def _decode_refused(exc: RemoteProtocolError) -> LightPushRefused:
     """Bytes that are no request, or hold no acceptable WakuMessage."""
     if exc.reason is RejectReason.OVERSIZED:
         return LightPushRefused(LightPushStatus.PAYLOAD_TOO_LARGE, "oversized", str(exc))
-    return LightPushRefused(LightPushStatus.BAD_REQUEST, _label(exc), str(exc))
+    return LightPushRefused(LightPushStatus.BAD_REQUEST, refusal_reason(exc), str(exc))
 
 
 # A pushed RPC's pubsub topic (None: the autoshard) and message.

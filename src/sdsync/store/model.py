@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-from sdsync.errors import LocalProtocolError, RemoteProtocolError
+from sdsync.errors import LocalProtocolError, RejectReason, RemoteProtocolError
 from sdsync.wire.waku import HASH_SIZE, MAX_WAKU_MESSAGE_BYTES, WakuMessage
 from sdsync.wire.waku_protocols import MAX_STORE_PAGE_SIZE, StoreQueryRequest
 
@@ -77,6 +77,13 @@ class InvalidMessageError(RemoteProtocolError):
     def __init__(self, reason: str, description: str) -> None:
         super().__init__(description)
         self.reason = reason
+
+
+def refusal_reason(exc: RemoteProtocolError) -> str:
+    """The fixed word ``exc`` is counted under: its :class:`~sdsync.errors.RejectReason`'s
+    name (``malformed_rpc``...), or the finer word of a subclass
+    (:class:`InvalidMessageError`'s ``bad_topic``...)."""
+    return exc.reason.name.lower() if isinstance(exc.reason, RejectReason) else exc.reason
 
 
 @dataclass(frozen=True, slots=True)

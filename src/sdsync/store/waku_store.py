@@ -47,7 +47,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import fields, replace
 from typing import Protocol
 
-from sdsync.errors import RejectReason, RemoteProtocolError
+from sdsync.errors import RemoteProtocolError
 from sdsync.store.client import StoreQueries, StoreUnavailableError, check_status
 from sdsync.store.host import QueryFailure, ServedNode, answer_query, refuse_query
 from sdsync.store.model import (
@@ -57,6 +57,7 @@ from sdsync.store.model import (
     StatusCode,
     StoredMessage,
     StoreQuery,
+    refusal_reason,
 )
 from sdsync.wire.waku_protocols import (
     MAX_RPC_BYTES,
@@ -113,7 +114,7 @@ async def answer_store_query(node: ServedNode, request: bytes) -> bytes:
     try:
         parsed = StoreQueryRequest.from_bytes(request)
     except RemoteProtocolError as exc:
-        return _refused(node, "", _label(exc), str(exc))
+        return _refused(node, "", refusal_reason(exc), str(exc))
     try:
         query = store_query(parsed)
     except QueryError as exc:
@@ -128,11 +129,6 @@ async def answer_store_query(node: ServedNode, request: bytes) -> bytes:
         messages=_entries(outcome, query.include_data),
         pagination_cursor=outcome.cursor,
     ).to_bytes()
-
-
-def _label(exc: RemoteProtocolError) -> str:
-    """The fixed word a peer's bad frame is counted under (``malformed_rpc``...)."""
-    return exc.reason.name.lower() if isinstance(exc.reason, RejectReason) else exc.reason
 
 
 def _entries(page: Page, include_data: bool) -> tuple[WakuMessageKeyValue, ...]:
@@ -164,7 +160,7 @@ async def serve_store_stream(
     try:
         request = await read_frame(read, MAX_RPC_BYTES)
     except RemoteProtocolError as exc:
-        await write(encode_frame(_refused(node, "", _label(exc), str(exc))))
+        await write(encode_frame(_refused(node, "", refusal_reason(exc), str(exc))))
         return
     if request is not None:
         await write(encode_frame(await answer_store_query(node, request)))

@@ -57,7 +57,7 @@ from sdsync.reconcile import (
 )
 from sdsync.store.archive import ArchiveUnavailable
 from sdsync.store.host import SyncHost
-from sdsync.store.model import StoredMessage, StoreQuery
+from sdsync.store.model import INT64_MAX, StoredMessage, StoreQuery
 from sdsync.store.server import NODE, bearer_matches, refuse
 from sdsync.store.sync.config import SyncConfig
 from sdsync.store.sync.host import SOURCE, read_batch, snapshot
@@ -74,7 +74,6 @@ from sdsync.store.sync.wire import (
 )
 
 RETRY_AFTER_S = 5
-_MAX_INT64 = (1 << 63) - 1
 
 
 @dataclass(eq=False)
@@ -352,7 +351,7 @@ def _window(query: Mapping[str, str]) -> tuple[int, int]:
         start, end = int(query["start"]), int(query["end"])
     except (KeyError, ValueError):
         raise web.HTTPBadRequest(text="'start' and 'end' (Unix ns) are required\n") from None
-    if not 0 <= start < end <= _MAX_INT64:
+    if not 0 <= start < end <= INT64_MAX:
         raise web.HTTPBadRequest(text="the window must satisfy 0 <= start < end < 2**63\n")
     return start, end
 
