@@ -129,6 +129,8 @@ EXPORTS: dict[str, frozenset[str]] = {
             "Delivery",
             "LogRecord",
             "MemoryStore",
+            "PROFILES",
+            "Profile",
             "QueryStore",
             "ReliableChannel",
             "RuntimeConfig",
@@ -136,6 +138,7 @@ EXPORTS: dict[str, frozenset[str]] = {
             "Step",
             "StoreClient",
             "Transmit",
+            "profile",
             "state_path",
         }
     ),

@@ -12,6 +12,9 @@ interoperability is tested, in this process (:class:`PeerSession`) or as a proce
 Errors say whose fault they are: ``{"ok": false, "error": {"kind": "remote", ...}}`` when
 the *wire bytes* are bad (state unchanged), ``"local"`` when the request itself is (an
 unknown op, malformed JSON, bad hex, a missing field). The session keeps running.
+
+``state`` also reports the received bloom filters the channel ignored, by kind ("wrong
+size", "saturated"): a peer whose filters have another size acknowledges nothing.
 """
 
 from __future__ import annotations
@@ -201,6 +204,9 @@ class PeerSession:
             "bloom_hex": chan.bloom_bytes().hex(),
             "incoming": chan.incoming_ids(),
             "outgoing": chan.outgoing_ids(),
+            # Received filters that gave no ack evidence, by kind ("wrong size": a peer
+            # on another bloom size, i.e. another profile; "saturated").
+            "bloom_ignored": dict(sorted(chan.stats.bloom_ignored.items())),
         }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -15,13 +16,16 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from sdsync.chat import ChatOptions, run_chat
+from sdsync.chat.run import PeerWatch
 from sdsync.cli import chat as chat_cli
 from sdsync.cli.main import app
 from sdsync.runtime import ReliableChannel, RuntimeConfig
 from sdsync.transport import MemoryNetwork
 from sdsync.transport import libp2p as libp2p_module
+from sdsync.transport.base import Received
 from sdsync.transport.libp2p import WakuRelayConfig
 from sdsync.transport.memory import MemoryTransport
+from sdsync.wire import HistoryEntry
 
 FAST = RuntimeConfig(sync_interval_ms=100, resend_interval_ms=200, incoming_sweep_ms=50)
 
@@ -178,3 +182,88 @@ def test_min_peers_is_for_converged_and_min_mesh_for_the_wait_before_sending(
     # exactly --min-mesh, whatever --min-peers is.
     assert code == (0 if converged else 1)
     assert mesh_waits == [(4, 3.0)]
+
+
+class Peers:
+    """The connected peers of a transport, as the test sets them."""
+
+    def __init__(self) -> None:
+        self.now: list[str] = []
+
+    async def connected_peers(self) -> list[str]:
+        return list(self.now)
+
+
+class EmptyStore:
+    """A store with nothing in it; it counts the catch-ups asked of it."""
+
+    def __init__(self) -> None:
+        self.windows: list[tuple[int, int]] = []
+
+    async def fetch(self, channel_id: str, entries: tuple[HistoryEntry, ...]) -> list[Received]:
+        return []
+
+    async def catch_up(
+        self,
+        content_topic: str,
+        start_ms: int,
+        end_ms: int,
+        page_size: int,
+        unseen: Callable[[list[bytes]], list[bytes]],
+    ) -> AsyncIterator[list[Received]]:
+        self.windows.append((start_ms, end_ms))
+        return
+        yield
+
+
+def test_peers_back_after_none_make_the_channel_catch_up_at_once() -> None:
+    """Peers at start are not a reconnection (the channel caught up at start anyway); all
+    peers gone and then one back is: the catch-up that was an interval away runs now."""
+    start = 1_700_000_000_000
+    now = [start]
+    store, peers = EmptyStore(), Peers()
+    runtime = RuntimeConfig(
+        sync_interval_ms=10**9, incoming_sweep_ms=10**9, store_catchup_interval_ms=300_000
+    )
+
+    async def scenario() -> None:
+        channel = ReliableChannel(
+            MemoryNetwork().transport("me"),
+            "0",
+            "me",
+            runtime=runtime,
+            store=store,
+            clock=lambda: now[0],
+        )
+        await channel.start()
+        try:
+            await until(lambda: channel.catch_ups == 1)  # the one at start
+            assert channel.driver.next_due() == start + 300_000
+            watch = PeerWatch(peers, channel)
+            for moment, connected, back in [
+                (1_000, [], False),  # not connected yet
+                (2_000, ["a"], False),  # connected: the first time is no reconnection
+                (3_000, [], False),  # every peer gone
+                (4_000, [], False),
+                (5_000, ["b"], True),  # back
+                (6_000, ["b"], False),
+            ]:
+                now[0] = start + moment
+                peers.now = connected
+                assert await watch.check() is back
+                if back:
+                    assert channel.driver.next_due() == start + moment
+                    # The timer loop wakes for it (the clock stands still: nothing else
+                    # could make it run a catch-up now).
+                    await until(lambda: channel.catch_ups == 2)
+            assert store.windows == [(start - 20_000, start), (start - 20_000, start + 5_000)]
+        finally:
+            await channel.close()
+
+    asyncio.run(scenario())
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    async with asyncio.timeout(60):  # a liveness bound, not a performance assertion
+        while not condition():
+            await asyncio.sleep(0.01)

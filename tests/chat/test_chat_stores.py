@@ -5,6 +5,7 @@ processes and all: tests/cli/test_chat.py."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -85,3 +86,51 @@ def test_a_url_is_a_rest_api_and_a_multiaddr_a_waku_store_peer_over_our_host() -
     assert isinstance(waku, WakuStoreClient) and waku.name == PEER
     assert asyncio.run(waku.fetch("0", ENTRIES)) == []
     assert host.asked == [(PEER, STORE_QUERY_PROTOCOL, MAX_STORE_RESPONSE_BYTES)]
+
+
+class Listing(Store):
+    """A store whose catch-up lists ``frames`` two a page and yields the unseen ones of
+    each; ``fails_after`` pages in, it goes away."""
+
+    def __init__(self, name: str, frames: list[Received], fails_after: int | None) -> None:
+        super().__init__(name, [])
+        self.frames = frames
+        self.fails_after = fails_after
+
+    async def catch_up(
+        self,
+        content_topic: str,
+        start_ms: int,
+        end_ms: int,
+        page_size: int,
+        unseen: Callable[[list[bytes]], list[bytes]],
+    ) -> AsyncIterator[list[Received]]:
+        self.asked += 1
+        for number, first in enumerate(range(0, len(self.frames), 2)):
+            if number == self.fails_after:
+                raise StoreUnavailableError(f"{self.name} went away")
+            page = self.frames[first : first + 2]
+            wanted = unseen([f.retrieval_hint or b"" for f in page])
+            if found := [f for f in page if f.retrieval_hint in wanted]:
+                yield found
+
+
+def test_a_catch_up_cut_off_midway_goes_on_at_the_next_store_without_refetching() -> None:
+    frames = [Received(b"sds %d" % i, bytes([i]) * 32) for i in range(4)]
+    seen: set[bytes] = set()  # the channel's: every frame handed over is seen
+
+    def unseen(hashes: list[bytes]) -> list[bytes]:
+        return [h for h in hashes if h not in seen]
+
+    async def catch_up(choice: StoreChoice) -> list[list[Received]]:
+        pages = []
+        async for page in choice.catch_up("/sds/1/0/proto", 0, 1, 2, unseen):
+            seen.update(f.retrieval_hint or b"" for f in page)
+            pages.append(page)
+        return pages
+
+    gone, second = Listing("gone", frames, fails_after=1), Listing("second", frames, None)
+    choice = StoreChoice([gone, second])
+    assert asyncio.run(catch_up(choice)) == [frames[:2], frames[2:]]
+    assert (gone.asked, second.asked) == (1, 1)
+    assert (choice.catch_ups, choice.caught_up, choice.unavailable) == (1, 4, 1)

@@ -9,6 +9,8 @@ import sys
 from typer.testing import CliRunner
 
 from sdsync.cli.main import app
+from sdsync.core import MessageChannel
+from sdsync.runtime import profile
 from sdsync.wire import Message, decode, encode, message_id_for, message_id_for_sender
 
 
@@ -74,3 +76,22 @@ def test_lamport_above_2_53_is_written_as_the_exact_integer() -> None:
     # Written as integer literals, so any JSON reader with big integers gets them exactly.
     assert f'"lamport_timestamp":{BIG_LAMPORT}' in lines[1]
     assert f'"lamport":{BIG_LAMPORT + 5}' in lines[3]
+
+
+def test_state_counts_the_filters_of_a_peer_on_another_profile() -> None:
+    """A js-compatible peer's 18,752-byte filters give a lean peer no ack evidence."""
+    stock = MessageChannel("0", "q", now_ms=5, config=profile("js-compatible").channel)
+    requests: list[dict[str, object]] = [
+        {"op": "clock", "now_ms": 5},
+        {"op": "send", "payload_hex": "6f6b"},  # unacknowledged: q's filters are read
+        *(
+            {"op": "receive", "wire_hex": stock.send(text, now_ms=6).data.hex()}
+            for text in (b"one", b"two")
+        ),
+        {"op": "state"},
+    ]
+    *_, lean_state = peer_process("--profile", "lean", requests=requests)
+    assert lean_state["bloom_ignored"] == {"wrong size": 2}
+    assert len(str(lean_state["bloom_hex"])) == 2 * profile("lean").channel.bloom.n_bytes
+    *_, stock_state = peer_process(requests=requests)
+    assert stock_state["bloom_ignored"] == {}

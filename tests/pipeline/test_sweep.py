@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from sdsync.cli.main import app
 from sdsync.errors import InputError
 from sdsync.pipeline.grid import load_grid, parse_grid
+from sdsync.runtime.profiles import PROFILES
 from sdsync.sim.engine import Simulation
 
 GRID = """
@@ -87,9 +88,84 @@ def test_bad_grids_name_the_file(tmp_path: Path, text: str, message: str) -> Non
     assert str(path) in str(caught.value) and message in str(caught.value)
 
 
+PRESETS = """
+[presets.retrieval]
+catchup = { stores = 1, "protocol.store_catchup" = true }
+hint = { stores = 1, "protocol.store_catchup" = false }
+sdsr = { stores = 0, "protocol.repair" = true }
+"""
+
+
+def with_presets(grid: str) -> str:
+    return grid.replace("[axes]", PRESETS + "\n[axes]", 1)
+
+
+def test_presets_set_several_fields_and_label_every_point() -> None:
+    text = (
+        with_presets(GRID)
+        + """
+[[sweep]]
+name = "retrieval"
+[sweep.axes]
+retrieval = ["hint", "sdsr"]
+"protocol.causal_history" = [2, 10]
+
+[[sweep]]
+name = "profiles"
+[sweep.axes]
+profile = ["js-compatible", "lean"]
+"""
+    )
+    grid = parse_grid(text, "g.toml")
+    hint = [p for p in grid.points if p.value("retrieval") == "hint"]
+    assert hint and all(p.config.stores == 1 and not p.config.protocol.store_catchup for p in hint)
+    sdsr = [p for p in grid.points if p.value("retrieval") == "sdsr"]
+    assert sdsr and all(p.config.stores == 0 and p.config.protocol.repair for p in sdsr)
+    # The base is labelled too, though no sweep of it names a preset: it matches catchup.
+    base = [p for p in grid.points if len(p.sweeps) >= 3]
+    assert base and {p.value("retrieval") for p in base} == {"catchup"}
+    lean = next(p for p in grid.points if p.value("profile") == "lean")
+    profile = PROFILES["lean"]
+    assert lean.config.protocol.causal_history == profile.channel.causal_history_size
+    assert lean.config.protocol.bloom_capacity == profile.channel.bloom.capacity
+    assert lean.config.protocol.sync_interval_ms == profile.runtime.sync_interval_ms
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ('[[sweep]]\nname = "r"\n[sweep.axes]\nretrieval = ["carrier pigeon"]\n', "no preset"),
+        ('[presets.a]\nx = 3\n[[sweep]]\nname = "r"\n', "table of field = value"),
+        ('[presets."a.b"]\nx = {stores = 1}\n[[sweep]]\nname = "r"\n', "dot-free"),
+        (
+            '[[sweep]]\nname = "r"\n[sweep.axes]\nretrieval = ["hint"]\n'
+            '[[headline]]\ntitle = "t"\nsweep = "nope"\nrows = "retrieval"\n'
+            'columns = "seed"\nmeasure = "delivered_ever"\n',
+            "no sweep named 'nope'",
+        ),
+        (
+            '[[sweep]]\nname = "r"\n[sweep.axes]\nretrieval = ["hint"]\n'
+            '[[headline]]\ntitle = "t"\nsweep = "r"\nrows = "participants"\n'
+            'columns = "seed"\nmeasure = "delivered_ever"\n',
+            "'participants' is not an axis",
+        ),
+        (
+            '[[sweep]]\nname = "r"\n[sweep.axes]\nretrieval = ["hint"]\n'
+            '[[headline]]\ntitle = "t"\nsweep = "r"\nrows = "retrieval"\n'
+            'columns = "seed"\nmeasure = "delivered_ever"\nwhere = { stores = 1 }\n',
+            "'stores' is not an axis",
+        ),
+    ],
+)
+def test_bad_presets_and_headlines(extra: str, message: str) -> None:
+    with pytest.raises(InputError) as caught:
+        parse_grid(with_presets(GRID.split("[[sweep]]", maxsplit=1)[0]) + extra, "g.toml")
+    assert message in str(caught.value)
+
+
 # For the Spark run: 3 points (the base, lossless, no store) × 2 seeds.
 SMALL_GRID = (
-    GRID.split("[[sweep]]", maxsplit=1)[0]
+    with_presets(GRID.split("[[sweep]]", maxsplit=1)[0])
     + """
 [[sweep]]
 name = "loss"
@@ -99,8 +175,15 @@ name = "loss"
 [[sweep]]
 name = "store and SDS-R"
 [sweep.axes]
-stores = [0, 1]
-"protocol.repair" = [true]
+retrieval = ["sdsr", "catchup"]
+
+[[headline]]
+title = "Delivery by retrieval"
+sweep = "store and SDS-R"
+rows = "retrieval"
+columns = "seed"
+measure = "delivered_ever"
+where = { seed = 2 }
 """
 )
 
@@ -125,7 +208,7 @@ def test_sweep_runs_every_point_and_writes_the_evidence(
     grid = load_grid(grid_file)
     for point, row in zip(grid.points, rows, strict=True):
         # Each task ran exactly its point: the executor's result is the driver's rerun.
-        assert row["seed"] == point.config.seed and row["stores"] == point.config.stores
+        assert row["seed"] == point.config.seed and row["retrieval"] == point.value("retrieval")
         assert row["network_loss"] == point.config.network.loss
         on_disk = json.loads((out / "runs" / point.run / "summary.json").read_text())
         assert json.loads(row["summary_json"])["delivery_rate"] == on_disk["delivery_rate"]
@@ -142,15 +225,43 @@ def test_sweep_runs_every_point_and_writes_the_evidence(
         sum(r["delivery_rate"] for r in lossless) / 2
     )
     stores = summary["sweeps"]["store and SDS-R"]
-    assert [(r["stores"], r["protocol_repair"], r["runs"]) for r in stores] == [
-        (0, True, 2),
-        (1, True, 2),
-    ]
+    assert [(r["retrieval"], r["runs"]) for r in stores] == [("catchup", 2), ("sdsr", 2)]
+    assert {r["retrieval"] for r in rows} == {"catchup", "sdsr"}
+    for row in rows:
+        by_kind = json.loads(row["summary_json"])["bytes_by_kind"]
+        assert row["store_bytes_per_message"] == pytest.approx(
+            by_kind["store_query"] / row["messages_sent"]
+        )
     evidence = (out / "evidence.md").read_text()
-    assert "## Sweep: loss" in evidence and "| stores | protocol.repair |" in evidence
+    assert "## Sweep: loss" in evidence and "| retrieval | runs |" in evidence
+    assert "## Headlines" in evidence and "| retrieval ↓ seed → | 2 |" in evidence
     page = (out / "index.html").read_text()
     for name in ("loss", "store-and-SDS-R"):
         assert (out / f"sweep-{name}.png").is_file() and f"sweep-{name}.png" in page
+
+    # Again, reusing every run: the same results, and the page published as a docs page.
+    docs = tmp_path / "docs" / "evidence.md"
+    again = tmp_path / "again"
+    result = invoke(
+        "--grid",
+        str(grid_file),
+        "--out",
+        str(again),
+        "--reuse",
+        str(out / "results.parquet"),
+        "--evidence",
+        str(docs),
+    )
+    assert result.exit_code == (1 if broken else 0), result.output
+    assert json.loads((again / "summary.json").read_text())["runs_reused"] == 6
+    assert pq.read_table(again / "results.parquet").to_pylist() == rows
+    assert (again / "runs" / "r000" / "summary.json").is_file()
+    published = docs.read_text()
+    assert published == evidence.replace("(sweep-", "(evidence/sweep-").replace(
+        "(results.parquet)", "(evidence/results.parquet)"
+    )
+    assert (tmp_path / "docs" / "evidence" / "sweep-loss.png").is_file()
+    assert (tmp_path / "docs" / "evidence" / "results.parquet").is_file()
 
 
 def test_bad_grid_exits_2(spark: SparkSession, tmp_path: Path) -> None:

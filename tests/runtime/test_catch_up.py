@@ -1,13 +1,29 @@
 """ChannelDriver's store catch-up on a virtual clock: when it is due, which window it
-asks for, what happens to what it finds, and a failure."""
+asks for, what happens to what it finds, and a failure; and a ReliableChannel whose store
+goes away in the middle of one."""
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import random
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+
+import pytest
 
 from sdsync.core import BloomParams, ChannelConfig, MessageChannel, MessageDelivered, SyncStatus
-from sdsync.runtime import CatchUp, ChannelDriver, RuntimeConfig, Step
-from sdsync.wire import decode
+from sdsync.runtime import (
+    CatchUp,
+    ChannelDriver,
+    MemoryStore,
+    ReliableChannel,
+    RuntimeConfig,
+    Step,
+)
+from sdsync.transport import MemoryNetwork
+from sdsync.transport.base import Received
+from sdsync.wire import HistoryEntry, decode
 
 START = 1_700_000_000_000
 CONFIG = ChannelConfig(bloom=BloomParams(50, 0.01), causal_history_size=2)
@@ -68,6 +84,19 @@ def test_a_failed_catch_up_asks_the_same_window_again_at_the_next_interval() -> 
     assert catch_ups(d.tick(START + 32_000)) == [CatchUp(window.start_ms, START + 32_000)]
 
 
+def test_back_online_during_a_catch_up_catches_up_again_as_soon_as_it_ends() -> None:
+    d = driver("a")
+    (window,) = catch_ups(d.tick(START))
+    d.back_online(START + 1_000)  # the running one may be failing because we were away
+    assert catch_ups(d.tick(START + 1_000)) == []  # still one at a time
+    d.catch_up_failed(START + 10_000)
+    assert d.next_due() == START + 10_000
+    assert catch_ups(d.tick(START + 10_000)) == [CatchUp(window.start_ms, START + 10_000)]
+    # Only once: the one after that waits its interval again.
+    d.caught_up(CatchUp(window.start_ms, START + 10_000), START + 11_000)
+    assert d.next_due() == START + 41_000
+
+
 def test_no_store_or_catch_up_off_means_no_catch_up() -> None:
     for d in (driver("a", stores=False), driver("b", runtime=RuntimeConfig(store_catchup=False))):
         assert catch_ups(d.tick(START)) == []
@@ -100,3 +129,135 @@ def test_what_a_catch_up_finds_is_received_once_in_causal_order() -> None:
     assert bob.receive_found(decode(own), START + 60, data=own).events == []
     bob.caught_up(window, START + 70)
     assert bob.caught_up_ms == START + 20
+
+
+# -- a ReliableChannel whose store fails midway, on a controlled clock
+
+
+class Store:
+    """A StoreClient holding alice's frames (timestamped, hashed); a catch-up lists each
+    page's hashes, then fetches the unseen ones as a real store does — except that the
+    fetch of page ``fail_at_page`` finds the store gone (once)."""
+
+    def __init__(self, frames: list[tuple[int, Received]], fail_at_page: int) -> None:
+        self.frames = frames
+        self.fail_at_page: int | None = fail_at_page
+        self.windows: list[tuple[int, int]] = []
+        self.fetched: list[bytes] = []
+
+    async def fetch(self, channel_id: str, entries: tuple[HistoryEntry, ...]) -> list[Received]:
+        raise AssertionError("nothing is missing by id: only a catch-up can find them")
+
+    async def catch_up(
+        self,
+        content_topic: str,
+        start_ms: int,
+        end_ms: int,
+        page_size: int,
+        unseen: Callable[[list[bytes]], list[bytes]],
+    ) -> AsyncIterator[list[Received]]:
+        self.windows.append((start_ms, end_ms))
+        listed = [f for t, f in self.frames if start_ms <= t <= end_ms]
+        for number, first in enumerate(range(0, len(listed), page_size)):
+            page = listed[first : first + page_size]
+            wanted = unseen([f.retrieval_hint for f in page if f.retrieval_hint is not None])
+            if number == self.fail_at_page:
+                self.fail_at_page = None
+                raise ConnectionResetError("the store went away")
+            found = [f for f in page if f.retrieval_hint in wanted]
+            self.fetched += [f.retrieval_hint for f in found if f.retrieval_hint is not None]
+            if found:
+                yield found
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    async with asyncio.timeout(60):  # a liveness bound, not a performance assertion
+        while not condition():
+            await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("fail_at_page", [0, 1])
+def test_a_store_gone_midway_fails_the_catch_up_and_the_next_one_recovers(
+    fail_at_page: int,
+) -> None:
+    """Four messages bob never heard, two a page. The store lists a page and is gone
+    before its fetch (the first page: nothing came; the second: the first page's two
+    were delivered). The driver hears catch_up_failed, the caught-up time stays, nothing
+    is asked before the interval has passed on bob's clock; then the same window again,
+    which fetches only what bob has not seen, and every message is delivered once."""
+    alice = MessageChannel("c", "alice", now_ms=START - 10_000, config=CONFIG)
+    wires = [alice.send(f"m{i}".encode(), START - 10_000 + i) for i in range(4)]
+    frames = [
+        (START - 10_000 + i, Received(w.data, hashlib.sha256(w.data).digest()))
+        for i, w in enumerate(wires)
+    ]
+    store = Store(frames, fail_at_page)
+    now = [START]
+    runtime = replace(RUNTIME, store_catchup_interval_ms=100, store_catchup_page_size=2)
+
+    async def scenario() -> None:
+        bob = ReliableChannel(
+            MemoryNetwork().transport("bob"),
+            "c",
+            "bob",
+            config=CONFIG,
+            runtime=runtime,
+            store=store,
+            rng=random.Random(2),
+            clock=lambda: now[0],
+        )
+        bob.driver.restore_caught_up(START - 15_000)
+        await bob.start()
+        try:
+            await until(lambda: store.fail_at_page is None and not catching_up(bob))
+            assert store.windows == [(START - 35_000, START)]
+            assert bob.catch_ups == 0 and bob.driver.caught_up_ms == START - 15_000
+            first = delivered(bob)
+            assert first == [w.message_id for w in wires[: 2 * fail_at_page]]
+            # Bob's clock stands still: the next catch-up is an interval away, however
+            # long the timer loop runs.
+            await asyncio.sleep(0.3)
+            assert len(store.windows) == 1
+            now[0] = START + 100
+            await until(lambda: bob.catch_ups == 1)
+            assert store.windows[1] == (START - 35_000, START + 100)
+            assert bob.driver.caught_up_ms == START + 100
+            assert store.fetched == [f.retrieval_hint for _, f in frames]  # each once
+            assert first + delivered(bob) == [w.message_id for w in wires]
+        finally:
+            await bob.close()
+
+    asyncio.run(scenario())
+
+
+def catching_up(channel: ReliableChannel) -> bool:
+    return channel.driver.sync_status().catching_up
+
+
+def delivered(channel: ReliableChannel) -> list[str]:
+    return [e.message_id for e in channel.pending_events() if isinstance(e, MessageDelivered)]
+
+
+def test_the_memory_store_hands_over_only_what_unseen_keeps() -> None:
+    alice = MessageChannel("c", "alice", now_ms=START, config=CONFIG)
+    wires = [alice.send(b"m%d" % i, START + i).data for i in range(3)]
+    listed: list[list[bytes]] = []
+
+    def unseen(hashes: list[bytes]) -> list[bytes]:
+        listed.append(hashes)
+        return hashes[1:]  # the first of each page was heard
+
+    async def scenario() -> tuple[MemoryStore, list[bytes | None], list[list[Received]]]:
+        net = MemoryNetwork()
+        store = MemoryStore(net.transport("store"), ["/sds/1/c"])
+        await store.start()
+        hints = [await net.transport("alice").publish("/sds/1/c", data) for data in wires]
+        await until(lambda: len(store.by_id) == 3)
+        pages = [p async for p in store.catch_up("/sds/1/c/proto", 0, 2**62, 2, unseen)]
+        await store.stop()
+        return store, hints, pages
+
+    store, hints, pages = asyncio.run(scenario())
+    assert listed == [hints[:2], hints[2:]]
+    # The second page had nothing unseen: nothing yielded for it.
+    assert pages == [[Received(wires[1], hints[1])]] and store.fetched == 1

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import aiohttp
 import pytest
 from aiohttp import web
 from storetest import PUBSUB, T0, TOKEN, in_order, make_messages, running
@@ -21,6 +22,7 @@ from sdsync.store import (
     StoreUnavailableError,
 )
 from sdsync.store.pgcluster import free_port
+from sdsync.store.rest import query_params
 from sdsync.transport import Received
 from sdsync.wire import HistoryEntry, Message, decode, encode
 from sdsync.wire.waku import WakuMessage
@@ -29,8 +31,11 @@ from sdsync.wire.waku import WakuMessage
 def sds_message(i: int) -> StoredMessage:
     """An SDS content message wrapped in a WakuMessage, as a Waku transport publishes it."""
     sds = Message("alice", f"m{i}", "chan", lamport_timestamp=i, content=f"hello {i}".encode())
-    waku = WakuMessage(encode(sds), "/sds/1/chan/proto", timestamp=T0 + i)
+    waku = WakuMessage(encode(sds), TOPIC, timestamp=T0 + i)
     return StoredMessage.of(PUBSUB, waku)
+
+
+TOPIC = "/sds/1/chan/proto"
 
 
 def archive_all_but_ten(archive: SqlArchive, count: int) -> list[StoredMessage]:
@@ -86,6 +91,39 @@ def test_pages_follow_the_cursor_and_post_ingests(archive: SqlArchive, tmp_path:
         assert [m for p in pages for m in p.messages] == in_order(messages)
 
     asyncio.run(scenario())
+
+
+def test_a_catch_up_lists_hashes_then_fetches_only_what_unseen_keeps(
+    archive: SqlArchive, tmp_path: Path
+) -> None:
+    """Phase one asks with includeData=false and the node answers hashes alone (read back
+    as such); phase two asks by hash for what ``unseen`` kept of each page, and nothing else."""
+    stored = archive_all_but_ten(archive, 130)  # 120 archived, T0 to T0 + 129 ns
+    listed: list[list[bytes]] = []
+
+    def unseen(hashes: list[bytes]) -> list[bytes]:
+        listed.append(hashes)
+        return hashes[::3]
+
+    async def scenario() -> list[list[Received]]:
+        async with (
+            running(archive, tmp_path) as node,
+            HttpStoreClient(node.url) as client,
+            aiohttp.ClientSession() as http,
+        ):
+            listing = StoreQuery(include_data=False, content_topics=(TOPIC,), pagination_limit=50)
+            async with http.get(f"{node.url}/store/v3/messages", params=query_params(listing)) as r:
+                assert {k for e in (await r.json())["messages"] for k in e} == {"messageHash"}
+            start = T0 // 10**6  # the runtime's window is in ms
+            return [p async for p in client.catch_up(TOPIC, start, start + 1, 50, unseen)]
+
+    pages = asyncio.run(scenario())
+    assert [len(hashes) for hashes in listed] == [50, 50, 20]
+    assert [h for hashes in listed for h in hashes] == [m.message_hash for m in stored[:120]]
+    kept = [hashes[::3] for hashes in listed]
+    assert [[f.retrieval_hint for f in page] for page in pages] == kept
+    payloads = {m.message_hash: m.message.payload for m in stored}
+    assert all(f.data == payloads.get(f.retrieval_hint or b"") for page in pages for f in page)
 
 
 def test_an_unreachable_store_is_an_oserror() -> None:

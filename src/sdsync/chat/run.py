@@ -26,7 +26,12 @@ it misses by their retrieval hints from store nodes: over their REST API, or as 
 peers over this run's own libp2p host, and catches up from them periodically (everything
 on its content topic since the last time; at start, the time it was away). Interactive, a
 catch-up is a status line when it starts and ends; a scripted run reports how many
-messages it fetched and how many catch-ups found.
+messages it fetched and how many catch-ups found. A :class:`PeerWatch` polls the
+transport's connected peers: when they come back after all were lost (network down, the
+machine asleep), what was published meanwhile reached us through nobody, so the channel
+catches up at once (:meth:`~sdsync.runtime.ReliableChannel.back_online`) rather than at
+its next interval. (py-libp2p has no connection events we could subscribe to from here;
+a poll a second costs one hand-over to its thread.)
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from rich.console import Console
 from rich.markup import escape
@@ -56,6 +61,39 @@ if TYPE_CHECKING:
     from sdsync.transport.libp2p import Libp2pTransport
 
 DEFAULT_LISTEN = "/ip4/127.0.0.1/tcp/0"
+PEER_POLL_S = 1.0
+
+
+class ConnectedPeers(Protocol):
+    """The part of a transport a :class:`PeerWatch` looks at."""
+
+    async def connected_peers(self) -> list[str]: ...
+
+
+class PeerWatch:
+    """Tells the channel it is back online when the transport has peers again after it had
+    some and then none (not at start: the channel catches up then anyway)."""
+
+    def __init__(self, transport: ConnectedPeers, channel: ReliableChannel) -> None:
+        self.transport = transport
+        self.channel = channel
+        self._connected_once = False
+        self._lost = False
+
+    async def check(self) -> bool:
+        """One look at the peers; True when it found them back and told the channel."""
+        if not await self.transport.connected_peers():
+            self._lost = self._connected_once
+            return False
+        back, self._lost, self._connected_once = self._lost, False, True
+        if back:
+            self.channel.back_online()
+        return back
+
+    async def run(self, poll_s: float = PEER_POLL_S) -> None:
+        while True:
+            await self.check()
+            await asyncio.sleep(poll_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,16 +183,19 @@ async def run_chat(options: ChatOptions, console: Console) -> int:
         if channel.state is not None:
             session.resume()
         await channel.start()
-        pump = asyncio.create_task(session.pump(channel.events()))
+        background = [asyncio.create_task(session.pump(channel.events()))]
+        if stores is not None:  # only a catch-up has anything to do with reconnecting
+            background.append(asyncio.create_task(PeerWatch(transport, channel).run()))
         try:
             if options.scripted:
                 return await _script(session, transport, stores, options)
             await _interact(session, transport)
             return 0
         finally:
-            pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await pump
+            for task in background:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await channel.close()
             if stores is not None:
                 await stores.close()

@@ -8,7 +8,9 @@ change on a console. A message from others is shown as soon as it arrives — ma
 how many earlier messages are missing if it has to wait for them (``deliver_early``), and
 confirmed in place once they arrived; one that lands before lines already shown (older by
 Lamport timestamp) is marked as such. A store catch-up (the driver's sync status) is shown
-when it starts and when it ends, with what it brought.
+when it starts and when it ends, with what it brought. The first time the channel ignores
+a peer's bloom filter for its size (``stats.bloom_ignored``), one notice says so: that
+peer's filters acknowledge nothing until the group agrees on one profile.
 
 *Converged* (:meth:`ChatSession.wait_converged`) is a local judgement: nothing of ours
 unacknowledged, nothing waiting in the incoming buffer, no message we know of missing (the
@@ -94,6 +96,7 @@ class ChatSession:
         self._newest_shown: tuple[int, str] = (0, "")
         self.catching_up = False
         self._caught_up_before = 0  # the channel's count when the running catch-up began
+        self.bloom_mismatch_shown = False
 
     # Sending
 
@@ -129,6 +132,7 @@ class ChatSession:
         mid = event.message_id
         if isinstance(event, SyncReceived | MessageReceived):
             self.heard_from.add(event.sender_id)
+            self._notice_bloom_mismatch()
         if isinstance(event, MessageDeliveredEarly):
             self.shown_early.add(mid)
             # On screen now, so a missing message that arrives later lands above it.
@@ -148,6 +152,20 @@ class ChatSession:
             self._set_status(mid, FAILED, "no peer acknowledged it", style="red")
         elif isinstance(event, SyncStatus) and event.catching_up != self.catching_up:
             self._catch_up_changed(event.catching_up)
+
+    def _notice_bloom_mismatch(self) -> None:
+        """Once per channel: a received filter was ignored for its size (the core checks
+        filters as it receives, so a receive event is when the count can have grown)."""
+        chan = self.channel.channel
+        if self.bloom_mismatch_shown or not chan.stats.bloom_ignored.get("wrong size"):
+            return
+        self.bloom_mismatch_shown = True
+        self.say(
+            "⚠ a peer's bloom filter is not the "
+            f"{chan.config.bloom.n_bytes:,} bytes this channel expects: acknowledgements "
+            "from it are not counted; every participant must use the same profile",
+            style="yellow",
+        )
 
     def _catch_up_changed(self, running: bool) -> None:
         self.catching_up = running

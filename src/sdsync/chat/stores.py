@@ -12,15 +12,16 @@ chat starts (exit 2).
 :class:`StoreChoice` is the runtime's StoreClient for all of them: each fetch or catch-up
 asks the stores in the order given and moves on to the next only while one is unavailable
 (unreachable, too slow, or busy: an ``OSError``; a catch-up cut off midway starts over at
-the next store, and the channel skips what it has); when none answers the last error goes
-to the runtime, which asks again on its next store query or catch-up. It counts what it
-fetched and caught up, for the chat's closing report.
+the next store, which fetches none of what the first one brought: the channel has seen
+it); when none answers the last error goes to the runtime, which asks again on its next
+store query or catch-up. It counts what it fetched and caught up, for the chat's closing
+report.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
 
@@ -93,7 +94,7 @@ class StoreChoice(AsyncLifecycle):
         self.fetched = 0  # messages those answers held
         self.unavailable = 0  # times a store could not answer
         self.catch_ups = 0  # catch-ups a store answered to the end
-        self.caught_up = 0  # messages those answers held (most already heard live)
+        self.caught_up = 0  # messages catch-ups fetched (the ones the channel had not seen)
 
     async def start(self) -> None:
         """Nothing to start: each client connects when asked."""
@@ -115,12 +116,18 @@ class StoreChoice(AsyncLifecycle):
         raise failure
 
     async def catch_up(
-        self, content_topic: str, start_ms: int, end_ms: int, page_size: int
+        self,
+        content_topic: str,
+        start_ms: int,
+        end_ms: int,
+        page_size: int,
+        unseen: Callable[[list[bytes]], list[bytes]],
     ) -> AsyncIterator[list[Received]]:
         failure: OSError | None = None
         for store in self.stores:
+            pages = store.catch_up(content_topic, start_ms, end_ms, page_size, unseen)
             try:
-                async for page in store.catch_up(content_topic, start_ms, end_ms, page_size):
+                async for page in pages:
                     self.caught_up += len(page)
                     yield page
             except OSError as exc:

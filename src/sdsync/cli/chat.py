@@ -7,6 +7,7 @@ failed, 2 bad usage (including a state directory of someone else), 130 interrupt
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import sys
 from pathlib import Path
@@ -17,9 +18,10 @@ from rich.console import Console
 
 from sdsync.chat import DEFAULT_LISTEN, ChatOptions, run_chat
 from sdsync.cli.errors import fail
-from sdsync.core import ChannelConfig, RepairConfig
+from sdsync.cli.options import DEFAULT_PROFILE, ProfileOption, chosen_profile, given
+from sdsync.core import ChannelConfig
 from sdsync.errors import LocalProtocolError
-from sdsync.runtime import RuntimeConfig
+from sdsync.runtime import PROFILES, Profile, RuntimeConfig
 from sdsync.wire.waku_protocols import TWN_CLUSTER_ID
 
 
@@ -40,9 +42,44 @@ def chat_main(options: ChatOptions) -> int:
         return 130
 
 
+def chat_configs(
+    profile: Profile,
+    *,
+    sync_interval_ms: int | None = None,
+    retry_ms: int | None = None,
+    store_query_ms: int | None = None,
+    repair_min_ms: int | None = None,
+    repair_max_ms: int | None = None,
+) -> tuple[RuntimeConfig, ChannelConfig]:
+    """The profile's configuration, the chat's own choices, and the flags given (not None)
+    over them."""
+    runtime = profile.runtime
+    query_ms = store_query_ms if store_query_ms is not None else runtime.store_query_ms
+    timing = given(
+        sync_interval_ms=sync_interval_ms,
+        resend_interval_ms=retry_ms,
+        resend_possibly_acknowledged_ms=None if retry_ms is None else 3 * retry_ms,
+        store_query_ms=query_ms,
+        # The incoming buffer is swept at least as often as the store may be asked.
+        incoming_sweep_ms=min(runtime.incoming_sweep_ms, query_ms),
+    )
+    repair = given(t_min_ms=repair_min_ms, t_max_ms=repair_max_ms)
+    channel = dataclasses.replace(
+        profile.channel,
+        # A chat shows a message at once, marked while earlier ones are missing.
+        deliver_early=True,
+        repair=dataclasses.replace(profile.channel.repair, **repair),
+    )
+    return dataclasses.replace(runtime, **timing), channel
+
+
 ListOption = list[str] | None
-_RUNTIME = RuntimeConfig()
-_REPAIR = RepairConfig()
+_RUNTIME = PROFILES[DEFAULT_PROFILE].runtime
+_REPAIR = PROFILES[DEFAULT_PROFILE].channel.repair
+
+
+def _default(value: int) -> str:
+    return f"(default: the profile's; {DEFAULT_PROFILE}: {value})"
 
 
 def chat_command(
@@ -84,13 +121,14 @@ def chat_command(
         ),
     ] = None,
     store_query_ms: Annotated[
-        int,
+        int | None,
         typer.Option(
             min=1,
             help="Ask the store for missing messages at most this often (the incoming "
-            "buffer is then swept at least as often).",
+            f"buffer is then swept at least as often) "
+            f"{_default(_RUNTIME.store_query_ms)}.",
         ),
-    ] = _RUNTIME.store_query_ms,
+    ] = None,
     drop_rate: Annotated[
         float,
         typer.Option(min=0.0, max=1.0, help="Drop this share of received frames (testing)."),
@@ -149,23 +187,36 @@ def chat_command(
         bool,
         typer.Option("--print-log", help="At the end, print the local log as JSON lines."),
     ] = False,
+    profile: ProfileOption = DEFAULT_PROFILE,
     sync_interval_ms: Annotated[
-        int, typer.Option(min=1, help="Base interval of sync messages.")
-    ] = _RUNTIME.sync_interval_ms,
+        int | None,
+        typer.Option(
+            min=1,
+            help=f"Base interval of sync messages {_default(_RUNTIME.sync_interval_ms)}.",
+        ),
+    ] = None,
     retry_ms: Annotated[
-        int,
+        int | None,
         typer.Option(
             min=1,
             help="First resend of an unacknowledged message (then backoff, x3 if "
-            "possibly acknowledged).",
+            f"possibly acknowledged) {_default(_RUNTIME.resend_interval_ms)}.",
         ),
-    ] = _RUNTIME.resend_interval_ms,
+    ] = None,
     repair_min_ms: Annotated[
-        int, typer.Option(min=0, help="SDS-R: earliest repair request/response.")
-    ] = _REPAIR.t_min_ms,
+        int | None,
+        typer.Option(
+            min=0,
+            help=f"SDS-R: earliest repair request/response {_default(_REPAIR.t_min_ms)}.",
+        ),
+    ] = None,
     repair_max_ms: Annotated[
-        int, typer.Option(min=1, help="SDS-R: latest repair request/response.")
-    ] = _REPAIR.t_max_ms,
+        int | None,
+        typer.Option(
+            min=1,
+            help=f"SDS-R: latest repair request/response {_default(_REPAIR.t_max_ms)}.",
+        ),
+    ] = None,
 ) -> None:
     """Group chat over Waku Relay; run one per terminal (docs/chat.md).
 
@@ -176,7 +227,16 @@ def chat_command(
 
     Scripted (--send, --wait-converged, --print-log): exit 0 done, 1 not converged, 2 bad usage.
     """
+    chosen = chosen_profile(profile)
     try:
+        runtime, config = chat_configs(
+            chosen,
+            sync_interval_ms=sync_interval_ms,
+            retry_ms=retry_ms,
+            store_query_ms=store_query_ms,
+            repair_min_ms=repair_min_ms,
+            repair_max_ms=repair_max_ms,
+        )
         options = ChatOptions(
             channel=channel,
             name=name,
@@ -195,17 +255,8 @@ def chat_command(
             cluster_id=cluster_id,
             shard=shard,
             print_log=print_log,
-            runtime=RuntimeConfig(
-                sync_interval_ms=sync_interval_ms,
-                resend_interval_ms=retry_ms,
-                resend_possibly_acknowledged_ms=3 * retry_ms,
-                store_query_ms=store_query_ms,
-                incoming_sweep_ms=min(_RUNTIME.incoming_sweep_ms, store_query_ms),
-            ),
-            config=ChannelConfig(
-                deliver_early=True,
-                repair=RepairConfig(t_min_ms=repair_min_ms, t_max_ms=repair_max_ms),
-            ),
+            runtime=runtime,
+            config=config,
         )
     except LocalProtocolError as exc:
         raise typer.BadParameter(str(exc)) from None

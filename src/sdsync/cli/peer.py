@@ -1,25 +1,64 @@
 """`sdsync peer --stdio`: the conformance peer (:mod:`sdsync.peer`) on stdin and stdout.
 
-Replies go to stdout, logs to stderr. The protocol defaults are the library's
-(:class:`ChannelConfig`), except ``--message-id``: the peer derives ids as @waku/sds does
+Replies go to stdout, logs to stderr. The protocol parameters are the ``--profile``'s
+(by default ``js-compatible``, the library's :class:`ChannelConfig`), each flag given
+overriding its value, except ``--message-id``: the peer derives ids as @waku/sds does
 unless told otherwise, so that it interoperates out of the box.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 from typing import Annotated
 
 import typer
 
-from sdsync.core import BloomParams, ChannelConfig, RepairConfig
-from sdsync.core.config import MESSAGE_ID_SCHEMES
+from sdsync.cli.options import DEFAULT_PROFILE, ProfileOption, chosen_profile, given
+from sdsync.core import ChannelConfig
+from sdsync.core.config import MESSAGE_ID_SCHEMES, MessageIdScheme
 from sdsync.errors import LocalProtocolError
+from sdsync.runtime import Profile
 
-_CHANNEL = ChannelConfig()
-_REPAIR = _CHANNEL.repair
-_BLOOM = _CHANNEL.bloom
+_NOT_GIVEN = "default: the profile's"
+
+
+def peer_config(
+    profile: Profile,
+    message_id_scheme: MessageIdScheme,
+    *,
+    causal_history: int | None = None,
+    bloom_capacity: int | None = None,
+    bloom_error_rate: float | None = None,
+    possible_acks_threshold: int | None = None,
+    lost_timeout_ms: int | None = None,
+    repair: bool | None = None,
+    repair_t_min_ms: int | None = None,
+    repair_t_max_ms: int | None = None,
+    repair_response_groups: int | None = None,
+) -> ChannelConfig:
+    """The profile's channel with the flags given (not None) over it."""
+    base = profile.channel
+    bloom = given(capacity=bloom_capacity, error_rate=bloom_error_rate)
+    repair_fields = given(
+        enabled=repair,
+        t_min_ms=repair_t_min_ms,
+        t_max_ms=repair_t_max_ms,
+        response_groups=repair_response_groups,
+    )
+    channel_fields = given(
+        causal_history_size=causal_history,
+        possible_acks_threshold=possible_acks_threshold,
+        lost_timeout_ms=lost_timeout_ms,
+    )
+    return dataclasses.replace(
+        base,
+        bloom=dataclasses.replace(base.bloom, **bloom),
+        repair=dataclasses.replace(base.repair, **repair_fields),
+        message_id_scheme=message_id_scheme,
+        **channel_fields,
+    )
 
 
 def peer_command(
@@ -28,15 +67,20 @@ def peer_command(
         bool, typer.Option("--stdio", help="Speak JSON lines on stdin/stdout.")
     ] = False,
     channel: Annotated[str, typer.Option(help="Channel id.")] = "0",
-    causal_history: Annotated[int, typer.Option(min=0)] = _CHANNEL.causal_history_size,
-    bloom_capacity: Annotated[int, typer.Option(min=1)] = _BLOOM.capacity,
-    bloom_error_rate: Annotated[float, typer.Option(min=0.0, max=1.0)] = _BLOOM.error_rate,
-    possible_acks_threshold: Annotated[int, typer.Option(min=1)] = _CHANNEL.possible_acks_threshold,
-    lost_timeout_ms: Annotated[int | None, typer.Option(min=1)] = _CHANNEL.lost_timeout_ms,
-    repair: Annotated[bool, typer.Option("--repair/--no-repair", help="SDS-R.")] = _REPAIR.enabled,
-    repair_t_min_ms: Annotated[int, typer.Option(min=0)] = _REPAIR.t_min_ms,
-    repair_t_max_ms: Annotated[int, typer.Option(min=1)] = _REPAIR.t_max_ms,
-    repair_response_groups: Annotated[int, typer.Option(min=1)] = _REPAIR.response_groups,
+    profile: ProfileOption = DEFAULT_PROFILE,
+    causal_history: Annotated[int | None, typer.Option(min=0, help=_NOT_GIVEN)] = None,
+    bloom_capacity: Annotated[int | None, typer.Option(min=1, help=_NOT_GIVEN)] = None,
+    bloom_error_rate: Annotated[
+        float | None, typer.Option(min=0.0, max=1.0, help=_NOT_GIVEN)
+    ] = None,
+    possible_acks_threshold: Annotated[int | None, typer.Option(min=1, help=_NOT_GIVEN)] = None,
+    lost_timeout_ms: Annotated[int | None, typer.Option(min=1, help=_NOT_GIVEN)] = None,
+    repair: Annotated[
+        bool | None, typer.Option("--repair/--no-repair", help=f"SDS-R ({_NOT_GIVEN}).")
+    ] = None,
+    repair_t_min_ms: Annotated[int | None, typer.Option(min=0, help=_NOT_GIVEN)] = None,
+    repair_t_max_ms: Annotated[int | None, typer.Option(min=1, help=_NOT_GIVEN)] = None,
+    repair_response_groups: Annotated[int | None, typer.Option(min=1, help=_NOT_GIVEN)] = None,
     message_id: Annotated[
         str,
         typer.Option(
@@ -55,19 +99,20 @@ def peer_command(
     if message_id not in MESSAGE_ID_SCHEMES:
         choices = " or ".join(MESSAGE_ID_SCHEMES)
         raise typer.BadParameter(f"must be {choices}", param_hint="--message-id")
+    chosen = chosen_profile(profile)
     try:
-        config = ChannelConfig(
-            causal_history_size=causal_history,
-            bloom=BloomParams(bloom_capacity, bloom_error_rate),
+        config = peer_config(
+            chosen,
+            message_id,  # checked above
+            causal_history=causal_history,
+            bloom_capacity=bloom_capacity,
+            bloom_error_rate=bloom_error_rate,
             possible_acks_threshold=possible_acks_threshold,
             lost_timeout_ms=lost_timeout_ms,
-            repair=RepairConfig(
-                enabled=repair,
-                t_min_ms=repair_t_min_ms,
-                t_max_ms=repair_t_max_ms,
-                response_groups=repair_response_groups,
-            ),
-            message_id_scheme=message_id,  # checked above
+            repair=repair,
+            repair_t_min_ms=repair_t_min_ms,
+            repair_t_max_ms=repair_t_max_ms,
+            repair_response_groups=repair_response_groups,
         )
     except (ValueError, LocalProtocolError) as exc:
         raise typer.BadParameter(str(exc)) from None

@@ -262,6 +262,24 @@ def sweep(
         ),
     ],
     out: Annotated[Path, typer.Option("--out", file_okay=False, help="Output directory.")],
+    reuse: Annotated[
+        Path | None,
+        typer.Option(
+            "--reuse",
+            dir_okay=False,
+            help="An earlier results.parquet: its runs with the same configuration (same "
+            "sdsync version, no error) are not run again.",
+        ),
+    ] = None,
+    evidence: Annotated[
+        Path | None,
+        typer.Option(
+            "--evidence",
+            dir_okay=False,
+            help="Also publish the evidence page here (e.g. docs/evidence.md), its figures "
+            "and results.parquet in the folder named after it.",
+        ),
+    ] = None,
     master: Master = None,
     remote: Remote = None,
 ) -> None:
@@ -275,7 +293,7 @@ def sweep(
     def job(spark: SparkSession, progress: Progress) -> dict[str, Any]:
         from sdsync.pipeline.sweep import sweep as run
 
-        return run(spark, grid, out, progress)
+        return run(spark, grid, out, progress, reuse=reuse, evidence=evidence)
 
     summary = _run(master, remote, out, job)
     broken = summary["runs_breaking_invariants"]
@@ -283,6 +301,7 @@ def sweep(
         f"sweep → {out}",
         {
             "runs": summary["runs"],
+            "reused": summary["runs_reused"],
             "runs breaking invariants": f"{len(broken)}: {', '.join(broken)}" if broken else 0,
             "evidence": summary["outputs"]["evidence"],
             "report": summary["outputs"]["index"],

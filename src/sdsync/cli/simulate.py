@@ -1,7 +1,8 @@
 """`sdsync simulate`: run a scenario on the simulator, write its outputs, judge the run.
 
 The command is thin: flags are parsed into overrides of a :class:`SimConfig` (loaded from
-``--config`` or the defaults), :func:`sdsync.demo.run_simulation` runs the
+``--config`` or the defaults; a ``--profile`` sets its protocol fields first, the flags
+given beside it win), :func:`sdsync.demo.run_simulation` runs the
 :class:`Simulation` under a progress bar and writes ``summary.json``, ``events.parquet``
 and ``logs/``, and the summary is printed. Exit codes: 0 when every invariant holds, 1
 when one fails (the summary says which), 2 on bad arguments — including a scenario file
@@ -23,7 +24,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from sdsync.cli.errors import fail
+from sdsync.cli.options import PROFILE_HELP
 from sdsync.errors import LocalProtocolError
+from sdsync.runtime import profile
 from sdsync.sim.config import (
     ChurnConfig,
     PartitionConfig,
@@ -190,6 +193,14 @@ class Flags:
     sync_interval_ms: Annotated[
         int | None, typer.Option(min=1, help="Base sync interval of every participant.")
     ] = None
+    profile: Annotated[
+        str | None,
+        typer.Option(
+            metavar="NAME",
+            help=f"Causal history, bloom filter and sync interval of a {PROFILE_HELP} "
+            "It overrides --config.",
+        ),
+    ] = None
 
 
 def takes_flags(command: Callable[..., None]) -> Callable[..., None]:
@@ -251,7 +262,24 @@ def build_config(flags: Flags) -> SimConfig:
         overrides["churn"] = tuple(parse_churn(c) for c in flags.churn)
     if flags.partition:
         overrides["partitions"] = tuple(parse_partition(p) for p in flags.partition)
+    if flags.profile is not None:
+        given = {name: value for name, value in overrides.items() if value is not None}
+        overrides = profile_overrides(flags.profile) | given
     return with_overrides(config, overrides)
+
+
+def profile_overrides(name: str) -> dict[str, Any]:
+    """The scenario's protocol fields that the profile called ``name`` sets."""
+    try:
+        chosen = profile(name)
+    except LocalProtocolError as exc:
+        raise ArgumentError("--profile", str(exc)) from None
+    return {
+        "protocol.causal_history": chosen.channel.causal_history_size,
+        "protocol.bloom_capacity": chosen.channel.bloom.capacity,
+        "protocol.bloom_error_rate": chosen.channel.bloom.error_rate,
+        "protocol.sync_interval_ms": chosen.runtime.sync_interval_ms,
+    }
 
 
 def _ms(value: float | None) -> str:

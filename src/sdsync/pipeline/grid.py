@@ -24,7 +24,35 @@ A grid file names a **base** scenario and **sweeps** that vary it::
     "protocol.repair" = [true, false]
 
 Each sweep is the cross product of its own axes and the common ones, applied to the
-base (an axis is a dotted scenario field, as in ``sdsync simulate``'s overrides).  One
+base (an axis is a dotted scenario field, as in ``sdsync simulate``'s overrides).
+
+A **preset** axis sets several fields at once, by name — a factor that is not one field,
+such as how participants retrieve what they missed::
+
+    [presets.retrieval]
+    catchup = { stores = 1, "protocol.store_catchup" = true }
+    sdsr = { stores = 0, "protocol.repair" = true }
+
+    [[sweep]]
+    name = "retrieval"
+    [sweep.axes]
+    retrieval = ["catchup", "sdsr"]
+
+The built-in preset axis ``profile`` sets the protocol fields of the named bandwidth
+profiles (:mod:`sdsync.runtime.profiles`).  A run's value on a preset axis is the first
+preset whose fields its configuration matches, so points shared between sweeps carry it
+too (the base of the grid above is ``catchup``).
+
+**Headlines** are pivot tables over the runs of one sweep — the figures a reader wants
+first::
+
+    [[headline]]
+    title = "Delivery to everyone"
+    sweep = "retrieval"
+    rows = "retrieval"
+    columns = "protocol.causal_history"
+    measure = "delivered_ever"
+    where = { "network.loss" = 0.2 }   # optional: only the runs with these axis values  One
 factor at a time around a base keeps the number of runs linear in the factors, where a
 single cross product of everything would multiply them.  Points that come out the same
 in several sweeps — the base itself, in every sweep — run once and are shared.  Every
@@ -43,6 +71,7 @@ from pathlib import Path
 from typing import Any
 
 from sdsync.errors import InputError, LocalProtocolError
+from sdsync.runtime.profiles import PROFILES
 from sdsync.sim.config import SimConfig, config_from_dict
 from sdsync.sim.engine import Simulation
 
@@ -62,18 +91,37 @@ class Sweep:
         return self.own + self.common
 
 
+Preset = dict[str, Value]
+"""Dotted field → value."""
+
+
+@dataclass(frozen=True)
+class Headline:
+    title: str
+    sweep: str
+    rows: str
+    columns: str
+    measure: str
+    where: tuple[tuple[str, Value], ...] = ()
+
+
 @dataclass(frozen=True)
 class Point:
     run: str
     """``r000``, ``r001``, … in the order the runs are scheduled (costliest first)."""
     config: SimConfig
     sweeps: tuple[str, ...]
+    labels: tuple[tuple[str, str | None], ...] = ()
+    """(preset axis, the name of the preset this configuration matches)."""
 
     @property
     def config_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self.config), sort_keys=True)
+        return config_json(self.config)
 
-    def value(self, axis: str) -> Value:
+    def value(self, axis: str) -> Value | None:
+        for name, label in self.labels:
+            if name == axis:
+                return label
         return axis_value(self.config, axis)
 
 
@@ -84,6 +132,7 @@ class Grid:
     points: tuple[Point, ...]
     common_axes: tuple[str, ...]
     description: str = ""
+    headlines: tuple[Headline, ...] = ()
 
     @property
     def axes(self) -> tuple[str, ...]:
@@ -96,6 +145,11 @@ def axis_value(config: SimConfig, axis: str) -> Value:
     for part in axis.split("."):
         value = getattr(value, part)
     return value  # type: ignore[no-any-return]
+
+
+def config_json(config: SimConfig) -> str:
+    """The identity of a run: equal JSON, equal simulation (the same seed replays it)."""
+    return json.dumps(dataclasses.asdict(config), sort_keys=True)
 
 
 def column_name(axis: str) -> str:
@@ -113,6 +167,59 @@ def _merge(raw: dict[str, Any], axis: str, value: Value) -> dict[str, Any]:
         table = table[section]
     table[name] = value
     return merged
+
+
+def _apply(
+    raw: dict[str, Any], axis: str, value: Value, presets: dict[str, dict[str, Preset]]
+) -> dict[str, Any]:
+    if axis not in presets:
+        return _merge(raw, axis, value)
+    for field, setting in presets[axis][str(value)].items():
+        raw = _merge(raw, field, setting)
+    return raw
+
+
+def _label(config: SimConfig, presets: dict[str, Preset]) -> str | None:
+    for name, fields in presets.items():
+        if all(axis_value(config, f) == v for f, v in fields.items()):
+            return name
+    return None
+
+
+def builtin_presets() -> dict[str, dict[str, Preset]]:
+    """``profile``: each bandwidth profile as the simulator's protocol fields."""
+    return {
+        "profile": {
+            name: {
+                "protocol.causal_history": p.channel.causal_history_size,
+                "protocol.bloom_capacity": p.channel.bloom.capacity,
+                "protocol.bloom_error_rate": p.channel.bloom.error_rate,
+                "protocol.sync_interval_ms": p.runtime.sync_interval_ms,
+            }
+            for name, p in PROFILES.items()
+        }
+    }
+
+
+def _presets(path: str, raw: Any) -> dict[str, dict[str, Preset]]:
+    presets = builtin_presets()
+    if not isinstance(raw, dict):
+        raise InputError(
+            f"{path}: [presets] must be a table of axis = {{name = {{...}}}}", path=path
+        )
+    for axis, named in raw.items():
+        where = f"[presets.{axis}]"
+        if "." in axis or not isinstance(named, dict) or not named:
+            raise InputError(
+                f"{path}: {where} needs a dot-free axis name and at least one preset", path=path
+            )
+        for name, fields in named.items():
+            if not isinstance(fields, dict) or not fields:
+                raise InputError(
+                    f"{path}: {where} {name} must be a table of field = value", path=path
+                )
+        presets[axis] = {name: dict(fields) for name, fields in named.items()}
+    return presets
 
 
 def _axes(path: str, where: str, raw: Any) -> dict[str, list[Value]]:
@@ -152,13 +259,14 @@ def parse_grid(text: str, path: str) -> Grid:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"{path}: not valid TOML ({exc})", path=path) from None
-    unknown = sorted(set(raw) - {"base", "axes", "sweep", "description"})
+    unknown = sorted(set(raw) - {"base", "axes", "sweep", "description", "presets", "headline"})
     if unknown:
         raise InputError(f"{path}: unknown key(s) {', '.join(unknown)}", path=path)
     base = raw.get("base", {})
     if not isinstance(base, dict):
         raise InputError(f"{path}: [base] must be a table (a scenario)", path=path)
     _config(path, base, "[base]")
+    presets = _presets(path, raw.get("presets", {}))
     common = _axes(path, "[axes]", raw.get("axes", {}))
     sweeps_raw = raw.get("sweep", [])
     if not isinstance(sweeps_raw, list) or not sweeps_raw:
@@ -170,31 +278,73 @@ def parse_grid(text: str, path: str) -> Grid:
         if not isinstance(name, str) or set(sweep) - {"name", "axes"}:
             raise InputError(f"{path}: [[sweep]] {index + 1} takes only name and axes", path=path)
         own = _axes(path, f"[[sweep]] '{name}'", sweep.get("axes", {}))
+        for axis, axis_values in own.items():
+            strangers = [v for v in axis_values if axis in presets and str(v) not in presets[axis]]
+            if strangers:
+                raise InputError(
+                    f"{path}: [[sweep]] '{name}': no preset {strangers[0]!r} for axis "
+                    f"{axis} (known: {', '.join(presets[axis])})",
+                    path=path,
+                    column=axis,
+                )
         replicated = {a: v for a, v in common.items() if a not in own}
         axes = {**own, **replicated}
         sweeps.append(Sweep(name, tuple(own), tuple(replicated)))
         for values in itertools.product(*axes.values()):
             point = base
             for axis, value in zip(axes, values, strict=True):
-                point = _merge(point, axis, value)
+                point = _apply(point, axis, value, presets)
             where = f"sweep '{name}', " + ", ".join(
                 f"{a} = {v!r}" for a, v in zip(axes, values, strict=True)
             )
             config = _config(path, point, where)
-            key = json.dumps(dataclasses.asdict(config), sort_keys=True)
-            found.setdefault(key, (config, []))[1].append(name)
+            found.setdefault(config_json(config), (config, []))[1].append(name)
     names = [s.name for s in sweeps]
     if len(set(names)) != len(names):
         raise InputError(f"{path}: sweep names must be unique", path=path)
     ordered = sorted(found.values(), key=lambda item: -_cost(item[0]))
+    used = [a for a in presets if any(a in s.own for s in sweeps)]
     points = tuple(
-        Point(f"r{i:03d}", config, tuple(dict.fromkeys(in_sweeps)))
+        Point(
+            f"r{i:03d}",
+            config,
+            tuple(dict.fromkeys(in_sweeps)),
+            tuple((a, _label(config, presets[a])) for a in used),
+        )
         for i, (config, in_sweeps) in enumerate(ordered)
     )
     description = raw.get("description", "")
     if not isinstance(description, str):
         raise InputError(f"{path}: description must be a string", path=path)
-    return Grid(path, tuple(sweeps), points, tuple(common), description)
+    headlines = _headlines(path, raw.get("headline", []), sweeps)
+    return Grid(path, tuple(sweeps), points, tuple(common), description, headlines)
+
+
+def _headlines(path: str, raw: Any, sweeps: list[Sweep]) -> tuple[Headline, ...]:
+    fields = ["title", "sweep", "rows", "columns", "measure"]
+    if not isinstance(raw, list):
+        raise InputError(f"{path}: headlines are [[headline]] tables", path=path)
+    headlines = []
+    for index, table in enumerate(raw):
+        where = f"{path}: [[headline]] {index + 1}"
+        if not isinstance(table, dict) or sorted(set(table) - {"where"}) != sorted(fields):
+            raise InputError(
+                f"{where} takes exactly {', '.join(fields)}, and optionally where", path=path
+            )
+        only = table.get("where", {})
+        if not isinstance(only, dict):
+            raise InputError(f"{where}: where must be a table of axis = value", path=path)
+        headline = Headline(**{f: str(table[f]) for f in fields}, where=tuple(only.items()))
+        sweep = next((s for s in sweeps if s.name == headline.sweep), None)
+        if sweep is None:
+            raise InputError(f"{where}: no sweep named {headline.sweep!r}", path=path)
+        for axis in (headline.rows, headline.columns, *only):
+            if axis not in sweep.axes:
+                raise InputError(
+                    f"{where}: {axis!r} is not an axis of sweep {sweep.name!r}", path=path
+                )
+        headlines.append(headline)
+    return tuple(headlines)
 
 
 def load_grid(path: Path) -> Grid:

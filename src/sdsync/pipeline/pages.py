@@ -158,6 +158,10 @@ def rate(value: float | None) -> str:
     return "—" if value is None else f"{value:.4f}"
 
 
+def share(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1%}"
+
+
 def count(value: float | None) -> str:
     if value is None:
         return "—"

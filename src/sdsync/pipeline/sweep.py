@@ -14,8 +14,18 @@ starts tasks in partition order, so the long runs do not end up last on one core
 The rows come back to the driver (one per run: small) and are written to
 ``OUT/results.parquet``.  The evidence is built from them with Spark aggregations —
 per sweep, grouped by the sweep's own axes, over the common ones (the seeds): mean and
-range of delivery rate, time to consistency p50/p99, bytes per message and false acks —
-and rendered as ``OUT/evidence.md``, one PNG per sweep and ``OUT/index.html``.
+range of delivery (overall, and of messages to everyone within 1 and 10 minutes and
+ever), time to consistency p50/p99, bytes per message by kind and the bloom filters'
+share of them — plus the grid's headline pivots, and rendered as ``OUT/evidence.md``,
+one PNG per sweep and ``OUT/index.html``.  ``--evidence PATH`` writes the same page to
+``PATH`` as well (a docs page), with its figures and ``results.parquet`` in a folder
+named after it, so the published numbers always come from the file beside them.
+
+A run is identified by its configuration (the same seed replays it bit for bit), so a
+sweep may **reuse** the rows of an earlier ``results.parquet`` (``--reuse FILE``): runs
+with the same configuration, made by the same sdsync version without error, are not run
+again.  That resumes an interrupted sweep, regenerates the evidence of a finished one in
+seconds, and lets a grid's costly slices be run once.
 
 On a cluster the executors need ``sdsync`` installed (the same version as the driver)
 and ``OUT`` on a file system they share with the driver for the per-run summaries;
@@ -29,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shutil
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -41,8 +52,10 @@ import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as sf
 
+from sdsync import __version__
+from sdsync.errors import InputError
 from sdsync.pipeline import pages, plots
-from sdsync.pipeline.grid import Grid, Sweep, axis_value, column_name, load_grid
+from sdsync.pipeline.grid import Grid, Headline, Point, Sweep, column_name, load_grid
 from sdsync.pipeline.io import write_summary
 from sdsync.pipeline.progress import Progress
 from sdsync.sim.config import config_from_dict
@@ -66,6 +79,18 @@ def _field(key: str) -> Callable[[Summary], Any]:
     return lambda s: s[key]
 
 
+def _within(key: str) -> Callable[[Summary], Any]:
+    return lambda s: s["delivered_to_everyone"][key]
+
+
+def _per_message(kind: str) -> Callable[[Summary], Any]:
+    def read(s: Summary) -> float:
+        sent = s["messages_sent"]
+        return s["bytes_by_kind"].get(kind, 0) / sent if sent else 0.0
+
+    return read
+
+
 # Result columns taken from a run's summary.json: name, Arrow type, how to read it.
 METRICS: tuple[tuple[str, pa.DataType, Callable[[Summary], Any]], ...] = (
     ("invariants_hold", pa.bool_(), _field("invariants_hold")),
@@ -75,6 +100,17 @@ METRICS: tuple[tuple[str, pa.DataType, Callable[[Summary], Any]], ...] = (
     ("ttc_p99_ms", pa.float64(), _ttc("p99")),
     ("ttc_max_ms", pa.float64(), _ttc("max")),
     ("bytes_per_message", pa.float64(), _field("bytes_per_content_message")),
+    ("delivered_1min", pa.float64(), _within("within_1_min")),
+    ("delivered_10min", pa.float64(), _within("within_10_min")),
+    ("delivered_ever", pa.float64(), _within("ever")),
+    ("unlearnable_messages", pa.int64(), _field("unlearnable_messages")),
+    ("content_bytes_per_message", pa.float64(), _per_message("content")),
+    ("resend_bytes_per_message", pa.float64(), _per_message("resend")),
+    ("sync_bytes_per_message", pa.float64(), _per_message("sync")),
+    ("repair_bytes_per_message", pa.float64(), _per_message("repair")),
+    ("store_bytes_per_message", pa.float64(), _per_message("store_query")),
+    ("bloom_share", pa.float64(), _field("bloom_share")),
+    ("bloom_ignored", pa.int64(), lambda s: sum(s["bloom_ignored"].values())),
     ("false_acks", pa.int64(), _field("false_acks")),
     ("messages_sent", pa.int64(), _field("messages_sent")),
     ("unconverged_messages", pa.int64(), _field("unconverged_messages")),
@@ -122,6 +158,8 @@ def results_schema(grid: Grid) -> pa.Schema:
             *[(name, kind) for name, kind, _ in METRICS],
             ("error", pa.string()),
             ("summary_json", pa.string()),
+            ("config_json", pa.string()),
+            ("sdsync_version", pa.string()),
         ]
     )
 
@@ -141,9 +179,8 @@ class RunPoints:
     JSON, the axes, and where to put each run's summary.json.
     """
 
-    runs: tuple[tuple[str, tuple[str, ...], str], ...]
-    """(run, sweeps, configuration JSON) by task index."""
-    axes: tuple[str, ...]
+    runs: tuple[tuple[str, tuple[str, ...], str, str], ...]
+    """(run, sweeps, configuration JSON, axis columns as JSON) by task index."""
     schema: pa.Schema
     runs_dir: str
 
@@ -154,10 +191,18 @@ class RunPoints:
             for index in batch.column("id").to_pylist():
                 yield self._run(*self.runs[index])
 
-    def _run(self, run: str, sweeps: tuple[str, ...], config_json: str) -> pa.RecordBatch:
+    def _run(
+        self, run: str, sweeps: tuple[str, ...], config_json: str, values: str
+    ) -> pa.RecordBatch:
         config = config_from_dict(json.loads(config_json))
-        row: dict[str, Any] = {"run": run, "sweeps": list(sweeps), "error": None}
-        row.update({column_name(a): axis_value(config, a) for a in self.axes})
+        row: dict[str, Any] = {
+            "run": run,
+            "sweeps": list(sweeps),
+            "error": None,
+            "config_json": config_json,
+            "sdsync_version": __version__,
+        }
+        row.update(json.loads(values))
         try:
             sim = Simulation(config, record_events=False)
             sim.run()
@@ -177,25 +222,40 @@ class RunPoints:
 # -- driver -----------------------------------------------------------------------------
 
 
-def sweep(spark: SparkSession, grid_path: Path, out: Path, progress: Progress) -> dict[str, Any]:
-    """Run every point of the grid, write results, evidence and ``summary.json``."""
+def sweep(
+    spark: SparkSession,
+    grid_path: Path,
+    out: Path,
+    progress: Progress,
+    *,
+    reuse: Path | None = None,
+    evidence: Path | None = None,
+) -> dict[str, Any]:
+    """Run every point of the grid (but those ``reuse`` has), write results, evidence
+    and ``summary.json``; ``evidence``: also publish the page there."""
     started = time.perf_counter()
     with progress.stage("check inputs"):
         grid = load_grid(grid_path)
+        _check_headlines(grid)
+        previous = _reusable(reuse, results_schema(grid)) if reuse is not None else {}
     out.mkdir(parents=True, exist_ok=True)
-    results = _simulate(spark, grid, out, progress)
+    results = _simulate(spark, grid, out, progress, previous)
     pq.write_table(results, out / RESULTS)
     with progress.stage("evidence"):
-        frame = spark.createDataFrame(results)
+        frame = spark.createDataFrame(results.drop_columns(["summary_json"]))
         tables = {s.name: _aggregate(frame, s) for s in grid.sweeps}
-        sections = _sections(grid, out, tables, results)
+        pivots = [_pivot(frame, grid, h) for h in grid.headlines]
+        sections = _sections(grid, out, tables, pivots, results)
         title = "SDS reliability sweep"
         (out / EVIDENCE).write_text(pages.markdown(title, sections))
         pages.write_page(out, title, sections)
+        if evidence is not None:
+            _publish(evidence, out, title, sections)
     rows = results.to_pylist()
     summary: dict[str, Any] = {
         "grid": str(grid_path),
         "runs": len(rows),
+        "runs_reused": sum(1 for r in rows if r["config_json"] in previous),
         "runs_breaking_invariants": [r["run"] for r in rows if not r["invariants_hold"]],
         "runs_failed": [r["run"] for r in rows if r["error"] is not None],
         "sweeps": {name: table.to_pylist() for name, table in tables.items()},
@@ -204,6 +264,7 @@ def sweep(spark: SparkSession, grid_path: Path, out: Path, progress: Progress) -
             "evidence": str(out / EVIDENCE),
             "index": str(out / "index.html"),
             "runs": str(out / "runs"),
+            **({"published": str(evidence)} if evidence is not None else {}),
         },
         "stage_seconds": dict(progress.timings),
         "seconds": round(time.perf_counter() - started, 3),
@@ -212,56 +273,167 @@ def sweep(spark: SparkSession, grid_path: Path, out: Path, progress: Progress) -
     return summary
 
 
-def _simulate(spark: SparkSession, grid: Grid, out: Path, progress: Progress) -> pa.Table:
+def _axis_values(grid: Grid, point: Point) -> dict[str, Any]:
+    return {column_name(a): point.value(a) for a in grid.axes}
+
+
+def _reusable(path: Path, schema: pa.Schema) -> dict[str, dict[str, Any]]:
+    """The error-free rows of an earlier results file made by this version, by
+    configuration; nothing (said on stderr) when its columns are not today's."""
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise InputError(f"{path}: cannot read earlier results ({exc})", path=str(path)) from None
+    wanted = {name for name, _, _ in METRICS} | {"config_json", "sdsync_version"}
+    if not wanted <= set(table.column_names):
+        logging.getLogger("sdsync.pipeline").warning(
+            "%s: results of another sdsync version (columns differ): nothing reused", path
+        )
+        return {}
+    return {
+        row["config_json"]: row
+        for row in table.to_pylist()
+        if row["error"] is None and row["sdsync_version"] == __version__
+    }
+
+
+def _simulate(
+    spark: SparkSession,
+    grid: Grid,
+    out: Path,
+    progress: Progress,
+    previous: dict[str, dict[str, Any]],
+) -> pa.Table:
     schema = results_schema(grid)
+    fresh = [p for p in grid.points if p.config_json not in previous]
+    kept = [
+        {**previous[p.config_json], "run": p.run, "sweeps": list(p.sweeps), **_axis_values(grid, p)}
+        for p in grid.points
+        if p.config_json in previous
+    ]
     runner = RunPoints(
-        tuple((p.run, p.sweeps, p.config_json) for p in grid.points),
-        grid.axes,
+        tuple((p.run, p.sweeps, p.config_json, json.dumps(_axis_values(grid, p))) for p in fresh),
         schema,
         str((out / "runs").resolve()),
     )
-    n = len(grid.points)
-    with progress.stage(f"simulate {n} runs", tasks=n):
-        # One partition per point: one simulation per task.
-        frame = spark.range(0, n, 1, numPartitions=n).mapInArrow(runner, _ddl(schema))
-        table = frame.toArrow()
-    return table.cast(schema).sort_by("run")
+    for row in kept:  # runs/ holds every run's summary, reused or not
+        write_summary(out / "runs" / row["run"], json.loads(row["summary_json"]))
+    n = len(fresh)
+    reused = f" ({len(kept)} reused)" if kept else ""
+    tables = [pa.Table.from_pylist(kept, schema=schema)]
+    with progress.stage(f"simulate {n} runs{reused}", tasks=n):
+        if n:
+            # One partition per point: one simulation per task.
+            frame = spark.range(0, n, 1, numPartitions=n).mapInArrow(runner, _ddl(schema))
+            tables.append(frame.toArrow().cast(schema))
+    return pa.concat_tables(tables).sort_by("run")
 
 
-_MEASURES = {
-    "delivery_rate": "delivery_rate",
-    "ttc_p50": "ttc_p50_ms",
-    "ttc_p99": "ttc_p99_ms",
-    "bytes_per_message": "bytes_per_message",
-    "false_acks": "false_acks",
-    "unconverged": "unconverged_messages",
-    "told_missing": "told_missing_pairs",
+# Measures aggregated per sweep point: name → (result column, how a cell shows it).
+Cell = Callable[[float | None], str]
+_MEASURES: dict[str, tuple[str, Cell]] = {
+    "delivery_rate": ("delivery_rate", pages.rate),
+    "delivered_1min": ("delivered_1min", pages.rate),
+    "delivered_10min": ("delivered_10min", pages.rate),
+    "delivered_ever": ("delivered_ever", pages.rate),
+    "ttc_p50": ("ttc_p50_ms", pages.ms),
+    "ttc_p99": ("ttc_p99_ms", pages.ms),
+    "unlearnable": ("unlearnable_messages", pages.count),
+    "told_missing": ("told_missing_pairs", pages.count),
+    "false_acks": ("false_acks", pages.count),
+    "bytes_relay": ("bytes_per_message", pages.size),
+    "bytes_content": ("content_bytes_per_message", pages.size),
+    "bytes_resend": ("resend_bytes_per_message", pages.size),
+    "bytes_sync": ("sync_bytes_per_message", pages.size),
+    "bytes_repair": ("repair_bytes_per_message", pages.size),
+    "bytes_store": ("store_bytes_per_message", pages.size),
+    "bloom_share": ("bloom_share", pages.share),
+    "wall_seconds": ("wall_seconds", pages.count),
 }
+MEASURES = {column: cell for column, cell in _MEASURES.values()}
+"""Result columns a headline may show, and how."""
+
+
+def _check_headlines(grid: Grid) -> None:
+    for headline in grid.headlines:
+        if headline.measure not in MEASURES:
+            known = ", ".join(MEASURES)
+            raise InputError(
+                f"{grid.path}: headline {headline.title!r}: unknown measure "
+                f"{headline.measure!r} (known: {known})",
+                path=grid.path,
+            )
+
+
+def _stats(column: str, name: str) -> list[Column]:
+    value = sf.col(column).cast("double")
+    return [
+        sf.avg(value).alias(f"{name}_mean"),
+        sf.min(value).alias(f"{name}_min"),
+        sf.max(value).alias(f"{name}_max"),
+    ]
 
 
 def _aggregate(results: DataFrame, sweep: Sweep) -> pa.Table:
     """Per value of the sweep's own axes: runs, invariants held, mean/min/max of each
-    measure over the common axes."""
+    measure over the common axes, and the simulation time the point took."""
     keys = [column_name(a) for a in sweep.own]
-    measures: list[Column] = []
-    for name, column in _MEASURES.items():
-        value = sf.col(column).cast("double")
-        measures += [
-            sf.avg(value).alias(f"{name}_mean"),
-            sf.min(value).alias(f"{name}_min"),
-            sf.max(value).alias(f"{name}_max"),
-        ]
+    measures = [c for name, (column, _) in _MEASURES.items() for c in _stats(column, name)]
     return (
         results.where(sf.array_contains("sweeps", sweep.name))
         .groupBy(*keys)
         .agg(
             sf.count(sf.lit(1)).alias("runs"),
             sf.count_if("invariants_hold").alias("invariants_hold"),
+            sf.sum("wall_seconds").alias("wall_seconds_total"),
             *measures,
         )
         .orderBy(*keys)
         .toArrow()
     )
+
+
+def _pivot(results: DataFrame, grid: Grid, headline: Headline) -> pages.Table:
+    """Rows × columns of one sweep's runs: the measure's mean (range over the rest)."""
+    rows, columns = column_name(headline.rows), column_name(headline.columns)
+    chosen = results.where(sf.array_contains("sweeps", headline.sweep))
+    for axis, value in headline.where:
+        chosen = chosen.where(sf.col(column_name(axis)) == sf.lit(value))
+    cells = {
+        (r[rows], r[columns]): r
+        for r in chosen.groupBy(rows, columns)
+        .agg(sf.count(sf.lit(1)).alias("runs"), *_stats(headline.measure, "m"))
+        .toArrow()
+        .to_pylist()
+    }
+    row_values = sorted({k[0] for k in cells}, key=_order)
+    column_values = sorted({k[1] for k in cells}, key=_order)
+    cell = MEASURES[headline.measure]
+    sweep = next(s for s in grid.sweeps if s.name == headline.sweep)
+    fixed = dict(headline.where)
+    rest = [a for a in sweep.axes if a not in (headline.rows, headline.columns, *fixed)]
+    only = "".join(f", {a} = {v}" for a, v in headline.where)
+    return pages.Table(
+        [f"{headline.rows} ↓ {headline.columns} →", *(str(v) for v in column_values)],
+        [
+            [
+                str(r),
+                *(
+                    _mean(cells[(r, c)], "m", cell) if (r, c) in cells else "—"
+                    for c in column_values
+                ),
+            ]
+            for r in row_values
+        ],
+        caption=f"{headline.title}: {headline.measure}, mean over "
+        f"{', '.join(rest) or 'the runs'} (range in brackets when they differ); "
+        f"sweep '{headline.sweep}'{only}",
+    )
+
+
+def _order(value: Any) -> tuple[int, Any]:
+    """Numbers in numeric order, then names (preset values) as the grid lists them."""
+    return (0, value) if isinstance(value, int | float) else (1, str(value))
 
 
 def _label(row: dict[str, Any], own: tuple[str, ...]) -> str:
@@ -270,44 +442,76 @@ def _label(row: dict[str, Any], own: tuple[str, ...]) -> str:
     return "\n".join(f"{a.rsplit('.', 1)[-1]}={row[column_name(a)]}" for a in own)
 
 
-def _mean(row: dict[str, Any], name: str, cell: Callable[[float | None], str]) -> str:
+def _mean(row: dict[str, Any], name: str, cell: Cell) -> str:
     mean, low, high = (cell(row[f"{name}_{k}"]) for k in ("mean", "min", "max"))
     return mean if low == high else f"{mean} ({low}–{high})"
 
 
-def _sweep_table(rows: list[dict[str, Any]], own: tuple[str, ...]) -> pages.Table:
-    return pages.Table(
+def _columns(row: dict[str, Any], names: tuple[str, ...]) -> list[str]:
+    return [_mean(row, name, _MEASURES[name][1]) for name in names]
+
+
+_DELIVERY = (
+    "delivery_rate",
+    "delivered_1min",
+    "delivered_10min",
+    "delivered_ever",
+    "ttc_p50",
+    "ttc_p99",
+    "unlearnable",
+    "told_missing",
+    "false_acks",
+)
+_BYTES = (
+    "bytes_relay",
+    "bytes_content",
+    "bytes_resend",
+    "bytes_sync",
+    "bytes_repair",
+    "bytes_store",
+    "bloom_share",
+)
+
+
+def _sweep_tables(rows: list[dict[str, Any]], own: tuple[str, ...]) -> list[pages.Table]:
+    keys = [[str(r[column_name(a)]) for a in own] for r in rows]
+    delivery = pages.Table(
         [
             *own,
             "runs",
             "invariants hold",
             "delivery rate",
+            "to all ≤ 1 min",
+            "to all ≤ 10 min",
+            "to all, ever",
             "TTC p50",
             "TTC p99",
-            "bytes / msg",
-            "false acks",
-            "unconverged msgs",
+            "unlearnable msgs",
             "told, not got",
+            "false acks",
         ],
         [
-            [
-                *[str(r[column_name(a)]) for a in own],
-                str(r["runs"]),
-                f"{r['invariants_hold']}/{r['runs']}",
-                _mean(r, "delivery_rate", pages.rate),
-                _mean(r, "ttc_p50", pages.ms),
-                _mean(r, "ttc_p99", pages.ms),
-                _mean(r, "bytes_per_message", pages.size),
-                _mean(r, "false_acks", pages.count),
-                _mean(r, "unconverged", pages.count),
-                _mean(r, "told_missing", pages.count),
-            ]
-            for r in rows
+            [*key, str(r["runs"]), f"{r['invariants_hold']}/{r['runs']}", *_columns(r, _DELIVERY)]
+            for key, r in zip(keys, rows, strict=True)
         ],
-        caption="mean over the runs (seeds), range in brackets when they differ; "
-        "TTC over the messages that reached everyone; told, not got = (participant, message) "
-        "pairs missing at the end although a causal history had named the message to them",
+        caption="Delivery: mean over the runs (seeds), range in brackets when they differ. "
+        "Delivery rate = deliveries / deliveries owed; to all = share of messages that "
+        "reached every participant within 1 or 10 minutes of being sent, or by the end; "
+        "TTC over the messages that reached everyone; unlearnable = messages that some "
+        "participant could not have learnt of without a store (no copy and no causal "
+        "history naming them reached it); told, not got = (participant, message) pairs "
+        "missing at the end although a causal history had named the message to them",
     )
+    volume = pages.Table(
+        [*own, "relay / msg", "content", "resend", "sync", "repair", "store query", "bloom share"],
+        [[*key, *_columns(r, _BYTES)] for key, r in zip(keys, rows, strict=True)],
+        caption="Bytes per content message, mean over the runs: relay = every copy on the "
+        "relay network (content, resend, sync and repair broadcasts, one copy per "
+        "receiver); store query = requests and responses of by-hint queries and "
+        "catch-ups (not part of relay); bloom share = the bloom filters' part of the "
+        "relay bytes",
+    )
+    return [delivery, volume]
 
 
 def _panels(rows: list[dict[str, Any]]) -> list[plots.Panel]:
@@ -317,7 +521,7 @@ def _panels(rows: list[dict[str, Any]]) -> list[plots.Panel]:
     def panel(
         title: str, ylabel: str, *names: str, scale: float = 1.0, log: bool = False
     ) -> plots.Panel:
-        # Several series in a panel are percentiles: the legend says which.
+        # Several series in a panel: the legend says which (the name's last part).
         mean, low, high = (
             {n.rsplit("_", 1)[-1]: [scaled(r[f"{n}_{k}"], scale) for r in rows] for n in names}
             for k in ("mean", "min", "max")
@@ -325,17 +529,36 @@ def _panels(rows: list[dict[str, Any]]) -> list[plots.Panel]:
         return plots.Panel(title, ylabel, mean, low, high, log)
 
     return [
-        panel("Delivery rate", "deliveries / deliveries owed", "delivery_rate"),
+        panel(
+            "Messages delivered to everyone",
+            "share of messages",
+            "delivered_1min",
+            "delivered_10min",
+            "delivered_ever",
+        ),
         panel("Time to consistency", "s (log scale)", "ttc_p50", "ttc_p99", scale=1e3, log=True),
-        panel("Bytes on the wire per content message", "kB", "bytes_per_message", scale=1e3),
-        panel("False acknowledgements", "per run", "false_acks"),
+        panel(
+            "Bytes per content message",
+            "kB (log scale)",
+            "bytes_relay",
+            "bytes_store",
+            scale=1e3,
+            log=True,
+        ),
+        panel("Bloom filters' share of relay bytes", "share", "bloom_share"),
     ]
 
 
 def _sections(
-    grid: Grid, out: Path, tables: dict[str, pa.Table], results: pa.Table
+    grid: Grid,
+    out: Path,
+    tables: dict[str, pa.Table],
+    pivots: list[pages.Table],
+    results: pa.Table,
 ) -> list[pages.Section]:
     sections = [_grid_section(grid, results)]
+    if pivots:
+        sections.append(pages.Section("Headlines", tables=pivots))
     for sweep in grid.sweeps:
         own = sweep.own
         rows = tables[sweep.name].to_pylist()
@@ -350,12 +573,45 @@ def _sections(
         sections.append(
             pages.Section(
                 f"Sweep: {sweep.name}",
-                tables=[_sweep_table(rows, own)],
+                paragraphs=[_cost_line(rows)],
+                tables=_sweep_tables(rows, own),
                 figures=[pages.Figure(figure, f"{sweep.name}: mean, range over seeds")],
             )
         )
     sections.append(_runs_section(grid, results))
     return sections
+
+
+def _cost_line(rows: list[dict[str, Any]]) -> str:
+    runs = sum(r["runs"] for r in rows)
+    total = sum(r["wall_seconds_total"] or 0.0 for r in rows)
+    longest = max((r["wall_seconds_max"] or 0.0 for r in rows), default=0.0)
+    return (
+        f"{runs} runs, {total / 60:,.1f} minutes of simulation on one core in all "
+        f"(the longest run {longest:,.0f} s)."
+    )
+
+
+def _publish(evidence: Path, out: Path, title: str, sections: list[pages.Section]) -> None:
+    """The page at ``evidence``, its figures and results.parquet in the folder beside it
+    named after it (docs/evidence.md → docs/evidence/)."""
+    folder = evidence.with_suffix("")
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(out / RESULTS, folder / RESULTS)
+    moved = []
+    for section in sections:
+        for figure in section.figures:
+            shutil.copyfile(out / figure.path, folder / figure.path)
+        moved.append(
+            dataclasses.replace(
+                section,
+                figures=[
+                    pages.Figure(f"{folder.name}/{f.path}", f.caption) for f in section.figures
+                ],
+                links=[(text, f"{folder.name}/{path}") for text, path in section.links],
+            )
+        )
+    evidence.write_text(pages.markdown(title, moved))
 
 
 def _grid_section(grid: Grid, results: pa.Table) -> pages.Section:
@@ -385,10 +641,12 @@ def _runs_section(grid: Grid, results: pa.Table) -> pages.Section:
                     *axes,
                     "invariants",
                     "delivery rate",
+                    "to all, ever",
                     "TTC p50",
                     "TTC p99",
-                    "bytes / msg",
-                    "false acks",
+                    "relay / msg",
+                    "store / msg",
+                    "wall",
                 ],
                 [
                     [
@@ -396,10 +654,12 @@ def _runs_section(grid: Grid, results: pa.Table) -> pages.Section:
                         *[str(r[column_name(a)]) for a in axes],
                         "error" if r["error"] else ("hold" if r["invariants_hold"] else "FAIL"),
                         pages.rate(r["delivery_rate"]),
+                        pages.rate(r["delivered_ever"]),
                         pages.ms(r["ttc_p50_ms"]),
                         pages.ms(r["ttc_p99_ms"]),
                         pages.size(r["bytes_per_message"]),
-                        pages.count(r["false_acks"]),
+                        pages.size(r["store_bytes_per_message"]),
+                        f"{r['wall_seconds']:,.0f} s" if r["wall_seconds"] is not None else "—",
                     ]
                     for r in results.to_pylist()
                 ],

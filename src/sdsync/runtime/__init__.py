@@ -4,16 +4,19 @@ from sdsync.runtime.driver import CatchUp, ChannelDriver, QueryStore, Step, Tran
 from sdsync.runtime.history import SqliteHistoryStore
 from sdsync.runtime.memory_store import MemoryStore
 from sdsync.runtime.policy import RuntimeConfig
+from sdsync.runtime.profiles import PROFILES, Profile, profile
 from sdsync.runtime.reliable import ReliableChannel, StoreClient
 from sdsync.runtime.state import ChannelState, Delivery, LogRecord, state_path
 
 __all__ = [
+    "PROFILES",
     "CatchUp",
     "ChannelDriver",
     "ChannelState",
     "Delivery",
     "LogRecord",
     "MemoryStore",
+    "Profile",
     "QueryStore",
     "ReliableChannel",
     "RuntimeConfig",
@@ -21,5 +24,6 @@ __all__ = [
     "Step",
     "StoreClient",
     "Transmit",
+    "profile",
     "state_path",
 ]

@@ -20,7 +20,10 @@ channel's topic timestamped since the last catch-up, whether or not anything is 
 missing — a message missed together with every message naming it is never missing by id,
 so only a time range finds it. The window starts ``store_catchup_margin_ms`` before the
 previous one ended (clock skew, late archiving) and at most ``store_catchup_max_window_ms``
-back. One catch-up runs at a time: the caller feeds what the store found to
+back. A catch-up is two-phase: the caller first lists the window's envelope hashes
+(cheap: about 70 bytes each), keeps the :meth:`~ChannelDriver.unseen` ones — the driver
+remembers the hashes of the envelopes it received or sent (:meth:`~ChannelDriver.saw`) —
+and fetches only those. One catch-up runs at a time: the caller feeds what the store found to
 :meth:`~ChannelDriver.receive_found` and then reports :meth:`~ChannelDriver.caught_up` or
 :meth:`~ChannelDriver.catch_up_failed` (the next one is due an interval later either way;
 a failed window is asked again, since the caught-up time did not move).
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import heapq
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -121,9 +125,14 @@ class ChannelDriver:
         self._next_store_query = now_ms
         self.caught_up_ms: int | None = now_ms
         self._catching_up: CatchUp | None = None
+        # Back online while a catch-up ran (it may be failing for the very reason we were
+        # away): the next one starts when it ends, not an interval later.
+        self._again = False
         catch_up = query_stores and config.store_catchup
         self._next_catch_up: int | None = now_ms if catch_up else None
         self._status: tuple[int, int, int, bool] = (0, 0, 0, False)
+        # Envelope hashes heard or sent, oldest first (a dict keeps insertion order).
+        self._seen: dict[bytes, None] = {}
 
     # ------------------------------------------------------------------ inputs
 
@@ -143,6 +152,7 @@ class ChannelDriver:
     def receive(self, data: bytes, now_ms: int, *, retrieval_hint: bytes | None = None) -> Step:
         """Bytes from the transport or a store. Raises RemoteProtocolError, state unchanged."""
         events = self.channel.receive(data, now_ms, retrieval_hint=retrieval_hint)
+        self.saw(retrieval_hint)
         return self._after_receive(events, now_ms)
 
     def receive_message(
@@ -157,6 +167,7 @@ class ChannelDriver:
         events = self.channel.receive_message(
             message, now_ms, retrieval_hint=retrieval_hint, data=data
         )
+        self.saw(retrieval_hint)
         return self._after_receive(events, now_ms)
 
     def _after_receive(self, events: list[Event], now_ms: int) -> Step:
@@ -179,6 +190,7 @@ class ChannelDriver:
         channel holds already (most of a window: it was heard live) and non-content (old
         syncs) changes nothing and reports nothing."""
         if message.kind is not MessageKind.CONTENT or self._holds(message):
+            self.saw(retrieval_hint)
             return Step()
         return self.receive_message(message, now_ms, retrieval_hint=retrieval_hint, data=data)
 
@@ -191,6 +203,23 @@ class ChannelDriver:
             or channel.stored_incoming(mid) is not None
         )
 
+    def saw(self, envelope_hash: bytes | None) -> None:
+        """An envelope this channel received or sent: a catch-up need not fetch it.
+        (Called by every receive; the caller adds the hashes of what it publishes.)"""
+        if envelope_hash is None or self._next_catch_up is None:
+            return  # no catch-ups: nothing to remember for
+        seen = self._seen
+        if envelope_hash in seen:
+            return
+        seen[envelope_hash] = None
+        if len(seen) > self.config.store_catchup_seen_hashes:
+            del seen[next(iter(seen))]
+
+    def unseen(self, envelope_hashes: Iterable[bytes]) -> list[bytes]:
+        """Those of a catch-up's hashes this channel has not seen, in their order."""
+        seen = self._seen
+        return [h for h in envelope_hashes if h not in seen]
+
     def caught_up(self, done: CatchUp, now_ms: int) -> Step:
         """Everything the store had in ``done``'s window went through :meth:`receive_found`."""
         self.caught_up_ms = done.end_ms
@@ -202,13 +231,17 @@ class ChannelDriver:
 
     def _end_catch_up(self, now_ms: int) -> Step:
         self._catching_up = None
-        self._next_catch_up = now_ms + self.config.store_catchup_interval_ms
+        wait = 0 if self._again else self.config.store_catchup_interval_ms
+        self._again = False
+        self._next_catch_up = now_ms + wait
         return self._with_status(Step())
 
     def back_online(self, now_ms: int) -> None:
         """Back from being away (offline, disconnected): catch up now, not an interval on."""
-        if self._next_catch_up is not None:
-            self._next_catch_up = now_ms
+        if self._next_catch_up is None:
+            return
+        self._next_catch_up = now_ms
+        self._again = self._catching_up is not None
 
     def restore_caught_up(self, caught_up_ms: int | None) -> None:
         """The stored caught-up time (None: unknown, catch up the whole window)."""

@@ -1,6 +1,7 @@
 """A store node in memory: archives every frame it hears, answers fetches by hint or id
 and catch-ups by the time it heard each frame (its topics carried on the content topics
-:func:`~sdsync.transport.base.default_content_topic` names).
+:func:`~sdsync.transport.base.default_content_topic` names), listing a window's hints and
+handing over only the frames the channel has not seen, as a real store's two phases do.
 
 Stands in for the real store node (its REST API arrives with the store component) in
 tests and examples; it implements the same :class:`~sdsync.runtime.reliable.StoreClient`.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from sdsync.core import system_clock_ms
 from sdsync.errors import RemoteProtocolError
@@ -26,6 +27,7 @@ class MemoryStore:
         self.by_id: dict[tuple[str, str], Received] = {}
         # content topic -> (time heard, frame), in the order heard
         self.heard: dict[str, list[tuple[int, Received]]] = {}
+        self.fetched = 0  # frames catch-ups took (the unseen ones of what they listed)
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -65,8 +67,19 @@ class MemoryStore:
         return found
 
     async def catch_up(
-        self, content_topic: str, start_ms: int, end_ms: int, page_size: int
+        self,
+        content_topic: str,
+        start_ms: int,
+        end_ms: int,
+        page_size: int,
+        unseen: Callable[[list[bytes]], list[bytes]],
     ) -> AsyncIterator[list[Received]]:
-        found = [f for t, f in self.heard.get(content_topic, ()) if start_ms <= t <= end_ms]
-        for start in range(0, len(found), page_size):
-            yield found[start : start + page_size]
+        listed = [f for t, f in self.heard.get(content_topic, ()) if start_ms <= t <= end_ms]
+        for start in range(0, len(listed), page_size):
+            page = listed[start : start + page_size]
+            wanted = set(unseen([f.retrieval_hint for f in page if f.retrieval_hint is not None]))
+            # A frame without a hint has no hash to list: it always goes.
+            found = [f for f in page if f.retrieval_hint is None or f.retrieval_hint in wanted]
+            self.fetched += len(found)
+            if found:
+                yield found

@@ -44,6 +44,11 @@ class RuntimeConfig:
     store_catchup_margin_ms: int = 20_000
     # Messages per page; a store answers at most 100 (nwaku's maximum) whatever is asked.
     store_catchup_page_size: int = 100
+    # A catch-up first asks for the window's message hashes only, then fetches the ones
+    # this channel has not seen (heard live, or sent): the envelope hashes it remembers,
+    # oldest forgotten first. Forgetting costs bytes (a message fetched again), never
+    # correctness; 10,000 hashes are about 1 MB.
+    store_catchup_seen_hashes: int = 10_000
 
     def __post_init__(self) -> None:
         positive = (
@@ -57,6 +62,7 @@ class RuntimeConfig:
             self.store_catchup_interval_ms,
             self.store_catchup_max_window_ms,
             self.store_catchup_page_size,
+            self.store_catchup_seen_hashes,
         )
         if min(positive) <= 0:
             raise LocalProtocolError(

@@ -13,14 +13,19 @@ run while the channel is open:
 
 Whatever a driver step asks for is carried out in order: with a ``state_dir`` the step
 is first committed to the channel's SQLite database (:mod:`sdsync.runtime.state`), then
-its events are queued for the application and its transmissions published (and the
-transport's retrieval hint attached to our own messages); store queries are answered by
-the :class:`StoreClient` and fed back in. A store catch-up (:class:`CatchUp`) reads the
-channel's content topic over the window page by page; each page's messages go to the
-driver (:meth:`ChannelDriver.receive_found`: what we had is skipped, the rest takes the
-normal receive path), and the driver hears that the window is done — or, when the store
-was unavailable or answered nonsense, that it failed and is asked again an interval
-later (what earlier pages brought stays). Application events arrive on :meth:`events`,
+its events are queued for the application and its transmissions published (the
+driver :meth:`~ChannelDriver.saw` each one's retrieval hint — its envelope hash — so a
+catch-up never fetches what we sent, and our own content keeps it as its hint); store
+queries are answered by the :class:`StoreClient` and fed back in. A store catch-up
+(:class:`CatchUp`) lists the envelope hashes on the channel's content topic over the
+window page by page and fetches only the driver's :meth:`~ChannelDriver.unseen` ones
+(every receive marks its frame's hash seen); each page's frames go to the driver
+(:meth:`ChannelDriver.receive_found`: what we had is skipped, the rest takes the normal
+receive path), and the driver hears that the window is done — or, when the store was
+unavailable or answered nonsense, that it failed and is asked again an interval later
+(what earlier pages brought stays, and is seen, so not fetched again). A transport that
+regained its peers after losing them all says so with :meth:`back_online`: the next
+catch-up is due at once. Application events arrive on :meth:`events`,
 each delivery exactly once even across a kill -9. Data flows one way: transport → wire
 decode → core → (state) → events → app.
 
@@ -59,6 +64,10 @@ from sdsync.wire import HistoryEntry, decode
 logger = logging.getLogger("sdsync.runtime")
 
 
+Unseen = Callable[[list[bytes]], list[bytes]]
+"""Those of a catch-up page's envelope hashes worth fetching (:meth:`ChannelDriver.unseen`)."""
+
+
 class StoreClient(Protocol):
     """Where missing messages are fetched from (store nodes)."""
 
@@ -67,11 +76,15 @@ class StoreClient(Protocol):
         ...
 
     def catch_up(
-        self, content_topic: str, start_ms: int, end_ms: int, page_size: int
+        self, content_topic: str, start_ms: int, end_ms: int, page_size: int, unseen: Unseen
     ) -> AsyncIterator[list[Received]]:
-        """Every stored frame on ``content_topic`` timestamped in [``start_ms``,
-        ``end_ms``] (Unix ms), a page of at most ``page_size`` at a time, oldest first.
-        Raises ``OSError`` when the store cannot answer now."""
+        """A catch-up in two phases, page by page, oldest first: list the envelope hashes
+        of the frames stored on ``content_topic`` timestamped in [``start_ms``, ``end_ms``]
+        (Unix ms; hashes only, at most ``page_size`` a page), then fetch by hash only those
+        of the page that ``unseen`` keeps, and yield them (each with its hash as retrieval
+        hint; a page that needs nothing yields nothing). ``unseen`` is called once a page,
+        after the frames of the pages before it were handled. Raises ``OSError`` when the
+        store cannot answer now."""
         ...
 
 
@@ -155,6 +168,12 @@ class ReliableChannel(AsyncLifecycle):
         if self.state is not None:
             self.state.close()
             self.state = None
+
+    def back_online(self) -> None:
+        """The transport is connected again after losing every peer: what was published
+        meanwhile reached us through nobody, so the next store catch-up is due now."""
+        self.driver.back_online(self._clock())
+        self._wake.set()
 
     def history(self, limit: int | None = None) -> list[LogRecord]:
         """The stored log (ours and delivered messages, with content), oldest first."""
@@ -251,6 +270,7 @@ class ReliableChannel(AsyncLifecycle):
         try:
             message = decode(frame.data, self.channel.config.limits)
         except RemoteProtocolError as exc:
+            self.driver.saw(frame.retrieval_hint)  # not worth fetching from a store either
             self._reject(exc.reason, str(exc))
             return
         receive = self.driver.receive_found if found else self.driver.receive_message
@@ -319,6 +339,7 @@ class ReliableChannel(AsyncLifecycle):
 
     async def _transmit(self, action: Transmit) -> None:
         hint = await self.transport.publish(self.topic, action.data)
+        self.driver.saw(hint)  # a store has it, and a catch-up need not fetch it back
         if action.kind == "content" and hint is not None and self._still_ours(action.message_id):
             self.channel.set_retrieval_hint(action.message_id, hint)
 
@@ -346,6 +367,7 @@ class ReliableChannel(AsyncLifecycle):
                     window.start_ms,
                     window.end_ms,
                     self.driver.config.store_catchup_page_size,
+                    self.driver.unseen,
                 )
                 async for page in pages:
                     async with self._lock:

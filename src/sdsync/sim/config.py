@@ -118,6 +118,12 @@ class ProtocolConfig:
     store_catchup_interval_ms: int = _RUNTIME.store_catchup_interval_ms
     store_catchup_margin_ms: int = _RUNTIME.store_catchup_margin_ms
     store_catchup_page_size: int = _RUNTIME.store_catchup_page_size
+    store_catchup_seen_hashes: int = _RUNTIME.store_catchup_seen_hashes
+    # Big groups: every sync a participant hears resets its sync timer, so the group as a
+    # whole syncs about every interval / participants. When > 0 the interval is at least
+    # this many ms per participant (SimConfig.sync_interval_ms), which keeps the group's
+    # sync rate the same whatever its size (scenarios/participants-1000.toml).
+    sync_ms_per_participant: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +149,13 @@ class SimConfig:
             return "catchup" if self.protocol.store_catchup else "hint"
         return "sdsr" if self.protocol.repair else "none"
 
+    @property
+    def sync_interval_ms(self) -> int:
+        """Each participant's sync interval: ``protocol.sync_interval_ms``, raised to
+        ``protocol.sync_ms_per_participant`` × participants when that is larger."""
+        proto = self.protocol
+        return max(proto.sync_interval_ms, proto.sync_ms_per_participant * self.participants)
+
     def __post_init__(self) -> None:
         if self.participants < 2:
             raise LocalProtocolError("a simulation needs at least 2 participants")
@@ -167,6 +180,8 @@ class SimConfig:
         for name in ("latency_ms", "jitter_ms", "reorder_delay_ms"):
             if getattr(net, name) < 0:
                 raise LocalProtocolError(f"network.{name} must be >= 0")
+        if self.protocol.sync_ms_per_participant < 0:
+            raise LocalProtocolError("protocol.sync_ms_per_participant must be >= 0")
         work = self.workload
         if work.rate_per_participant_s is not None and work.rate_per_participant_s < 0:
             raise LocalProtocolError("workload.rate_per_participant_s must be >= 0")

@@ -15,14 +15,19 @@ shared by all receivers, which is what lets one core process a million receives 
 
 Store nodes archive every copy they hear (by retrieval hint, by message id, and in time
 order per channel) and answer queries for missing dependencies after a round trip, unless
-they are in an outage. A driver's store catch-up (:class:`~sdsync.runtime.CatchUp`) is
-answered from the archive as it stands when asked: the messages sent in the window, in
-pages of ``store_catchup_page_size``, one round trip each, delivered together when the
-last page would arrive; with no store online the driver hears of the failure after one
-round trip, and retries at its next interval. A participant coming back online catches up
-at once, as a restarted runtime does. Every store exchange is counted in round trips and
-in the bytes of its StoreQueryRequest and StoreQueryResponse as the libp2p store protocol
-encodes them (``store_query_bytes``; ``bytes_on_wire`` stays the relay's copies).
+they are in an outage. A driver's store catch-up (:class:`~sdsync.runtime.CatchUp`) runs
+in two phases, as the runtime's does. First the window is listed from the archive as it
+stands when asked: the hashes of the messages sent in it, without their data, in pages of
+``store_catchup_page_size`` (at most 100), one round trip each. When the last page would
+arrive the participant keeps the hashes its driver has not seen (it remembers every
+envelope it received or sent, :meth:`~sdsync.runtime.ChannelDriver.saw`), and fetches
+those by hash, at most 100 per query, one round trip each; everything fetched reaches it
+together when the last answer would arrive. With no store online (or the listing's store
+gone by the fetch) the driver hears of the failure after one round trip, and retries the
+window at its next interval. A participant coming back online catches up at once, as a
+restarted runtime does. Every store exchange is counted in round trips and in the bytes of
+its StoreQueryRequest and StoreQueryResponse as the libp2p store protocol encodes them
+(``store_query_bytes``; ``bytes_on_wire`` stays the relay's copies).
 
 Every broadcast travels as a WakuMessage: the SDS bytes are its payload, the channel has
 its own content topic, and its timestamp is the virtual send time on a fixed epoch.  The
@@ -54,7 +59,7 @@ from sdsync.wire.waku_protocols import (
 )
 
 # Event kinds in the heap, in the order they run when due at the same time.
-_CHURN, _OUTAGE, _ARRIVE, _STORE_REPLY, _PUBLISH, _WAKE = range(6)
+_CHURN, _OUTAGE, _ARRIVE, _STORE_REPLY, _LISTED, _PUBLISH, _WAKE = range(7)
 CHECK_EVERY_MS = 5_000
 
 PUBSUB_TOPIC = "/waku/2/default-waku/proto"
@@ -123,11 +128,24 @@ _Reply = tuple[int, list[tuple[bytes, bytes]], CatchUp | None, bool]
 """A store's answer as it reaches a participant: channel, (hint, bytes) found, the
 catch-up it answers (None: a query by hint), and whether a store answered at all."""
 
+_Listing = tuple[int, CatchUp, SimulatedStore, list[bytes]]
+"""A catch-up's listing as it reaches a participant: channel, window, the store that
+answered, and the hashes it listed."""
+
 _REQUEST_ID = "0" * 32
 """As long as the uuid4 hex a client sends."""
 
 
 _EMPTY_RESPONSE = len(StoreQueryResponse(_REQUEST_ID, 200, "OK").to_bytes())
+_HASH_ENTRY = (
+    len(
+        StoreQueryResponse(
+            _REQUEST_ID, 200, "OK", messages=(WakuMessageKeyValue(bytes(32)),)
+        ).to_bytes()
+    )
+    - _EMPTY_RESPONSE
+)
+"""The bytes a hash-only entry (a listing's) adds to a StoreQueryResponse."""
 
 
 def _entry_size(hint: bytes, data: bytes, topic: str, sent_ms: int) -> int:
@@ -137,6 +155,15 @@ def _entry_size(hint: bytes, data: bytes, topic: str, sent_ms: int) -> int:
     entry = WakuMessageKeyValue(hint, message, PUBSUB_TOPIC)
     page = StoreQueryResponse(_REQUEST_ID, 200, "OK", messages=(entry,))
     return len(page.to_bytes()) - _EMPTY_RESPONSE
+
+
+def _bloom_field_size(message: Message) -> int:
+    """The bytes of ``message``'s bloom-filter field as encoded: one tag byte (field 12),
+    the length as a varint, the filter."""
+    bloom = message.bloom_filter
+    if bloom is None:
+        return 0
+    return 1 + max(1, (len(bloom).bit_length() + 6) // 7) + len(bloom)
 
 
 class Simulation:
@@ -173,7 +200,7 @@ class Simulation:
             ),
         )
         self.runtime_config = RuntimeConfig(
-            sync_interval_ms=proto.sync_interval_ms,
+            sync_interval_ms=config.sync_interval_ms,
             resend_interval_ms=proto.resend_interval_ms,
             resend_possibly_acknowledged_ms=proto.resend_possibly_acknowledged_ms,
             max_attempts=proto.max_attempts,
@@ -181,6 +208,7 @@ class Simulation:
             store_catchup_interval_ms=proto.store_catchup_interval_ms,
             store_catchup_margin_ms=proto.store_catchup_margin_ms,
             store_catchup_page_size=proto.store_catchup_page_size,
+            store_catchup_seen_hashes=proto.store_catchup_seen_hashes,
         )
         self.channel_ids = [f"channel-{c}" for c in range(config.channels)]
         self.content_topics = [content_topic(c) for c in self.channel_ids]
@@ -282,6 +310,8 @@ class Simulation:
                 self._publish(target, payload)  # type: ignore[arg-type]
             elif kind == _STORE_REPLY:
                 self._store_reply(target, payload)  # type: ignore[arg-type]
+            elif kind == _LISTED:
+                self._listed(target, payload)  # type: ignore[arg-type]
             elif kind == _CHURN:
                 self._churn(target, *payload)  # type: ignore[misc]
             else:
@@ -348,8 +378,10 @@ class Simulation:
     def _broadcast(self, sender: Participant, channel: int, action: Transmit) -> None:
         data = action.data
         hint = retrieval_hint(data, self.content_topics[channel], self.now)
+        driver = sender.drivers[channel]
         if action.kind == "content":
-            sender.drivers[channel].channel.set_retrieval_hint(action.message_id, hint)
+            driver.channel.set_retrieval_hint(action.message_id, hint)
+        driver.saw(hint)  # a catch-up need not fetch what this participant sent
         message = decode(data, self.channel_config.limits)
         packet = (channel, message, data, hint)
         self.recorder.transmitted(sender.index, channel, action, hint, self.now)
@@ -357,6 +389,7 @@ class Simulation:
         rng = self.rng
         partition_of = self._partition_of
         group = partition_of[sender.index]
+        on_wire = 0
         for p in self.participants:
             if p is sender:
                 continue
@@ -366,8 +399,7 @@ class Simulation:
                     p.index, channel, message.message_id, "partition", self.now
                 )
                 continue
-            self.recorder.copies += 1
-            self.recorder.bytes_on_wire += len(data)
+            on_wire += 1
             reason = self._lost(p, net.loss)
             if reason is not None:
                 self.recorder.dropped_copy(p.index, channel, message.message_id, reason, self.now)
@@ -376,6 +408,7 @@ class Simulation:
             for _ in range(copies):
                 latency = self._latency(self._link_factor(sender.index, p.index))
                 self._push(self.now + latency, _ARRIVE, p.index, packet)
+        self.recorder.on_wire(action.kind, len(data), _bloom_field_size(message), on_wire)
         for store in self.stores:
             if store.online and not (net.store_loss and rng.random() < net.store_loss):
                 store.archive(channel, hint, data, self.now)
@@ -438,27 +471,26 @@ class Simulation:
         request = StoreQueryRequest(
             _REQUEST_ID, include_data=True, message_hashes=hashes[:MAX_STORE_PAGE_SIZE]
         )
-        self._count_exchange(channel, request, found, None)
+        self._count_exchange(request, None, self._data_entries(channel, found))
         rtt = self._latency() + self._latency()
         self._push(self.now + rtt, _STORE_REPLY, p.index, (channel, found, None, True))
 
     def _catch_up(self, p: Participant, channel: int, window: CatchUp) -> None:
+        """Phase one: list the window's hashes, page by page."""
         online = [s for s in self.stores if s.online]
         if not online:  # refused or timed out: the driver hears it after a round trip
-            failed: _Reply = (channel, [], window, False)
-            self._push(self.now + self._latency() + self._latency(), _STORE_REPLY, p.index, failed)
+            self._catch_up_failed(p, channel, window)
             return
         store = online[self.rng.randrange(len(online))]
         hints = store.between(channel, window.start_ms, window.end_ms)
-        found = [(hint, store.by_hint[hint]) for hint in hints]
         size = min(self.runtime_config.store_catchup_page_size, MAX_STORE_PAGE_SIZE)
         at = self.now
         for start in range(0, max(1, len(hints)), size):
-            page = found[start : start + size]
+            entries = min(size, len(hints) - start)
             last = start + size >= len(hints)
             request = StoreQueryRequest(
                 _REQUEST_ID,
-                include_data=True,
+                include_data=False,
                 content_topics=(self.content_topics[channel],),
                 time_start=waku_timestamp(window.start_ms),
                 time_end=waku_timestamp(window.end_ms),
@@ -466,31 +498,65 @@ class Simulation:
                 pagination_forward=True,
                 pagination_limit=size,
             )
-            self._count_exchange(channel, request, page, None if last else page[-1][0])
+            cursor = None if last else hints[start + size - 1]
+            self._count_exchange(request, cursor, entries * _HASH_ENTRY)
+            at += self._latency() + self._latency()
+        listing: _Listing = (channel, window, store, hints)
+        self._push(at, _LISTED, p.index, listing)
+
+    def _listed(self, index: int, listing: _Listing) -> None:
+        """Phase two: fetch by hash what the participant has not seen, 100 per query."""
+        p = self.participants[index]
+        channel, window, store, hints = listing
+        if not p.online:
+            p.drivers[channel].catch_up_failed(self.now)
+            return
+        if not store.online:
+            self._catch_up_failed(p, channel, window)
+            return
+        unseen = p.drivers[channel].unseen(hints)
+        found = [(hint, store.by_hint[hint]) for hint in unseen]
+        at = self.now
+        for start in range(0, len(unseen), MAX_STORE_PAGE_SIZE):
+            batch = found[start : start + MAX_STORE_PAGE_SIZE]
+            request = StoreQueryRequest(
+                _REQUEST_ID,
+                include_data=True,
+                message_hashes=tuple(unseen[start : start + MAX_STORE_PAGE_SIZE]),
+            )
+            self._count_exchange(request, None, self._data_entries(channel, batch))
             at += self._latency() + self._latency()
         self.recorder.catch_ups += 1
+        self.recorder.catch_up_fetched += len(found)
         self._push(at, _STORE_REPLY, p.index, (channel, found, window, True))
 
+    def _catch_up_failed(self, p: Participant, channel: int, window: CatchUp) -> None:
+        failed: _Reply = (channel, [], window, False)
+        self._push(self.now + self._latency() + self._latency(), _STORE_REPLY, p.index, failed)
+
     def _count_exchange(
-        self,
-        channel: int,
-        request: StoreQueryRequest,
-        found: list[tuple[bytes, bytes]],
-        cursor: bytes | None,
+        self, request: StoreQueryRequest, cursor: bytes | None, entries: int
     ) -> None:
-        """One round trip to a store: its request's bytes and its response's."""
+        """One round trip to a store: its request's bytes and its response's, whose
+        entries take ``entries`` bytes."""
         response = StoreQueryResponse(_REQUEST_ID, 200, "OK", pagination_cursor=cursor)
-        size = len(request.to_bytes()) + len(response.to_bytes())
+        self.recorder.store_round_trips += 1
+        self.recorder.store_query_bytes += (
+            len(request.to_bytes()) + len(response.to_bytes()) + entries
+        )
+
+    def _data_entries(self, channel: int, found: list[tuple[bytes, bytes]]) -> int:
+        """The bytes ``found``'s messages, with their data, add to a StoreQueryResponse."""
         sizes = self._entry_bytes
+        total = 0
         for hint, data in found:
             entry = sizes.get(hint)
             if entry is None:
                 sent_ms = self.envelopes[hint][0]
                 entry = _entry_size(hint, data, self.content_topics[channel], sent_ms)
                 sizes[hint] = entry
-            size += entry
-        self.recorder.store_round_trips += 1
-        self.recorder.store_query_bytes += size
+            total += entry
+        return total
 
     def _store_reply(self, index: int, reply: _Reply) -> None:
         p = self.participants[index]
@@ -503,15 +569,26 @@ class Simulation:
             if window is not None:
                 driver.catch_up_failed(self.now)
             return
-        for hint, data in found:
-            message = decode(data, self.channel_config.limits)
+        limits = self.channel_config.limits
+        messages = [decode(data, limits) for _, data in found]
+        unnamed: set[str] = set()
+        if window is not None:
+            # Judged before any is taken: an id only a fetched message names was not learnt.
+            never_named = self.recorder.never_named
+            unnamed = {
+                m.message_id
+                for m in messages
+                if never_named(index, channel, m.message_id, driver.channel)
+            }
+        for (hint, data), message in zip(found, messages, strict=True):
             if window is None:
                 step = driver.receive_message(message, self.now, retrieval_hint=hint, data=data)
             else:
+                mid = message.message_id
                 step = driver.receive_found(message, self.now, retrieval_hint=hint, data=data)
                 if not step.events:
                     continue  # held already: not a receive
-                self.recorder.caught_up_messages += 1
+                self.recorder.caught_up(channel, mid, unnamed=mid in unnamed)
             self.recorder.received(p.index, channel, message, len(data), self.now, store=True)
             self._carry_out(p, channel, step)
         if window is not None:

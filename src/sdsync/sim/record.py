@@ -10,10 +10,16 @@ participants cannot know — who really holds what, and when — and judges the 
 * causal order: a message is delivered only after everything in its causal history was
   delivered (or reported lost) at that participant;
 * false acknowledgements: a bloom filter "acknowledged" a message its sender never had.
+
+Besides the verdict the summary weighs what the run cost and what it needed: relay bytes
+per transmission kind (and the share of them the bloom filters take), store bytes, how
+fast messages reached everyone, and the messages only a store could hand over
+(:class:`Recorder`).
 """
 
 from __future__ import annotations
 
+import bisect
 import statistics
 import time
 from collections import defaultdict
@@ -81,6 +87,21 @@ class Verdict:
 
 
 class Recorder:
+    """Ground truth and counters of one run; :meth:`summary` is its ``summary.json``.
+
+    ``unlearnable_messages`` counts the distinct content messages that at least one
+    participant could not have learnt of without a store. A message is unlearnable at a
+    participant when a store catch-up (a window query, not a query by hint) brought it
+    there although its id had never reached that participant — not received, not named by
+    any causal history it processed (as far as its channel knows: a known missing
+    dependency, or one it reported lost) — or when it is missing there at the end of the
+    run and was never named to it (a missing pair that is not a told-missing pair; a
+    participant offline at the end counts too). With short causal histories and loss, a
+    message missed together with every message naming it is such a case: only a time
+    range finds it. A catch-up is judged when its answer arrives, so a message it brings
+    before a later message would have named it counts too: frequent catch-ups count more.
+    """
+
     def __init__(self, config: SimConfig, record_events: bool) -> None:
         self.config = config
         self.record_events = record_events
@@ -100,6 +121,10 @@ class Recorder:
         self.receive_events = 0
         self.copies = 0
         self.bytes_on_wire = 0
+        # Relay bytes per transmission kind (they add up to bytes_on_wire), and the bytes
+        # of the bloom-filter field inside them.
+        self.bytes_by_kind: dict[str, int] = {"content": 0, "resend": 0, "sync": 0, "repair": 0}
+        self.bloom_bytes = 0
         self.store_queries = 0
         # Store exchanges (by-hint queries and catch-up pages): round trips and the bytes
         # of their requests and responses; catch-ups answered and the news they brought.
@@ -107,6 +132,11 @@ class Recorder:
         self.store_query_bytes = 0
         self.catch_ups = 0
         self.caught_up_messages = 0
+        # Envelopes a catch-up fetched (its listing's hashes the participant had not seen).
+        self.catch_up_fetched = 0
+        # (channel, message id) of the unlearnable messages (module docstring).
+        self.unlearnable: set[tuple[int, str]] = set()
+        self.bloom_ignored: dict[str, int] = {"wrong size": 0, "saturated": 0}
         self.net_drops: dict[str, int] = defaultdict(int)
         self.abandoned: set[tuple[int, str]] = set()
         self.false_acks = 0
@@ -157,6 +187,33 @@ class Recorder:
             )
         kind = "send" if action.kind == "content" else action.kind
         self._row(now, participant, channel, action.message_id, kind, len(action.data))
+
+    def on_wire(self, kind: str, size: int, bloom: int, copies: int) -> None:
+        """One broadcast of ``kind`` put on the wire as ``copies`` copies of ``size`` bytes,
+        ``bloom`` of them its bloom-filter field."""
+        self.copies += copies
+        wire = size * copies
+        self.bytes_on_wire += wire
+        self.bytes_by_kind[kind] = self.bytes_by_kind.get(kind, 0) + wire
+        self.bloom_bytes += bloom * copies
+
+    def never_named(
+        self, participant: int, channel: int, message_id: str, chan: MessageChannel
+    ) -> bool:
+        """Whether ``message_id`` never reached ``participant`` so far: not received, not a
+        known missing dependency of its channel ``chan``, not reported lost there."""
+        return (
+            message_id not in self.got[participant][channel]
+            and message_id not in self.lost[participant][channel]
+            and chan.missing_dependency(message_id) is None
+        )
+
+    def caught_up(self, channel: int, message_id: str, *, unnamed: bool) -> None:
+        """A catch-up brought new content; ``unnamed``: its id had never reached the
+        participant (:meth:`never_named`, asked before the channel took it)."""
+        self.caught_up_messages += 1
+        if unnamed and (channel, message_id) in self.truth:
+            self.unlearnable.add((channel, message_id))
 
     def received(
         self,
@@ -276,7 +333,9 @@ class Recorder:
                 missing = expected - {mid for _, mid in log} - lost
                 verdict.missing_pairs += len(missing)
                 chan = channels[index][c]
-                verdict.told_missing_pairs += len(missing.intersection(chan.missing_ids()))
+                told = missing.intersection(chan.missing_ids())
+                verdict.told_missing_pairs += len(told)
+                self.unlearnable.update((c, mid) for mid in missing - told)
                 for mid in sorted(missing)[: EXAMPLES - len(verdict.missing_examples)]:
                     verdict.missing_examples.append(
                         {
@@ -287,6 +346,10 @@ class Recorder:
                             "reason": self._why_missing(online[index], chan, index, c, mid),
                         }
                     )
+        for per_p in channels:
+            for chan in per_p:
+                for kind, count in chan.stats.bloom_ignored.items():
+                    self.bloom_ignored[kind] = self.bloom_ignored.get(kind, 0) + count
         if not verdict.identical_logs:
             verdict.problems.append("logs differ between participants")
         if verdict.missing_pairs:
@@ -317,6 +380,8 @@ class Recorder:
         ttc = sorted(
             t.last_delivery_ms - t.sent_ms for t in self.truth.values() if t.delivered >= n - 1
         )
+        within_1_min = bisect.bisect_right(ttc, 60_000)
+        within_10_min = bisect.bisect_right(ttc, 600_000)
         irretrievably_lost = sum(len(s) for per_p in self.lost for s in per_p)
         lost_examples = [
             {
@@ -349,6 +414,16 @@ class Recorder:
             "unconverged_messages": messages - len(ttc),
             "bytes_on_wire": self.bytes_on_wire,
             "bytes_per_content_message": self.bytes_on_wire / messages if messages else 0.0,
+            "bytes_by_kind": {**self.bytes_by_kind, "store_query": self.store_query_bytes},
+            "bloom_bytes": self.bloom_bytes,
+            "bloom_share": self.bloom_bytes / self.bytes_on_wire if self.bytes_on_wire else 0.0,
+            "delivered_to_everyone": {
+                "within_1_min": within_1_min / messages if messages else 1.0,
+                "within_10_min": within_10_min / messages if messages else 1.0,
+                "ever": len(ttc) / messages if messages else 1.0,
+            },
+            "unlearnable_messages": len(self.unlearnable),
+            "bloom_ignored": dict(self.bloom_ignored),
             "copies_sent": self.copies,
             "network_drops": dict(sorted(self.net_drops.items())),
             "abandoned": len(self.abandoned),
@@ -359,6 +434,7 @@ class Recorder:
             "store_query_bytes": self.store_query_bytes,
             "store_catch_ups": self.catch_ups,
             "caught_up_messages": self.caught_up_messages,
+            "store_catch_up_fetched": self.catch_up_fetched,
             "transmissions": {k: self.counts[k] for k in ("send", "resend", "sync", "repair")},
             "virtual_ms": self.end_ms,
             "wall_seconds": round(self.wall_seconds, 3),

@@ -5,12 +5,12 @@ Theory of operation
 :class:`StoreQueries` is what every store client offers on top of its one transport
 call, :meth:`~StoreQueries.query` (one page): :meth:`~StoreQueries.pages` follows the
 pagination cursor to the end, :meth:`~StoreQueries.get` asks for messages by hash, and
-:meth:`~StoreQueries.fetch` and :meth:`~StoreQueries.catch_up` (a time range of one
-content topic) are the :class:`~sdsync.runtime.reliable.StoreClient` of a
-ReliableChannel.  Two transports: :class:`HttpStoreClient` here speaks the REST API of
-:mod:`sdsync.store.server` (which is nwaku's ``/store/v3/messages``, so it works
-against nwaku too), :class:`~sdsync.store.waku_store.WakuStoreClient` the libp2p
-protocol ``/vac/waku/store-query/3.0.0``.
+:meth:`~StoreQueries.fetch` and :meth:`~StoreQueries.catch_up` are the
+:class:`~sdsync.runtime.reliable.StoreClient` of a ReliableChannel.  Two transports:
+:class:`HttpStoreClient` here speaks the REST API of :mod:`sdsync.store.server` (which
+is nwaku's ``/store/v3/messages``, so it works against nwaku too),
+:class:`~sdsync.store.waku_store.WakuStoreClient` the libp2p protocol
+``/vac/waku/store-query/3.0.0``.
 
 :meth:`~StoreQueries.fetch`: the retrieval hints of the missing entries are Waku
 message hashes, so it asks for them by hash (in chunks that keep requests short) and
@@ -23,6 +23,13 @@ query), raises :class:`StoreUnavailableError` (an ``OSError``, which the runtime
 on its next sweep, perhaps at another store); a store that answers nonsense or an error
 of ours (300, 400: the text of its ``text/plain`` body when nwaku answers that way) is a
 :class:`~sdsync.errors.RemoteProtocolError`, logged by ``fetch`` and its answer dropped.
+
+:meth:`~StoreQueries.catch_up` is two-phase: a query by content topic and time range with
+``include_data`` false lists a page of message hashes (tens of bytes each, where a
+message with its bloom filter is hundreds or more), the runtime keeps those it has not
+seen (heard live, or sent) and :meth:`~StoreQueries.get` fetches only those, so a
+participant that heard everything downloads nothing but the listing.  Its errors go to
+the runtime as they are (either kind: the catch-up failed and its window is asked again).
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from __future__ import annotations
 import json
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -107,20 +114,29 @@ class StoreQueries(ABC):
         return [Received(m.message.payload, m.message_hash) for m in found]
 
     async def catch_up(
-        self, content_topic: str, start_ms: int, end_ms: int, page_size: int
+        self,
+        content_topic: str,
+        start_ms: int,
+        end_ms: int,
+        page_size: int,
+        unseen: Callable[[list[bytes]], list[bytes]],
     ) -> AsyncIterator[list[Received]]:
-        """The runtime's store catch-up: every message on ``content_topic`` timestamped in
-        [``start_ms``, ``end_ms``], one page at a time (a content filter without a pubsub
-        topic, which nwaku and our store answer)."""
-        query = StoreQuery(
-            include_data=True,
+        """The runtime's store catch-up: the hashes of the messages on ``content_topic``
+        timestamped in [``start_ms``, ``end_ms``], a page at a time (a content filter
+        without a pubsub topic, which nwaku and our store answer), and of each page the
+        messages ``unseen`` keeps, fetched by hash (:meth:`get`)."""
+        listing = StoreQuery(
+            include_data=False,
             content_topics=(content_topic,),
             time_start=start_ms * 1_000_000,
             time_end=end_ms * 1_000_000,
             pagination_limit=page_size,
         )
-        async for page in self.pages(query):
-            yield [Received(m.message.payload, m.message_hash) for m in page.messages]
+        async for page in self.pages(listing):
+            wanted = unseen(page.hashes)
+            if wanted:
+                found = await self.get(wanted)
+                yield [Received(m.message.payload, m.message_hash) for m in found]
 
 
 def check_status(name: str, status: object, description: object) -> None:
