@@ -171,14 +171,30 @@ def test_with_no_causal_history_everything_a_catch_up_brings_was_unlearnable() -
 
 
 def test_messages_a_short_history_still_names_are_learnable() -> None:
-    # Causal history 2: of what p1 missed, the last two are named by the next message.
-    config = tiny(churn=(ChurnConfig(1, 2_000, 7_000),), **{"protocol.causal_history": 2})
+    # Causal history 2, no SDS-R: of what p1 missed and caught up, the last two are named
+    # by the next message it hears; the rest nothing would ever have named.
+    config = tiny(
+        churn=(ChurnConfig(1, 2_000, 7_000),),
+        **{"protocol.causal_history": 2, "protocol.repair": False},
+    )
     sim = run(config)
     summary = holds(sim)
     missed = {r["message_id"] for r in rows(sim, "net_drop") if r["participant"] == 1}
     sent = {r["message_id"] for r in rows(sim, "send")}
-    assert 0 < summary["unlearnable_messages"] < len(missed & sent)
+    assert 0 < summary["unlearnable_messages"] < len(content_caught_up(sim))
+    assert summary["unlearnable_messages"] < len(missed & sent)
     assert {mid for _, mid in sim.recorder.unlearnable} <= missed
+
+
+def test_what_the_relay_names_after_a_catch_up_brought_it_is_learnable() -> None:
+    # Causal history 200: p1 catches up at once when back, before any new message arrives,
+    # so the catch-up brings what it missed unnamed; the next message's history names it
+    # all the same, so none of it was unlearnable.
+    config = tiny(churn=(ChurnConfig(1, 2_000, 7_000),), **{"protocol.causal_history": 200})
+    sim = run(config)
+    summary = holds(sim)
+    assert content_caught_up(sim)
+    assert summary["unlearnable_messages"] == 0
 
 
 def test_missing_at_the_end_and_never_named_is_unlearnable() -> None:

@@ -588,7 +588,7 @@ class Simulation:
                 step = driver.receive_found(message, self.now, retrieval_hint=hint, data=data)
                 if not step.events:
                     continue  # held already: not a receive
-                self.recorder.caught_up(channel, mid, unnamed=mid in unnamed)
+                self.recorder.caught_up(index, channel, mid, unnamed=mid in unnamed)
             self.recorder.received(p.index, channel, message, len(data), self.now, store=True)
             self._carry_out(p, channel, step)
         if window is not None:

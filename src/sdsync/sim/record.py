@@ -98,8 +98,10 @@ class Recorder:
     run and was never named to it (a missing pair that is not a told-missing pair; a
     participant offline at the end counts too). With short causal histories and loss, a
     message missed together with every message naming it is such a case: only a time
-    range finds it. A catch-up is judged when its answer arrives, so a message it brings
-    before a later message would have named it counts too: frequent catch-ups count more.
+    range finds it. A message a catch-up brought stays *unnamed* only until the relay
+    hands that participant a copy of it or a message naming it (a participant holding it
+    still reads every causal history it receives): judged at the end of the run, what the
+    relay would have told anyway does not count, however early the catch-up came.
     """
 
     def __init__(self, config: SimConfig, record_events: bool) -> None:
@@ -134,8 +136,12 @@ class Recorder:
         self.caught_up_messages = 0
         # Envelopes a catch-up fetched (its listing's hashes the participant had not seen).
         self.catch_up_fetched = 0
-        # (channel, message id) of the unlearnable messages (module docstring).
+        # (channel, message id) of the unlearnable messages (module docstring), and per
+        # participant and channel the ids a catch-up brought that the relay has not named.
         self.unlearnable: set[tuple[int, str]] = set()
+        self.unnamed: list[list[set[str]]] = [
+            [set() for _ in range(config.channels)] for _ in range(n)
+        ]
         self.bloom_ignored: dict[str, int] = {"wrong size": 0, "saturated": 0}
         self.net_drops: dict[str, int] = defaultdict(int)
         self.abandoned: set[tuple[int, str]] = set()
@@ -208,12 +214,12 @@ class Recorder:
             and chan.missing_dependency(message_id) is None
         )
 
-    def caught_up(self, channel: int, message_id: str, *, unnamed: bool) -> None:
+    def caught_up(self, participant: int, channel: int, message_id: str, *, unnamed: bool) -> None:
         """A catch-up brought new content; ``unnamed``: its id had never reached the
         participant (:meth:`never_named`, asked before the channel took it)."""
         self.caught_up_messages += 1
         if unnamed and (channel, message_id) in self.truth:
-            self.unlearnable.add((channel, message_id))
+            self.unnamed[participant][channel].add(message_id)
 
     def received(
         self,
@@ -227,6 +233,10 @@ class Recorder:
     ) -> None:
         if message.content and message.lamport_timestamp is not None:
             self.got[participant][channel].add(message.message_id)
+        unnamed = self.unnamed[participant][channel]
+        if unnamed and not store:  # the relay names them after all: learnable
+            unnamed.discard(message.message_id)
+            unnamed.difference_update(e.message_id for e in message.causal_history)
         kind = "store_receive" if store else "receive"
         self._row(now, participant, channel, message.message_id, kind, size)
 
@@ -336,6 +346,7 @@ class Recorder:
                 told = missing.intersection(chan.missing_ids())
                 verdict.told_missing_pairs += len(told)
                 self.unlearnable.update((c, mid) for mid in missing - told)
+                self.unlearnable.update((c, mid) for mid in self.unnamed[index][c])
                 for mid in sorted(missing)[: EXAMPLES - len(verdict.missing_examples)]:
                     verdict.missing_examples.append(
                         {
