@@ -89,6 +89,7 @@ def test_simulate_takes_the_profiles_protocol_fields_below_explicit_flags(
     assert protocol.resend_interval_ms == 7000  # not the profile's: the file's stays
     assert (protocol.bloom_capacity, protocol.bloom_error_rate) == (1_000, 0.01)
     assert protocol.sync_interval_ms == LEAN.runtime.sync_interval_ms
+    assert protocol.sync_ms_per_participant == LEAN.runtime.sync_ms_per_participant > 0
 
     flags = Flags(profile="lean", causal_history=40, sync_interval_ms=5000)
     protocol = build_config(flags).protocol
@@ -116,7 +117,9 @@ def test_chat_notices_a_peer_on_another_bloom_size_once() -> None:
     hear(other, "lean again", 40)
     notices = [line for line in screen.getvalue().splitlines() if "bloom filter" in line]
     assert bob.stats.bloom_ignored == {"wrong size": 2}
+    lean = LEAN.channel.bloom.n_bytes
+    assert bob.stats.bloom_wrong_size == ("p2", lean)
     assert notices == [
-        "⚠ a peer's bloom filter is not the 18,752 bytes this channel expects: "
+        f"⚠ p2's bloom filter is {lean:,} bytes, this channel expects 18,752: "
         "acknowledgements from it are not counted; every participant must use the same profile"
     ]

@@ -325,11 +325,11 @@ def test_sync_interval_grows_with_the_group_when_asked() -> None:
             SimConfig(participants=participants, workload=WorkloadConfig(messages=0)),
             {"protocol.sync_ms_per_participant": per_participant},
         )
-        return Simulation(config).runtime_config.sync_interval_ms
+        return Simulation(config).participants[0].drivers[0].sync_interval_ms
 
     default = SimConfig().protocol.sync_interval_ms
     assert interval(10, 0) == default
     assert interval(10, 600) == default  # 6 s is below the 30 s interval
     assert interval(1_000, 600) == 600_000
     with pytest.raises(LocalProtocolError, match="sync_ms_per_participant"):
-        tiny(**{"protocol.sync_ms_per_participant": -1})
+        Simulation(tiny(**{"protocol.sync_ms_per_participant": -1}))

@@ -157,13 +157,15 @@ class ChatSession:
         """Once per channel: a received filter was ignored for its size (the core checks
         filters as it receives, so a receive event is when the count can have grown)."""
         chan = self.channel.channel
-        if self.bloom_mismatch_shown or not chan.stats.bloom_ignored.get("wrong size"):
+        offender = chan.stats.bloom_wrong_size
+        if self.bloom_mismatch_shown or offender is None:
             return
         self.bloom_mismatch_shown = True
+        peer, size = offender
         self.say(
-            "⚠ a peer's bloom filter is not the "
-            f"{chan.config.bloom.n_bytes:,} bytes this channel expects: acknowledgements "
-            "from it are not counted; every participant must use the same profile",
+            f"⚠ {peer}'s bloom filter is {size:,} bytes, this channel expects "
+            f"{chan.config.bloom.n_bytes:,}: acknowledgements from it are not counted; "
+            "every participant must use the same profile",
             style="yellow",
         )
 

@@ -32,6 +32,7 @@ from sdsync.sim.config import (
     PartitionConfig,
     SimConfig,
     load_config,
+    profile_fields,
     with_overrides,
 )
 
@@ -274,12 +275,7 @@ def profile_overrides(name: str) -> dict[str, Any]:
         chosen = profile(name)
     except LocalProtocolError as exc:
         raise ArgumentError("--profile", str(exc)) from None
-    return {
-        "protocol.causal_history": chosen.channel.causal_history_size,
-        "protocol.bloom_capacity": chosen.channel.bloom.capacity,
-        "protocol.bloom_error_rate": chosen.channel.bloom.error_rate,
-        "protocol.sync_interval_ms": chosen.runtime.sync_interval_ms,
-    }
+    return profile_fields(chosen)
 
 
 def _ms(value: float | None) -> str:

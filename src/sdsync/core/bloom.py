@@ -103,13 +103,15 @@ class ReceivedFilter:
     :func:`received_filter`.
     """
 
-    __slots__ = ("_fpr", "_members", "data", "params")
+    __slots__ = ("_fpr", "_held", "_lacked", "data", "params")
 
     def __init__(self, data: bytes, params: BloomParams) -> None:
         self.data = data
         self.params = params
         self._fpr: float | None = None
-        self._members: dict[str, bool] = {}
+        # Ids looked up so far, by answer: sets, so lacking() is set arithmetic in C.
+        self._held: set[str] = set()
+        self._lacked: set[str] = set()
 
     @property
     def false_positive_rate(self) -> float:
@@ -119,9 +121,22 @@ class ReceivedFilter:
         return fpr
 
     def __contains__(self, item: str) -> bool:
-        member = self._members.get(item)
-        if member is None:
-            member = self._members[item] = contains(self.data, self.params.positions(item))
+        if item in self._held:
+            return True
+        return item not in self._lacked and self._look_up(item)
+
+    def lacking(self, items: set[str]) -> set[str]:
+        """Those of ``items`` the filter does not hold."""
+        unsure = items.difference(self._held)
+        if unsure:
+            for item in unsure.difference(self._lacked):
+                self._look_up(item)
+            unsure.difference_update(self._held)
+        return unsure
+
+    def _look_up(self, item: str) -> bool:
+        member = contains(self.data, self.params.positions(item))
+        (self._held if member else self._lacked).add(item)
         return member
 
 

@@ -165,6 +165,9 @@ class ChannelStats:
 
     dropped: dict[str, int] = field(default_factory=dict)
     bloom_ignored: dict[str, int] = field(default_factory=dict)
+    # The first peer whose bloom filter had another size, and that size: a channel whose
+    # participants disagree on the filter size is misconfigured, and a user needs a name.
+    bloom_wrong_size: tuple[str, int] | None = None
     # Known missing ids evicted from a full set (ChannelConfig.max_known_missing).
     missing_evicted: int = 0
     # Sends refused because the outgoing buffer was full.
@@ -516,17 +519,10 @@ class MessageChannel:
         if self.journal is not None:
             self.journal.peers.append(sender_id)
 
-    def _met(self, message_id: str) -> bool:
-        return (
-            message_id in self._lost
-            or message_id in self._met_elsewhere
-            or (message_id in self._log)
-        )
-
     def _unmet(self, message: Message) -> list[HistoryEntry]:
         """Entries of a causal history that are not (yet) in our log, lost or met elsewhere."""
         # Set differences run in C; the first is nearly always empty. What is left is outside
-        # the window, so of _met's tests only the history store's remains, one id at a time.
+        # the window, so only the history store remains to ask, one id at a time.
         absent = message.history_ids.difference(self._log.window)
         if not absent:
             return []
@@ -566,17 +562,23 @@ class MessageChannel:
         waiting_id = waiting.message.message_id
         self._incoming[waiting_id] = waiting
         self._touch_incoming(waiting_id)
+        waiters = self._waiters
         for dep_id in waiting.unmet:
-            self._waiters.setdefault(dep_id, set()).add(waiting_id)
+            dependents = waiters.get(dep_id)
+            if dependents is None:
+                waiters[dep_id] = {waiting_id}
+            else:
+                dependents.add(waiting_id)
 
     def _record_missing(
-        self, entries: Iterable[HistoryEntry], named_by: str, now_ms: int, events: list[Event]
+        self, entries: list[HistoryEntry], named_by: str, now_ms: int, events: list[Event]
     ) -> None:
         """Dependencies we never received (not merely waiting ones) join the known missing;
         newly noticed ones are reported and asked for through SDS-R."""
+        # The entries come from _unmet: none is in the log, lost or met elsewhere.
+        incoming = self._incoming
         for entry in entries:
-            mid = entry.message_id
-            if self._met(mid) or mid in self._incoming:
+            if entry.message_id in incoming:
                 continue
             new, evicted = self._missing.add(entry, named_by, now_ms)
             for gone in evicted:
@@ -681,6 +683,8 @@ class MessageChannel:
             return None
         params = self.config.bloom
         if len(data) != params.n_bytes:
+            if self.stats.bloom_wrong_size is None:
+                self.stats.bloom_wrong_size = (message.sender_id, len(data))
             self._ignore_bloom(f"{len(data)} bytes, expected {params.n_bytes}", message.sender_id)
             return None
         bloom = received_filter(data, params)
@@ -781,12 +785,18 @@ class MessageChannel:
         window = min(repair.config.sync_repair_window, remembered)
         if window <= 0:
             return
+        entries = self._log.newest_before(settled, window)
+        # Nearly always the filter holds them all: one set operation says so.
+        lacked = bloom.lacking({entry.message_id for entry in entries})
+        if not lacked:
+            return
+        cached = self._wire_cache
         lacking = [
             entry.history_entry
-            for entry in self._log.newest_before(settled, window)
-            if entry.sender_id != sync.sender_id
-            and entry.message_id in self._wire_cache
-            and entry.message_id not in bloom
+            for entry in entries
+            if entry.message_id in lacked
+            and entry.sender_id != sync.sender_id
+            and entry.message_id in cached
         ]
         repair.answer_implied(lacking, now_ms)
 

@@ -17,7 +17,7 @@ arrives again is still recognised as a duplicate.
 from __future__ import annotations
 
 import hashlib
-import itertools
+import operator
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -47,6 +47,10 @@ class LogEntry:
             entry = HistoryEntry(self.message_id, self.retrieval_hint, self.sender_id)
             object.__setattr__(self, "_history_entry", entry)
         return entry
+
+
+_ENTRY = operator.itemgetter(2)
+"""The LogEntry of a log key (lamport, message id, entry)."""
 
 
 class HistoryStore(Protocol):
@@ -160,10 +164,12 @@ class LocalLog:
 
     def newest_before(self, lamport_timestamp: int, n: int) -> list[LogEntry]:
         """Up to ``n`` entries with an earlier Lamport timestamp, newest first."""
-        keys = self._keys.irange(
-            maximum=(lamport_timestamp,), inclusive=(True, False), reverse=True
-        )
-        return [key[2] for key in itertools.islice(keys, n)]
+        if n <= 0:
+            return []
+        keys = self._keys
+        # (t,) sorts before every key of timestamp t: the keys before it are the older ones.
+        stop = keys.bisect_left((lamport_timestamp,))
+        return list(map(_ENTRY, reversed(keys[max(0, stop - n) : stop])))
 
     def __iter__(self) -> Iterator[LogEntry]:
         return (key[2] for key in self._keys)

@@ -73,14 +73,17 @@ class KnownMissing:
         mid = entry.message_id
         known = self._by_id.get(mid)
         if known is not None:
+            old = known.entry
+            # Named again, most often with what we knew: then nothing is built or compared.
+            if (old.retrieval_hint or entry.retrieval_hint == old.retrieval_hint) and (
+                old.sender_id or entry.sender_id == old.sender_id
+            ):
+                return False, []
             better = HistoryEntry(
-                mid,
-                known.entry.retrieval_hint or entry.retrieval_hint,
-                known.entry.sender_id or entry.sender_id,
+                mid, old.retrieval_hint or entry.retrieval_hint, old.sender_id or entry.sender_id
             )
-            if better != known.entry:
-                self._by_id[mid] = replace(known, entry=better)
-                self._touch(mid)
+            self._by_id[mid] = replace(known, entry=better)
+            self._touch(mid)
             return False, []
         evicted: list[MissingDependency] = []
         while len(self._by_id) >= self.capacity:

@@ -135,7 +135,8 @@ class _TimedBuffer:
         return out
 
     def next_due(self) -> int | None:
-        return self._order[0][0] if self._order else None
+        # _by_id and _order always hold the same ids; a dict's length is the cheaper test.
+        return self._order[0][0] if self._by_id else None
 
 
 class RepairState:

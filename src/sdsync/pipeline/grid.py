@@ -72,7 +72,7 @@ from typing import Any
 
 from sdsync.errors import InputError, LocalProtocolError
 from sdsync.runtime.profiles import PROFILES
-from sdsync.sim.config import SimConfig, config_from_dict
+from sdsync.sim.config import SimConfig, config_from_dict, profile_fields
 from sdsync.sim.engine import Simulation
 
 Value = bool | int | float | str
@@ -187,18 +187,13 @@ def _label(config: SimConfig, presets: dict[str, Preset]) -> str | None:
 
 
 def builtin_presets() -> dict[str, dict[str, Preset]]:
-    """``profile``: each bandwidth profile as the simulator's protocol fields."""
-    return {
-        "profile": {
-            name: {
-                "protocol.causal_history": p.channel.causal_history_size,
-                "protocol.bloom_capacity": p.channel.bloom.capacity,
-                "protocol.bloom_error_rate": p.channel.bloom.error_rate,
-                "protocol.sync_interval_ms": p.runtime.sync_interval_ms,
-            }
-            for name, p in PROFILES.items()
-        }
-    }
+    """``profile``: each bandwidth profile's channel parameters as the simulator's fields.
+
+    Its sync timing is left to the grid: simulating a large group whose every member
+    syncs every 30 s (js-compatible) is a sync storm no grid can afford, so a grid sets
+    ``protocol.sync_ms_per_participant`` for every run and compares the profiles' filters
+    and histories under the same sync policy."""
+    return {"profile": {name: profile_fields(p, sync=False) for name, p in PROFILES.items()}}
 
 
 def _presets(path: str, raw: Any) -> dict[str, dict[str, Preset]]:

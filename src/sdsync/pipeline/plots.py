@@ -140,7 +140,9 @@ def panels(
 ) -> Path:
     """A 2-column grid of metric panels over the same categorical x axis."""
     rows = (len(grid) + 1) // 2
-    figure = _figure(10.0, 3.2 * rows)
+    # Upright tick labels need room below each panel, and many points a wider figure.
+    tall = max(map(len, labels), default=0) * 0.06 if len(labels) > 8 else 0.0
+    figure = _figure(max(10.0, 0.22 * len(labels)), (3.2 + tall) * rows)
     figure.suptitle(title, fontsize=11)
     positions = list(range(len(labels)))
     for index, panel in enumerate(grid):
@@ -161,7 +163,11 @@ def panels(
             axes.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, label=name)
         if panel.log:
             axes.set_yscale("log")
-        axes.set_xticks(positions, labels, fontsize=8)
+        # Many points (a sweep crossing several axes): upright labels, one per point.
+        crowded = len(labels) > 8 or max(map(len, labels), default=0) > 12
+        axes.set_xticks(
+            positions, labels, fontsize=6 if crowded else 8, rotation=90 if crowded else 0
+        )
         _style(axes, panel.title, xlabel, panel.ylabel)
         if len(panel.series) > 1:
             axes.legend(fontsize=8)

@@ -258,7 +258,13 @@ def sweep(
         "runs_reused": sum(1 for r in rows if r["config_json"] in previous),
         "runs_breaking_invariants": [r["run"] for r in rows if not r["invariants_hold"]],
         "runs_failed": [r["run"] for r in rows if r["error"] is not None],
-        "sweeps": {name: table.to_pylist() for name, table in tables.items()},
+        # Wall times differ from run to run: the page shows them, the summary keeps answers.
+        "sweeps": {
+            name: table.drop_columns(
+                [c for c in table.column_names if c.startswith("wall_seconds")]
+            ).to_pylist()
+            for name, table in tables.items()
+        },
         "outputs": {
             "results": str(out / RESULTS),
             "evidence": str(out / EVIDENCE),
@@ -437,9 +443,8 @@ def _order(value: Any) -> tuple[int, Any]:
 
 
 def _label(row: dict[str, Any], own: tuple[str, ...]) -> str:
-    if len(own) == 1:
-        return str(row[column_name(own[0])])
-    return "\n".join(f"{a.rsplit('.', 1)[-1]}={row[column_name(a)]}" for a in own)
+    """The point's values, in the order of the axes the figure's x label names."""
+    return "/".join(str(row[column_name(a)]) for a in own)
 
 
 def _mean(row: dict[str, Any], name: str, cell: Cell) -> str:
@@ -566,7 +571,7 @@ def _sections(
         plots.panels(
             out / figure,
             f"Sweep: {sweep.name}",
-            " × ".join(own),
+            " / ".join(a.rsplit(".", 1)[-1] for a in own),
             [_label(r, own) for r in rows],
             _panels(rows),
         )

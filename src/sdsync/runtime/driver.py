@@ -105,13 +105,16 @@ class ChannelDriver:
         now_ms: int,
         *,
         query_stores: bool = True,
+        participants: int | None = None,
     ) -> None:
         self.channel = channel
         self.config = config
         self.rng = rng
         self.query_stores = query_stores
+        if participants is not None:
+            channel.set_participant_count(participants)
         self._sync = SyncTimer(
-            config.sync_interval_ms,
+            config.sync_interval_for(participants),
             rng,
             now_ms,
             suppress=config.suppress_sync_after_received_sync,
@@ -247,6 +250,17 @@ class ChannelDriver:
         """The stored caught-up time (None: unknown, catch up the whole window)."""
         self.caught_up_ms = caught_up_ms
 
+    @property
+    def sync_interval_ms(self) -> int:
+        """The sync interval in force (``RuntimeConfig.sync_interval_for`` the group)."""
+        return self._sync.interval_ms
+
+    def set_participant_count(self, participants: int) -> None:
+        """How many the group has (the application knows): SDS-R's response groups, and
+        the sync interval from the next one on (``RuntimeConfig.sync_ms_per_participant``)."""
+        self.channel.set_participant_count(participants)
+        self._sync.interval_ms = self.config.sync_interval_for(participants)
+
     def mark_dependencies_met(self, message_ids: list[str]) -> Step:
         """The application found these itself: release whatever waited for them."""
         return self._with_status(Step([], self.channel.mark_dependencies_met(message_ids)))
@@ -255,19 +269,22 @@ class ChannelDriver:
 
     def next_due(self) -> int:
         """The earliest time at which :meth:`tick` has something to do."""
-        candidates = [self._sync.due_ms, self._next_sweep]
-        if self._next_catch_up is not None and self._catching_up is None:
-            candidates.append(self._next_catch_up)
+        # Asked after every step (a simulator: after every receive), so no list, no min().
+        due = min(self._sync.due_ms, self._next_sweep)
+        catch_up = self._next_catch_up
+        if catch_up is not None and catch_up < due and self._catching_up is None:
+            due = catch_up
         self._drop_stale_resends()
-        if self._resends:
-            candidates.append(self._resends[0][0])
-        for due in (
-            self.channel.next_repair_request_due(),
-            self.channel.next_repair_response_due(),
-        ):
-            if due is not None:
-                candidates.append(due)
-        return min(candidates)
+        if self._resends and self._resends[0][0] < due:
+            due = self._resends[0][0]
+        channel = self.channel
+        request = channel.next_repair_request_due()
+        if request is not None and request < due:
+            due = request
+        response = channel.next_repair_response_due()
+        if response is not None and response < due:
+            due = response
+        return due
 
     def tick(self, now_ms: int) -> Step:
         """Do whatever is due at ``now_ms``."""
@@ -305,11 +322,13 @@ class ChannelDriver:
         return SyncStatus("", self.channel.missing_count(), waiting, outstanding, catching_up)
 
     def _with_status(self, step: Step) -> Step:
-        status = self.sync_status()
-        key = (status.missing, status.waiting, status.outstanding, status.catching_up)
+        # After every step: the status event is built only when something changed.
+        channel = self.channel
+        waiting, outstanding = channel.buffer_sizes()
+        key = (channel.missing_count(), waiting, outstanding, self._catching_up is not None)
         if key != self._status:
             self._status = key
-            step.events.append(status)
+            step.events.append(SyncStatus("", *key))
         return step
 
     def _sync_if_due(self, now_ms: int, step: Step) -> None:

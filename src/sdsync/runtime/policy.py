@@ -28,16 +28,21 @@ class RuntimeConfig:
     # lets one sync serve everyone: in the simulator (30 participants, 20 % loss, 3 seeds)
     # 45 % fewer syncs and 30 % fewer bytes per message at the same time to consistency.
     suppress_sync_after_received_sync: bool = True
+    # Large groups: the sync interval grows with the group, max(sync_interval_ms,
+    # sync_ms_per_participant × participants), once the application says how many there
+    # are (ChannelDriver / ReliableChannel.set_participant_count, as SDS-R's response
+    # groups need too). 0 keeps it fixed, as js-waku does. Every sync carries a full bloom
+    # filter to every member: the simulator's groups of 100 to 10,000 run with 600
+    # (docs/evidence.md), and the lean profile sets it.
+    sync_ms_per_participant: int = 0
     # Store catch-up (with a store configured): every interval, ask it for everything on
     # the channel's content topic since the last catch-up; on start, for the time away, at
     # most max_window back. The start of each window reaches margin further back: a
     # sender's clock behind ours, or a message reaching the store after our last query,
     # puts messages before the previous window's end (nwaku accepts timestamps up to 20 s
     # ahead of its clock, so 20 s covers the skews a store lets through the other way).
-    # The interval is the simulator's cheapest with complete delivery (docs/simulation.md:
-    # 10 participants, 20 % loss, causal history 2, no SDS-R, 3 seeds: 10 s, 30 s, 60 s
-    # and 5 min all deliver everything; store bytes per run 288, 164, 132, 106 MB; the
-    # price of 5 min is the tail, TTC p99 181 s against 38 s at 60 s).
+    # The interval: docs/evidence.md, sweep "catch-up interval" (a listing costs about 37
+    # bytes a hash, so shorter intervals mostly cost round trips and buy a shorter tail).
     store_catchup: bool = True
     store_catchup_interval_ms: int = 300_000
     store_catchup_max_window_ms: int = 6 * 3_600_000
@@ -68,6 +73,8 @@ class RuntimeConfig:
             raise LocalProtocolError(
                 "runtime intervals, windows, page sizes and max_attempts must be positive"
             )
+        if self.sync_ms_per_participant < 0:
+            raise LocalProtocolError("sync_ms_per_participant must be >= 0")
         if self.store_catchup_margin_ms < 0:
             raise LocalProtocolError("store_catchup_margin_ms must be >= 0")
         if self.resend_backoff < 1.0 or not 0.0 <= self.resend_jitter < 1.0:
@@ -83,6 +90,12 @@ class RuntimeConfig:
         delay = min(base * self.resend_backoff ** (attempts - 1), self.max_resend_interval_ms)
         jitter = rng.uniform(1.0 - self.resend_jitter, 1.0 + self.resend_jitter)
         return max(1, int(delay * jitter))
+
+    def sync_interval_for(self, participants: int | None) -> int:
+        """The sync interval in a group of ``participants`` (None: unknown)."""
+        if participants is None:
+            return self.sync_interval_ms
+        return max(self.sync_interval_ms, self.sync_ms_per_participant * participants)
 
 
 class SyncTimer:

@@ -208,6 +208,13 @@ class ReliableChannel(AsyncLifecycle):
             await self._carry_out(self.driver.mark_dependencies_met(message_ids))
         self._wake.set()
 
+    def set_participant_count(self, participants: int) -> None:
+        """How many the group has: SDS-R's response groups, and with
+        ``RuntimeConfig.sync_ms_per_participant`` (the lean profile) the sync interval."""
+        if participants < 1:
+            raise LocalProtocolError("participants must be >= 1")
+        self.driver.set_participant_count(participants)
+
     def _check_alive(self) -> None:
         if self._failure is not None:
             raise self._stopped() from self._failure

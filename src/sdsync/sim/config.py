@@ -16,7 +16,7 @@ from typing import Any
 
 from sdsync.core import ChannelConfig
 from sdsync.errors import LocalProtocolError
-from sdsync.runtime import RuntimeConfig
+from sdsync.runtime import Profile, RuntimeConfig
 
 
 def participant_name(index: int) -> str:
@@ -119,11 +119,11 @@ class ProtocolConfig:
     store_catchup_margin_ms: int = _RUNTIME.store_catchup_margin_ms
     store_catchup_page_size: int = _RUNTIME.store_catchup_page_size
     store_catchup_seen_hashes: int = _RUNTIME.store_catchup_seen_hashes
-    # Big groups: every sync a participant hears resets its sync timer, so the group as a
-    # whole syncs about every interval / participants. When > 0 the interval is at least
-    # this many ms per participant (SimConfig.sync_interval_ms), which keeps the group's
-    # sync rate the same whatever its size (scenarios/participants-1000.toml).
-    sync_ms_per_participant: int = 0
+    # Big groups: the sync interval is at least this many ms per participant
+    # (RuntimeConfig.sync_ms_per_participant; the simulator tells every driver the group's
+    # size, as an application calling set_participant_count does), which keeps the
+    # group's sync traffic from growing with its size (scenarios/participants-1000.toml).
+    sync_ms_per_participant: int = _RUNTIME.sync_ms_per_participant
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,13 +149,6 @@ class SimConfig:
             return "catchup" if self.protocol.store_catchup else "hint"
         return "sdsr" if self.protocol.repair else "none"
 
-    @property
-    def sync_interval_ms(self) -> int:
-        """Each participant's sync interval: ``protocol.sync_interval_ms``, raised to
-        ``protocol.sync_ms_per_participant`` × participants when that is larger."""
-        proto = self.protocol
-        return max(proto.sync_interval_ms, proto.sync_ms_per_participant * self.participants)
-
     def __post_init__(self) -> None:
         if self.participants < 2:
             raise LocalProtocolError("a simulation needs at least 2 participants")
@@ -180,8 +173,6 @@ class SimConfig:
         for name in ("latency_ms", "jitter_ms", "reorder_delay_ms"):
             if getattr(net, name) < 0:
                 raise LocalProtocolError(f"network.{name} must be >= 0")
-        if self.protocol.sync_ms_per_participant < 0:
-            raise LocalProtocolError("protocol.sync_ms_per_participant must be >= 0")
         work = self.workload
         if work.rate_per_participant_s is not None and work.rate_per_participant_s < 0:
             raise LocalProtocolError("workload.rate_per_participant_s must be >= 0")
@@ -298,6 +289,20 @@ def load_config(path: Path) -> SimConfig:
     except tomllib.TOMLDecodeError as exc:
         raise LocalProtocolError(f"{path} is not valid TOML: {exc}") from None
     return config_from_dict(raw)
+
+
+def profile_fields(chosen: Profile, *, sync: bool = True) -> dict[str, Any]:
+    """The ``protocol.*`` overrides that simulate a bandwidth profile; ``sync=False``
+    leaves the sync timing to the scenario."""
+    fields: dict[str, Any] = {
+        "protocol.causal_history": chosen.channel.causal_history_size,
+        "protocol.bloom_capacity": chosen.channel.bloom.capacity,
+        "protocol.bloom_error_rate": chosen.channel.bloom.error_rate,
+    }
+    if sync:
+        fields["protocol.sync_interval_ms"] = chosen.runtime.sync_interval_ms
+        fields["protocol.sync_ms_per_participant"] = chosen.runtime.sync_ms_per_participant
+    return fields
 
 
 def with_overrides(config: SimConfig, overrides: dict[str, Any]) -> SimConfig:

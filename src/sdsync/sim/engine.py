@@ -124,6 +124,14 @@ def retrieval_hint(data: bytes, topic: str, now_ms: int) -> bytes:
     return message_hash(PUBSUB_TOPIC, data, topic, b"", waku_timestamp(now_ms))
 
 
+_Packet = tuple[int, Message, bytes, bytes, int]
+"""A broadcast as every receiver gets it: channel, the decoded message, its bytes, its
+retrieval hint, and its size (one int object that every receive row of the event table
+shares)."""
+
+_ARRIVAL_TIMES_KEPT = 4_096
+"""Arrival times remembered for sharing (a broadcast's copies land within a second)."""
+
 _Reply = tuple[int, list[tuple[bytes, bytes]], CatchUp | None, bool]
 """A store's answer as it reaches a participant: channel, (hint, bytes) found, the
 catch-up it answers (None: a query by hint), and whether a store answered at all."""
@@ -190,17 +198,15 @@ class Simulation:
             lost_timeout_ms=proto.lost_timeout_ms,
             # The checker reads every log from memory: the whole run must fit the window.
             max_log_entries=max(ChannelConfig().max_log_entries, config.workload.messages),
+            # The spec's G = max(1, n / 128) follows from the group's size, which every
+            # driver is told (ChannelDriver's participants), as an application does.
             repair=RepairConfig(
-                enabled=proto.repair,
-                t_min_ms=proto.repair_t_min_ms,
-                t_max_ms=proto.repair_t_max_ms,
-                # The spec's G = max(1, n / 128), as an application sets it once it knows
-                # the group (MessageChannel.set_participant_count); here n is known at once.
-                response_groups=max(1, config.participants // 128),
+                enabled=proto.repair, t_min_ms=proto.repair_t_min_ms, t_max_ms=proto.repair_t_max_ms
             ),
         )
         self.runtime_config = RuntimeConfig(
-            sync_interval_ms=config.sync_interval_ms,
+            sync_interval_ms=proto.sync_interval_ms,
+            sync_ms_per_participant=proto.sync_ms_per_participant,
             resend_interval_ms=proto.resend_interval_ms,
             resend_possibly_acknowledged_ms=proto.resend_possibly_acknowledged_ms,
             max_attempts=proto.max_attempts,
@@ -220,6 +226,7 @@ class Simulation:
         self.envelopes: dict[bytes, tuple[int, int]] = {}
         # retrieval hint -> size of its entry in a StoreQueryResponse, once asked for
         self._entry_bytes: dict[bytes, int] = {}
+        self._arrival_times: dict[int, int] = {}
         self._partition_of: list[int] = [0] * config.participants
         # The run may stop early once consistent, but never before the last scheduled fault:
         # a scenario whose participant goes offline after the workload must see it happen.
@@ -240,6 +247,7 @@ class Simulation:
                 self.rng,
                 self.now,
                 query_stores=self.config.stores > 0,
+                participants=self.config.participants,
             )
             for cid in self.channel_ids
         ]
@@ -359,7 +367,11 @@ class Simulation:
         self._rearm(p)
 
     def _rearm(self, p: Participant) -> None:
-        due = max(self.now, min(d.next_due() for d in p.drivers))
+        drivers = p.drivers  # after every step: one channel needs no generator
+        earliest = (
+            drivers[0].next_due() if len(drivers) == 1 else min(d.next_due() for d in drivers)
+        )
+        due = max(self.now, earliest)
         if p.wake_at < 0 or due < p.wake_at:
             p.wake_at = due
             self._push(due, _WAKE, p.index)
@@ -383,13 +395,17 @@ class Simulation:
             driver.channel.set_retrieval_hint(action.message_id, hint)
         driver.saw(hint)  # a catch-up need not fetch what this participant sent
         message = decode(data, self.channel_config.limits)
-        packet = (channel, message, data, hint)
+        packet: _Packet = (channel, message, data, hint, len(data))
         self.recorder.transmitted(sender.index, channel, action, hint, self.now)
         net = self.config.network
         rng = self.rng
         partition_of = self._partition_of
         group = partition_of[sender.index]
         on_wire = 0
+        # The event table keeps every receive's time: equal times share one int object.
+        times = self._arrival_times
+        if len(times) > _ARRIVAL_TIMES_KEPT:
+            times.clear()
         for p in self.participants:
             if p is sender:
                 continue
@@ -407,7 +423,8 @@ class Simulation:
             copies = 2 if net.duplicate and rng.random() < net.duplicate else 1
             for _ in range(copies):
                 latency = self._latency(self._link_factor(sender.index, p.index))
-                self._push(self.now + latency, _ARRIVE, p.index, packet)
+                at = self.now + latency
+                self._push(times.setdefault(at, at), _ARRIVE, p.index, packet)
         self.recorder.on_wire(action.kind, len(data), _bloom_field_size(message), on_wire)
         for store in self.stores:
             if store.online and not (net.store_loss and rng.random() < net.store_loss):
@@ -443,15 +460,15 @@ class Simulation:
             delay += net.reorder_delay_ms
         return max(1, int(delay))
 
-    def _arrive(self, index: int, packet: tuple[int, Message, bytes, bytes]) -> None:
+    def _arrive(self, index: int, packet: _Packet) -> None:
         p = self.participants[index]
-        channel, message, data, hint = packet
+        channel, message, data, hint, size = packet
         if not p.online:
             self.recorder.dropped_copy(index, channel, message.message_id, "offline", self.now)
             return
         self.recorder.receive_events += 1
         step = p.drivers[channel].receive_message(message, self.now, retrieval_hint=hint, data=data)
-        self.recorder.received(p.index, channel, message, len(data), self.now)
+        self.recorder.received(p.index, channel, message, size, self.now)
         self._carry_out(p, channel, step)
 
     def _query_store(self, p: Participant, channel: int, query: QueryStore) -> None:
