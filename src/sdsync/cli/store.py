@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from sdsync.cli.errors import fail
+from sdsync.wire.waku_protocols import SHARD_TOPIC_PREFIX
 
 if TYPE_CHECKING:
     from sdsync.store import SqlArchive
@@ -34,8 +35,6 @@ store_app = typer.Typer(
 DEFAULT_DATA_DIR = Path(os.environ.get("XDG_DATA_HOME") or "~/.local/share") / "sdsync" / "store"
 DEFAULT_LISTEN = "127.0.0.1:8645"
 DEFAULT_RELAY_LISTEN = "/ip4/127.0.0.1/tcp/0"
-SHARD_TOPIC_PREFIX = "/waku/2/rs/"
-
 DataDir = Annotated[
     Path,
     typer.Option("--data-dir", file_okay=False, help="State: SQLite archive, last-online time."),

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from sdsync.errors import RemoteProtocolError
+from sdsync.store.model import Refused
 from sdsync.wire.waku_protocols import (
     FilterSubscribeRequest,
     FilterSubscribeResponse,
@@ -77,14 +78,8 @@ class FilterLimits:
     recent_messages: int = 4096
 
 
-class FilterRefused(Exception):  # noqa: N818 -- an answer, not a bug
-    """A request answered with ``status``, counted under ``reason``."""
-
-    def __init__(self, status: FilterStatus, reason: str, description: str) -> None:
-        super().__init__(description)
-        self.status = status
-        self.reason = reason
-        self.description = description
+class FilterRefused(Refused[FilterStatus]):
+    """A filter request answered with ``status``."""
 
 
 @dataclass(slots=True)

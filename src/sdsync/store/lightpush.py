@@ -43,6 +43,7 @@ from typing import NamedTuple, Protocol, TypeVar
 from sdsync.errors import RejectReason, RemoteProtocolError
 from sdsync.store.model import (
     InvalidMessageError,
+    Refused,
     check_timestamp,
     refusal_reason,
     topic_problem,
@@ -73,14 +74,8 @@ class LightPushStatus(IntEnum):
     NO_PEERS = 505
 
 
-class LightPushRefused(Exception):  # noqa: N818 -- an answer, not a bug
-    """A push answered with ``status`` (not 200), counted under ``reason``."""
-
-    def __init__(self, status: LightPushStatus, reason: str, description: str) -> None:
-        super().__init__(description)
-        self.status = status
-        self.reason = reason
-        self.description = description
+class LightPushRefused(Refused[LightPushStatus]):
+    """A push answered with ``status`` (not 200)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Generic, TypeVar
 
 from sdsync.errors import LocalProtocolError, RejectReason, RemoteProtocolError
 from sdsync.wire.waku import HASH_SIZE, MAX_WAKU_MESSAGE_BYTES, WakuMessage
@@ -77,6 +78,20 @@ class InvalidMessageError(RemoteProtocolError):
     def __init__(self, reason: str, description: str) -> None:
         super().__init__(description)
         self.reason = reason
+
+
+Status = TypeVar("Status", bound=int)
+
+
+class Refused(Exception, Generic[Status]):  # noqa: N818 -- an answer, not a bug
+    """A service request (LightPush, Filter) answered with ``status``, counted under
+    ``reason`` (a metrics label)."""
+
+    def __init__(self, status: Status, reason: str, description: str) -> None:
+        super().__init__(description)
+        self.status = status
+        self.reason = reason
+        self.description = description
 
 
 def refusal_reason(exc: RemoteProtocolError) -> str:

@@ -78,6 +78,7 @@ from sdsync.transport.libp2p_host import Handler, TrioHost, run_host
 from sdsync.wire.waku import MAX_WAKU_MESSAGE_BYTES, WakuMessage
 from sdsync.wire.waku_protocols import (
     MAX_RPC_BYTES,
+    SHARD_TOPIC_PREFIX,
     TWN_CLUSTER_ID,
     TWN_SHARD_COUNT,
     WakuMetadata,
@@ -94,7 +95,6 @@ _OUTBOX_LIMIT = 256
 _FLUSH_S = 2.0
 _FLUSH_POLL_S = 0.005
 _STREAM_TIMEOUT_S = 10.0
-_SHARD_TOPIC_PREFIX = "/waku/2/rs/"
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,12 +228,14 @@ class Libp2pTransport(AsyncLifecycle):
         self._closed = True
         self._outbox_room.set()  # wakes publishers, who find the transport closed
         with self._lock:
-            for frames in self._frames.values():
-                for frame_queue in frames:
-                    frame_queue.put_nowait(None)
-            for envelopes in self._envelopes.values():
-                for envelope_queue in envelopes:
-                    envelope_queue.put_nowait(None)
+            # None ends a subscription, whatever its queues carry.
+            ended: list[list[asyncio.Queue[Any]]] = [
+                *self._frames.values(),
+                *self._envelopes.values(),
+            ]
+            for queues in ended:
+                for subscriber in queues:
+                    subscriber.put_nowait(None)
         for future in self._pending:
             future.cancel()
         if self._trio is not None:
@@ -314,7 +316,7 @@ class Libp2pTransport(AsyncLifecycle):
     def _route(self, topic: str) -> tuple[str, str | None]:
         """The pubsub topic that carries the caller's ``topic``, and the content topic
         its subscribers want (None: every one)."""
-        if topic.startswith(_SHARD_TOPIC_PREFIX):
+        if topic.startswith(SHARD_TOPIC_PREFIX):
             return topic, None
         content_topic = self.content_topic(topic)
         return self.waku.pubsub_topic(content_topic), content_topic

@@ -46,7 +46,7 @@ import contextlib
 import hashlib
 import logging
 import math
-from collections.abc import Awaitable, Callable, Mapping, Sized
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sized
 from typing import TYPE_CHECKING, TypeVar
 
 import trio
@@ -66,6 +66,7 @@ from sdsync.wire.waku import WakuMessage, decode_waku_message
 from sdsync.wire.waku_protocols import (
     METADATA_PROTOCOL,
     RELAY_PROTOCOL,
+    SHARD_TOPIC_PREFIX,
     WakuMetadata,
     encode_frame,
     parse_content_topic,
@@ -84,8 +85,6 @@ _WEDGED_S = 20.0
 _ROOM_POLL_S = 0.005
 T = TypeVar("T")
 _METADATA_TIMEOUT_S = 10.0
-_SHARD_TOPIC_PREFIX = "/waku/2/rs/"
-
 #: ``(peer_id, request) -> answer``: a served protocol's handler. A Responder runs on the
 #: trio thread, a Handler (the transport's user's) on the asyncio loop.
 Responder = Callable[[str, bytes], Awaitable[bytes | None]]
@@ -211,7 +210,7 @@ class TrioHost:
 
     def shards(self) -> tuple[int, ...]:
         """The shards of our cluster whose pubsub topics we relay."""
-        prefix = f"{_SHARD_TOPIC_PREFIX}{self.transport.waku.cluster_id}/"
+        prefix = f"{SHARD_TOPIC_PREFIX}{self.transport.waku.cluster_id}/"
         return tuple(
             sorted(
                 int(t[len(prefix) :])
@@ -416,16 +415,8 @@ class TrioHost:
         self, peer: ID, protocol: str, payload: bytes, max_response_bytes: int, timeout_s: float
     ) -> bytes:
         with trio.fail_after(timeout_s):
-            stream = await self.host.new_stream(peer, [TProtocol(protocol)])
-            try:
-                await stream.write(encode_frame(payload))
+            async with self._outbound(peer, protocol, payload) as stream:
                 answer = await read_frame(_reader(stream), max_response_bytes)
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    await stream.reset()
-                raise
-            with contextlib.suppress(Exception):
-                await stream.close()
         if answer is None:
             raise RemoteProtocolError(
                 f"{peer} closed its {protocol} stream without answering",
@@ -435,14 +426,23 @@ class TrioHost:
 
     async def push(self, peer: ID, protocol: str, payload: bytes, timeout_s: float) -> None:
         with trio.fail_after(timeout_s):
-            stream = await self.host.new_stream(peer, [TProtocol(protocol)])
-            try:
-                await stream.write(encode_frame(payload))
-                await stream.close()
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    await stream.reset()
-                raise
+            async with self._outbound(peer, protocol, payload):
+                pass
+
+    @contextlib.asynccontextmanager
+    async def _outbound(self, peer: ID, protocol: str, payload: bytes) -> AsyncIterator[INetStream]:
+        """A new stream to ``peer`` carrying one frame; closed after the body, reset if the
+        body (or the write) fails, so a half-done exchange never lingers on the peer."""
+        stream = await self.host.new_stream(peer, [TProtocol(protocol)])
+        try:
+            await stream.write(encode_frame(payload))
+            yield stream
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await stream.reset()
+            raise
+        with contextlib.suppress(Exception):
+            await stream.close()
 
     async def _answer_metadata(self, peer: str, request: bytes) -> bytes:
         """``/vac/waku/metadata/1.0.0``: the peer's cluster and shards in, ours out."""

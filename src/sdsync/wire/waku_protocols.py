@@ -580,11 +580,15 @@ class ContentTopic:
         return shard_pubsub_topic(cluster_id, self.shard(shard_count))
 
 
+SHARD_TOPIC_PREFIX = "/waku/2/rs/"
+"""Every sharded pubsub topic starts so: ``/waku/2/rs/<cluster_id>/<shard>``."""
+
+
 def shard_pubsub_topic(cluster_id: int, shard: int) -> str:
     """``/waku/2/rs/<cluster_id>/<shard>``."""
     if cluster_id < 0 or shard < 0:
         raise LocalProtocolError(f"no pubsub topic for cluster {cluster_id}, shard {shard}")
-    return f"/waku/2/rs/{cluster_id}/{shard}"
+    return f"{SHARD_TOPIC_PREFIX}{cluster_id}/{shard}"
 
 
 def _utf8(text: str) -> bool:
