@@ -105,9 +105,7 @@ class StoreChoice(AsyncLifecycle):
             try:
                 found = await store.fetch(channel_id, entries)
             except OSError as exc:
-                self.unavailable += 1
-                logger.info("store %s unavailable: %s", store.name, exc)
-                failure = exc
+                failure = self._unavailable(store, exc)
                 continue
             self.fetches += 1
             self.fetched += len(found)
@@ -131,14 +129,18 @@ class StoreChoice(AsyncLifecycle):
                     self.caught_up += len(page)
                     yield page
             except OSError as exc:
-                self.unavailable += 1
-                logger.info("store %s unavailable: %s", store.name, exc)
-                failure = exc
+                failure = self._unavailable(store, exc)
                 continue
             self.catch_ups += 1
             return
         assert failure is not None
         raise failure
+
+    def _unavailable(self, store: StoreQueries, exc: OSError) -> OSError:
+        """Count and log a store that could not answer; the next one is asked."""
+        self.unavailable += 1
+        logger.info("store %s unavailable: %s", store.name, exc)
+        return exc
 
     async def close(self) -> None:
         for store in self.stores:
