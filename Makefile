@@ -61,6 +61,9 @@ proto: $(STAMP)
 		--python_out=. --mypy_out=. sdsync/wire/sds_message.proto sdsync/wire/waku_message.proto \
 		sdsync/wire/waku_store.proto sdsync/wire/waku_lightpush.proto \
 		sdsync/wire/waku_filter.proto sdsync/wire/waku_metadata.proto sdsync/reconcile/prolly.proto
+	cd src && PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(CURDIR)/$(PY) -m grpc_tools.protoc -I. \
+		--python_out=. --mypy_out=. --grpc_python_out=. --mypy_grpc_out=. \
+		sdsync/reliability/reliability.proto
 
 bench: $(STAMP) $(JSSTAMP)
 	$(PY) bench/core_vs_js.py

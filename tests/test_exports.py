@@ -27,6 +27,7 @@ EXPORTS: dict[str, frozenset[str]] = {
             "RemoteProtocolError",
             "RepairConfig",
             "SdsError",
+            "UnwrapResult",
             "WireLimits",
             "__version__",
             "decode",
@@ -68,7 +69,6 @@ EXPORTS: dict[str, frozenset[str]] = {
             "OutgoingState",
             "OutgoingSweep",
             "OwnLogPolicy",
-            "ReliabilityManager",
             "RepairConfig",
             "RepairRequestReceived",
             "RepairRequestSent",
@@ -81,7 +81,6 @@ EXPORTS: dict[str, frozenset[str]] = {
             "SyncReceived",
             "SyncSent",
             "SyncStatus",
-            "UnwrapResult",
             "WireStore",
             "system_clock_ms",
         }
@@ -132,12 +131,14 @@ EXPORTS: dict[str, frozenset[str]] = {
             "PROFILES",
             "Profile",
             "QueryStore",
+            "ReliabilityManager",
             "ReliableChannel",
             "RuntimeConfig",
             "SqliteHistoryStore",
             "Step",
             "StoreClient",
             "Transmit",
+            "UnwrapResult",
             "profile",
             "state_path",
         }
@@ -168,6 +169,9 @@ EXPORTS: dict[str, frozenset[str]] = {
         }
     ),
     "sdsync.peer": frozenset({"PeerSession", "serve"}),
+    "sdsync.reliability": frozenset(
+        {"EventHub", "ReliabilityServer", "ReliabilityService", "TokenCheck", "request_limit"}
+    ),
     "sdsync.transport": frozenset(
         {
             "Envelope",
@@ -264,8 +268,9 @@ def test_each_package_exports_exactly_its_pinned_names(package: str) -> None:
 def test_top_level_names_are_the_packages_own() -> None:
     """``sdsync.X`` is the object its component exports, not a copy."""
     import sdsync
-    from sdsync import core, errors, wire
+    from sdsync import core, errors, runtime, wire
 
     assert sdsync.MessageChannel is core.MessageChannel
     assert sdsync.decode is wire.decode
     assert sdsync.LocalProtocolError is errors.LocalProtocolError
+    assert sdsync.ReliabilityManager is runtime.ReliabilityManager

@@ -1,6 +1,6 @@
 """Imports point down the layers only (docs/architecture.md, the house rules).
 
-cli → demo → pipeline → sim / chat / peer → store / runtime → transport / reconcile →
+cli → demo → pipeline → sim / chat / peer / reliability → store / runtime → transport / reconcile →
 core → wire → errors / lifecycle.
 Every ``sdsync.<component>`` import in the source, including those inside functions and
 ``TYPE_CHECKING`` blocks, must name the importing component itself or one below it;
@@ -17,7 +17,7 @@ LAYERS = (
     ("cli",),
     ("demo",),
     ("pipeline",),
-    ("sim", "chat", "peer"),
+    ("sim", "chat", "peer", "reliability"),
     ("store", "runtime"),
     ("transport", "reconcile"),
     ("core",),

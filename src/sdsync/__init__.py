@@ -1,8 +1,9 @@
 """sdsync: Scalable Data Sync for distributed logs.
 
 The public API is small: a sans-I/O :class:`MessageChannel` (one participant in one
-channel), the :class:`ReliabilityManager` facade over many channels, the wire codec, and
-two error types that say whose fault a failure is.
+channel), the :class:`ReliabilityManager` facade over many channels (the reliability API,
+from :mod:`sdsync.runtime`), the wire codec, and two error types that say whose fault a
+failure is.
 """
 
 from sdsync.core import (
@@ -11,10 +12,10 @@ from sdsync.core import (
     Event,
     HistoryStore,
     MessageChannel,
-    ReliabilityManager,
     RepairConfig,
 )
 from sdsync.errors import LocalProtocolError, RejectReason, RemoteProtocolError, SdsError
+from sdsync.runtime import ReliabilityManager, UnwrapResult
 from sdsync.wire import HistoryEntry, Message, MessageKind, WireLimits, decode, encode
 
 __version__ = "0.1.0"
@@ -34,6 +35,7 @@ __all__ = [
     "RemoteProtocolError",
     "RepairConfig",
     "SdsError",
+    "UnwrapResult",
     "WireLimits",
     "__version__",
     "decode",

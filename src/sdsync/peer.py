@@ -26,8 +26,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from sdsync.core import ChannelConfig, Event, MessageChannel
-from sdsync.core.manager import system_clock_ms
+from sdsync.core import ChannelConfig, Event, MessageChannel, system_clock_ms
 from sdsync.errors import LocalProtocolError, SdsError
 
 __all__ = ["PeerSession", "serve"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sdsync.core import BloomParams, ChannelConfig, LogEntry, ReliabilityManager
-from sdsync.runtime import SqliteHistoryStore
+from sdsync.core import BloomParams, ChannelConfig, LogEntry
+from sdsync.runtime import ReliabilityManager, SqliteHistoryStore
 
 CONFIG = ChannelConfig(bloom=BloomParams(100, 0.01), causal_history_size=2, max_log_entries=5)
 
@@ -47,6 +47,7 @@ def test_manager_recognises_evicted_messages_across_restarts(tmp_path: Path) -> 
         )
 
     bob = bob_manager()
+    bob.open_channel("chat")
     ready: list[str] = []
     bob.on_message_ready = lambda _, mid: ready.append(mid)
     for wire in wires:
@@ -57,6 +58,7 @@ def test_manager_recognises_evicted_messages_across_restarts(tmp_path: Path) -> 
 
     # A restarted application: the in-memory window is gone, the store is not.
     bob = bob_manager()
+    bob.open_channel("chat")
     store = bob.channel("chat").log.history_store
     assert isinstance(store, SqliteHistoryStore)
     assert [e.message_id for e in store] == ready[:7]

@@ -8,6 +8,7 @@ from sdsync.cli.chat import chat_command
 from sdsync.cli.demo import demo_command
 from sdsync.cli.peer import peer_command
 from sdsync.cli.pipeline import pipeline_app
+from sdsync.cli.reliability import reliability_app
 from sdsync.cli.simulate import simulate_command
 from sdsync.cli.store import store_app
 
@@ -21,4 +22,5 @@ app.command("peer")(peer_command)
 app.command("simulate")(simulate_command)
 app.add_typer(pipeline_app, name="pipeline")
 app.add_typer(store_app, name="store")
+app.add_typer(reliability_app, name="reliability")
 app.command("chat")(chat_command)

@@ -29,6 +29,21 @@ ProfileOption = Annotated[
 ]
 
 
+NOT_GIVEN = "default: the profile's"
+
+# The channel's protocol flags, as `sdsync peer` and `sdsync reliability serve` take them:
+# None (not given) keeps the profile's value.
+CausalHistory = Annotated[int | None, typer.Option(min=0, help=NOT_GIVEN)]
+BloomCapacity = Annotated[int | None, typer.Option(min=1, help=NOT_GIVEN)]
+BloomErrorRate = Annotated[float | None, typer.Option(min=0.0, max=1.0, help=NOT_GIVEN)]
+PossibleAcksThreshold = Annotated[int | None, typer.Option(min=1, help=NOT_GIVEN)]
+LostTimeoutMs = Annotated[int | None, typer.Option(min=1, help=NOT_GIVEN)]
+Repair = Annotated[bool | None, typer.Option("--repair/--no-repair", help=f"SDS-R ({NOT_GIVEN}).")]
+RepairTMinMs = Annotated[int | None, typer.Option(min=0, help=NOT_GIVEN)]
+RepairTMaxMs = Annotated[int | None, typer.Option(min=1, help=NOT_GIVEN)]
+RepairResponseGroups = Annotated[int | None, typer.Option(min=1, help=NOT_GIVEN)]
+
+
 def chosen_profile(name: str) -> Profile:
     """The profile ``--profile`` names; a usage error listing the known ones otherwise."""
     try:

@@ -15,13 +15,25 @@ from typing import Annotated
 
 import typer
 
-from sdsync.cli.options import DEFAULT_PROFILE, ProfileOption, chosen_profile, given
+from sdsync.cli.options import (
+    DEFAULT_PROFILE,
+    BloomCapacity,
+    BloomErrorRate,
+    CausalHistory,
+    LostTimeoutMs,
+    PossibleAcksThreshold,
+    ProfileOption,
+    Repair,
+    RepairResponseGroups,
+    RepairTMaxMs,
+    RepairTMinMs,
+    chosen_profile,
+    given,
+)
 from sdsync.core import ChannelConfig
 from sdsync.core.config import MESSAGE_ID_SCHEMES, MessageIdScheme
 from sdsync.errors import LocalProtocolError
 from sdsync.runtime import Profile
-
-_NOT_GIVEN = "default: the profile's"
 
 
 def peer_config(
@@ -68,19 +80,15 @@ def peer_command(
     ] = False,
     channel: Annotated[str, typer.Option(help="Channel id.")] = "0",
     profile: ProfileOption = DEFAULT_PROFILE,
-    causal_history: Annotated[int | None, typer.Option(min=0, help=_NOT_GIVEN)] = None,
-    bloom_capacity: Annotated[int | None, typer.Option(min=1, help=_NOT_GIVEN)] = None,
-    bloom_error_rate: Annotated[
-        float | None, typer.Option(min=0.0, max=1.0, help=_NOT_GIVEN)
-    ] = None,
-    possible_acks_threshold: Annotated[int | None, typer.Option(min=1, help=_NOT_GIVEN)] = None,
-    lost_timeout_ms: Annotated[int | None, typer.Option(min=1, help=_NOT_GIVEN)] = None,
-    repair: Annotated[
-        bool | None, typer.Option("--repair/--no-repair", help=f"SDS-R ({_NOT_GIVEN}).")
-    ] = None,
-    repair_t_min_ms: Annotated[int | None, typer.Option(min=0, help=_NOT_GIVEN)] = None,
-    repair_t_max_ms: Annotated[int | None, typer.Option(min=1, help=_NOT_GIVEN)] = None,
-    repair_response_groups: Annotated[int | None, typer.Option(min=1, help=_NOT_GIVEN)] = None,
+    causal_history: CausalHistory = None,
+    bloom_capacity: BloomCapacity = None,
+    bloom_error_rate: BloomErrorRate = None,
+    possible_acks_threshold: PossibleAcksThreshold = None,
+    lost_timeout_ms: LostTimeoutMs = None,
+    repair: Repair = None,
+    repair_t_min_ms: RepairTMinMs = None,
+    repair_t_max_ms: RepairTMaxMs = None,
+    repair_response_groups: RepairResponseGroups = None,
     message_id: Annotated[
         str,
         typer.Option(

@@ -11,6 +11,7 @@ from sdsync.core.channel import (
     OutgoingSweep,
     RepairSweep,
 )
+from sdsync.core.clock import system_clock_ms
 from sdsync.core.config import ChannelConfig, MessageIdScheme, OwnLogPolicy, RepairConfig
 from sdsync.core.events import (
     DropReason,
@@ -36,7 +37,6 @@ from sdsync.core.events import (
 )
 from sdsync.core.journal import ChannelSnapshot, Journal, StoredIncoming, StoredOutgoing
 from sdsync.core.log import HistoryStore, LocalLog, LogEntry, MemoryHistoryStore
-from sdsync.core.manager import ReliabilityManager, UnwrapResult, system_clock_ms
 from sdsync.core.missing import MissingDependency
 from sdsync.core.outgoing import MemoryWireStore, WireStore
 
@@ -74,7 +74,6 @@ __all__ = [
     "OutgoingState",
     "OutgoingSweep",
     "OwnLogPolicy",
-    "ReliabilityManager",
     "RepairConfig",
     "RepairRequestReceived",
     "RepairRequestSent",
@@ -87,7 +86,6 @@ __all__ = [
     "SyncReceived",
     "SyncSent",
     "SyncStatus",
-    "UnwrapResult",
     "WireStore",
     "system_clock_ms",
 ]

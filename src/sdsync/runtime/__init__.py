@@ -1,7 +1,9 @@
-"""Runtime: the sans-I/O scheduling driver, durable state, and the asyncio ReliableChannel."""
+"""Runtime: the sans-I/O scheduling driver, durable state, the asyncio ReliableChannel, and
+the ReliabilityManager facade (the reliability API over many channels)."""
 
 from sdsync.runtime.driver import CatchUp, ChannelDriver, QueryStore, Step, Transmit
 from sdsync.runtime.history import SqliteHistoryStore
+from sdsync.runtime.manager import ReliabilityManager, UnwrapResult
 from sdsync.runtime.memory_store import MemoryStore
 from sdsync.runtime.policy import RuntimeConfig
 from sdsync.runtime.profiles import PROFILES, Profile, profile
@@ -18,12 +20,14 @@ __all__ = [
     "MemoryStore",
     "Profile",
     "QueryStore",
+    "ReliabilityManager",
     "ReliableChannel",
     "RuntimeConfig",
     "SqliteHistoryStore",
     "Step",
     "StoreClient",
     "Transmit",
+    "UnwrapResult",
     "profile",
     "state_path",
 ]

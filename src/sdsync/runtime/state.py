@@ -643,8 +643,10 @@ class ChannelState:
 
 def _connect(path: Path, synchronous: Synchronous) -> sqlite3.Connection:
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Autocommit mode: transactions are exactly the BEGIN ... COMMIT written here.
-    db = sqlite3.connect(path, isolation_level=None, timeout=0.1)
+    # Autocommit mode: transactions are exactly the BEGIN ... COMMIT written here. Any
+    # thread may use it, one at a time: the owner serialises (the ReliabilityManager's
+    # lock; a ReliableChannel runs on one event loop).
+    db = sqlite3.connect(path, isolation_level=None, timeout=0.1, check_same_thread=False)
     try:
         db.execute("PRAGMA locking_mode = EXCLUSIVE")
         mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]

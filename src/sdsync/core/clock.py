@@ -1,0 +1,10 @@
+"""The wall clock, for the few callers that read one: the core itself only takes ``now_ms``."""
+
+from __future__ import annotations
+
+import time
+
+
+def system_clock_ms() -> int:
+    """Unix time in milliseconds."""
+    return time.time_ns() // 1_000_000

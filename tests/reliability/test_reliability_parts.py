@@ -1,0 +1,85 @@
+"""The service's parts in this process: the event hub, the CLI's checks, the server's limits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import pytest
+from reliability_process import EventLog
+from typer.testing import CliRunner
+
+from sdsync.cli.main import app
+from sdsync.cli.reliability import is_loopback, participant_id, split_listen
+from sdsync.reliability import EventHub, ReliabilityServer
+from sdsync.reliability import reliability_pb2 as pb
+from sdsync.reliability import reliability_pb2_grpc as pb_grpc
+from sdsync.runtime.manager import ReliabilityManager
+
+
+def _sync(channel_id: str) -> pb.Event:
+    return pb.Event(periodic_sync=pb.PeriodicSync(channel_id=channel_id))
+
+
+def test_a_slow_subscriber_is_dropped_and_the_others_keep_their_events(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    hub = EventHub(capacity=3, max_subscribers=3)
+    slow = hub.subscribe(frozenset())
+    reader = hub.subscribe(frozenset())
+    only_b = hub.subscribe(frozenset({"b"}))
+    assert slow is not None and reader is not None and only_b is not None
+    assert hub.subscribe(frozenset()) is None  # max_subscribers
+    for n in range(6):
+        hub.publish("a" if n % 2 else "b", _sync(str(n)))
+        reader.queue.get_nowait()  # this one keeps up
+    assert slow.dropped
+    assert slow.queue.qsize() == 3  # what it had; nothing more was waited for
+    assert not reader.dropped
+    assert [only_b.queue.get_nowait().periodic_sync.channel_id for _ in range(3)] == ["0", "2", "4"]
+    assert "event subscriber dropped" in caplog.text
+    assert hub.subscribe(frozenset()) is not None  # the dropped one's place is free
+
+
+def test_listen_addresses() -> None:
+    assert split_listen("127.0.0.1:0") == ("127.0.0.1", 0)
+    assert split_listen("[::1]:50051") == ("[::1]", 50051)
+    for bad in ("127.0.0.1", ":80", "host:port", "127.0.0.1:70000"):
+        with pytest.raises(ValueError):
+            split_listen(bad)
+    assert is_loopback("127.0.0.1") and is_loopback("[::1]") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.2")
+    assert not is_loopback("example.org")
+
+
+def test_serve_refuses_a_remote_listen_without_allow_remote() -> None:
+    result = CliRunner().invoke(app, ["reliability", "serve", "--listen", "0.0.0.0:0"])
+    assert result.exit_code == 2
+    assert "--allow-remote" in result.output
+    result = CliRunner().invoke(app, ["reliability", "serve", "--listen", "nowhere"])
+    assert result.exit_code == 2
+
+
+def test_the_participant_id_is_kept_in_the_state_dir(tmp_path: Path) -> None:
+    first = participant_id(None, tmp_path)
+    assert participant_id(None, tmp_path) == first
+    assert participant_id("alice", tmp_path) == "alice"
+    assert participant_id(None, None) != participant_id(None, None)
+
+
+def test_subscribers_are_bounded_and_stop_ends_streams_and_closes_the_manager() -> None:
+    manager = ReliabilityManager("alice")
+    server = ReliabilityServer(manager, "127.0.0.1:0", max_workers=4, max_subscribers=1)
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+    stub = pb_grpc.ReliabilityStub(channel)
+    events = EventLog(stub)
+    with pytest.raises(grpc.RpcError) as refused:
+        EventLog(stub)
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    stub.OpenChannel(pb.OpenChannelRequest(channel_id="room"))
+    assert manager.channels() == ["room"]
+    server.stop()
+    events.wait_for(lambda: events.ended)
+    assert manager.channels() == []
+    channel.close()
