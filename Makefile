@@ -7,9 +7,10 @@ STAMP  := $(VENV)/.installed-stamp
 JS     := tests/interop/js
 JSSTAMP := $(JS)/node_modules/.installed-stamp
 # js-waku's relay node (sdk 0.0.27, libp2p 1) and light node (sdk 0.0.36, libp2p 2) cannot
-# share one node_modules: each driver has its own folder.
-WAKU_JS := tests/interop/waku_relay tests/interop/waku_light
-WAKUSTAMPS := $(WAKU_JS:%=%/node_modules/.installed-stamp)
+# share one node_modules: each driver has its own folder. reliability_grpc is the Node
+# gRPC client of `sdsync reliability serve`.
+NODE_JS_DIRS := tests/interop/waku_relay tests/interop/waku_light tests/interop/reliability_grpc
+NODESTAMPS := $(NODE_JS_DIRS:%=%/node_modules/.installed-stamp)
 PYTEST_ARGS ?=
 
 .PHONY: demo test lint typecheck proto bench bench-memory bench-reconcile bench-sim fuzz clean postgres
@@ -25,7 +26,7 @@ $(JSSTAMP): $(JS)/package.json $(JS)/package-lock.json
 	cd $(JS) && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-$(WAKUSTAMPS): %/node_modules/.installed-stamp: %/package.json %/package-lock.json
+$(NODESTAMPS): %/node_modules/.installed-stamp: %/package.json %/package-lock.json
 	cd $* && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
@@ -53,7 +54,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-test: $(STAMP) $(JSSTAMP) $(WAKUSTAMPS) postgres lint typecheck
+test: $(STAMP) $(JSSTAMP) $(NODESTAMPS) postgres lint typecheck
 	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
 
 proto: $(STAMP)
@@ -86,4 +87,4 @@ fuzz: $(STAMP)
 	$(PY) bench/fuzz_decoders.py --examples 100000
 
 clean:
-	rm -rf $(VENV) $(JS)/node_modules $(WAKU_JS:%=%/node_modules) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(JS)/node_modules $(NODE_JS_DIRS:%=%/node_modules) .pytest_cache .mypy_cache .ruff_cache .hypothesis

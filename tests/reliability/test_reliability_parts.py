@@ -6,7 +6,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from reliability_process import EventLog
+from reliabilityprocess import EventLog
 from typer.testing import CliRunner
 
 from sdsync.cli.main import app

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from reliability_process import PATIENCE_S, EventLog, ServerProcess
+from reliabilityprocess import PATIENCE_S, EventLog, ServerProcess
 
 from sdsync.core import ChannelConfig
 from sdsync.reliability import reliability_pb2 as pb
