@@ -13,7 +13,7 @@ NODE_JS_DIRS := tests/interop/waku_relay tests/interop/waku_light tests/interop/
 NODESTAMPS := $(NODE_JS_DIRS:%=%/node_modules/.installed-stamp)
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint typecheck proto bench bench-memory bench-reconcile bench-sim fuzz clean postgres
+.PHONY: demo test lint typecheck proto bench bench-memory bench-reconcile bench-sim bench-reliability fuzz clean postgres
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -82,6 +82,11 @@ bench-reconcile: $(STAMP)
 # (docs/simulation.md#performance); about 10 minutes.
 bench-sim: $(STAMP)
 	$(PY) bench/sim_scale.py
+
+# The reliability API through `sdsync reliability serve` vs in-process: calls/s, p50/p99
+# (docs/reliability.md#performance); under a minute.
+bench-reliability: $(STAMP)
+	$(PY) bench/reliability_grpc.py
 
 fuzz: $(STAMP)
 	$(PY) bench/fuzz_decoders.py --examples 100000
