@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
+from sdsync.core.config import MESSAGE_ID_SCHEMES, MessageIdScheme
 from sdsync.errors import LocalProtocolError
 from sdsync.runtime import PROFILES, Profile, profile
 
@@ -42,6 +43,14 @@ Repair = Annotated[bool | None, typer.Option("--repair/--no-repair", help=f"SDS-
 RepairTMinMs = Annotated[int | None, typer.Option(min=0, help=NOT_GIVEN)]
 RepairTMaxMs = Annotated[int | None, typer.Option(min=1, help=NOT_GIVEN)]
 RepairResponseGroups = Annotated[int | None, typer.Option(min=1, help=NOT_GIVEN)]
+
+
+def message_id_scheme(value: str) -> MessageIdScheme:
+    """``--message-id``'s value as a scheme; a usage error naming the schemes otherwise."""
+    if value not in MESSAGE_ID_SCHEMES:
+        choices = " or ".join(MESSAGE_ID_SCHEMES)
+        raise typer.BadParameter(f"must be {choices}", param_hint="--message-id")
+    return value
 
 
 def chosen_profile(name: str) -> Profile:

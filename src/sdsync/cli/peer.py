@@ -29,9 +29,10 @@ from sdsync.cli.options import (
     RepairTMinMs,
     chosen_profile,
     given,
+    message_id_scheme,
 )
 from sdsync.core import ChannelConfig
-from sdsync.core.config import MESSAGE_ID_SCHEMES, MessageIdScheme
+from sdsync.core.config import MessageIdScheme
 from sdsync.errors import LocalProtocolError
 from sdsync.runtime import Profile
 
@@ -104,14 +105,12 @@ def peer_command(
     if not stdio:
         raise typer.BadParameter("only --stdio is supported", param_hint="--stdio")
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
-    if message_id not in MESSAGE_ID_SCHEMES:
-        choices = " or ".join(MESSAGE_ID_SCHEMES)
-        raise typer.BadParameter(f"must be {choices}", param_hint="--message-id")
+    scheme = message_id_scheme(message_id)
     chosen = chosen_profile(profile)
     try:
         config = peer_config(
             chosen,
-            message_id,  # checked above
+            scheme,
             causal_history=causal_history,
             bloom_capacity=bloom_capacity,
             bloom_error_rate=bloom_error_rate,

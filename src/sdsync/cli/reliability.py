@@ -50,9 +50,10 @@ from sdsync.cli.options import (
     RepairTMinMs,
     chosen_profile,
     given,
+    message_id_scheme,
 )
 from sdsync.cli.peer import peer_config
-from sdsync.core.config import MESSAGE_ID_SCHEMES, MessageIdScheme
+from sdsync.core.config import MessageIdScheme
 from sdsync.errors import LocalProtocolError
 
 if TYPE_CHECKING:
@@ -165,12 +166,9 @@ def serve_command(
             param_hint="--listen",
         )
     chosen = chosen_profile(profile)
-    scheme: MessageIdScheme = chosen.channel.message_id_scheme
-    if message_id is not None:
-        if message_id not in MESSAGE_ID_SCHEMES:
-            choices = " or ".join(MESSAGE_ID_SCHEMES)
-            raise typer.BadParameter(f"must be {choices}", param_hint="--message-id")
-        scheme = message_id
+    scheme: MessageIdScheme = (
+        chosen.channel.message_id_scheme if message_id is None else message_id_scheme(message_id)
+    )
     try:
         config = peer_config(
             chosen,
