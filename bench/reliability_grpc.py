@@ -13,8 +13,9 @@ to back in one run:
 
 Printed per way: wrap+unwrap pairs per second, p50/p99 of a wrap call and of an unwrap
 call, and the ratio of each to the in-process figure. The first 100 messages warm up and
-are not counted. Syncs and resends are pushed out of the way (10-minute intervals). Timing
-never fails the run: the exit status is 0 whenever it completes.
+are not counted. Syncs and resends are pushed out of the way (10-minute intervals). Every
+unwrap must give back the payload just wrapped with no missing dependency, or the run
+stops with an error: a fast wrong answer is not a result. Timing never fails the run.
 
     .venv/bin/python bench/reliability_grpc.py [--messages 2000] [--json FILE]
 """
@@ -59,21 +60,25 @@ class Result:
     unwrap_p99_us: float
 
 
-Call = Callable[[bytes], object]
+#: bytes in; the payload for the application and the missing dependencies out.
+Unwrap = Callable[[bytes], tuple[bytes | None, list[str]]]
 
 
-def measure(way: str, wrap: Callable[[bytes], bytes], unwrap: Call, messages: int) -> Result:
+def measure(way: str, wrap: Callable[[bytes], bytes], unwrap: Unwrap, messages: int) -> Result:
     wraps: list[int] = []
     unwraps: list[int] = []
     started = 0.0
     for i in range(WARM_UP + messages):
         if i == WARM_UP:
             started = time.perf_counter()
+        payload = PAYLOAD + i.to_bytes(4, "big")
         t0 = time.perf_counter_ns()
-        data = wrap(PAYLOAD + i.to_bytes(4, "big"))
+        data = wrap(payload)
         t1 = time.perf_counter_ns()
-        unwrap(data)
+        got, missing = unwrap(data)
         t2 = time.perf_counter_ns()
+        if got != payload or missing:
+            raise SystemExit(f"{way}: message {i} unwrapped as {got!r}, missing {missing}")
         if i >= WARM_UP:
             wraps.append(t1 - t0)
             unwraps.append(t2 - t1)
@@ -99,12 +104,15 @@ def in_process(messages: int) -> Result:
     alice = ReliabilityManager("alice", runtime=runtime)
     bob = ReliabilityManager("bob", runtime=runtime)
     bob.open_channel(CHANNEL)
-    return measure(
-        "in-process",
-        lambda payload: alice.wrap_outgoing_message(payload, CHANNEL),
-        bob.unwrap_received_message,
-        messages,
-    )
+
+    def wrap(payload: bytes) -> bytes:
+        return alice.wrap_outgoing_message(payload, CHANNEL)
+
+    def unwrap(data: bytes) -> tuple[bytes | None, list[str]]:
+        result = bob.unwrap_received_message(data)
+        return result.payload, result.missing_dependencies
+
+    return measure("in-process", wrap, unwrap, messages)
 
 
 @contextmanager
@@ -168,8 +176,10 @@ def over_grpc(way: str, messages: int, root: Path, durable: bool) -> Result:
             request = pb.WrapOutgoingMessageRequest(channel_id=CHANNEL, payload=payload)
             return bytes(alice.WrapOutgoingMessage(request).data)
 
-        def unwrap(data: bytes) -> object:
-            return bob.UnwrapReceivedMessage(pb.UnwrapReceivedMessageRequest(data=data))
+        def unwrap(data: bytes) -> tuple[bytes | None, list[str]]:
+            answer = bob.UnwrapReceivedMessage(pb.UnwrapReceivedMessageRequest(data=data))
+            payload = bytes(answer.payload) if answer.HasField("payload") else None
+            return payload, list(answer.missing_dependencies)
 
         return measure(way, wrap, unwrap, messages)
 

@@ -4,10 +4,10 @@ Theory of operation
 -------------------
 One :class:`ReliabilityService` holds one :class:`~sdsync.runtime.manager.ReliabilityManager`
 (one participant, many channels) and answers the four calls of the API by calling the
-manager's methods of the same names. Every call into the manager runs on one thread of its
-own, whichever of the server's threads asked: the manager's state directory is SQLite,
-whose connections may only be used by the thread that opened them. For the same reason
-the service closes the manager (:meth:`ReliabilityService.close`): it is the service's.
+manager's methods of the same names, on whichever of the server's threads the call came
+in: the manager takes its own lock, and its SQLite state may be used from any thread. The
+service closes the manager (:meth:`ReliabilityService.close`) once no call can reach it
+any more: it is the service's.
 
 Ticking is the server's job, so that a client in any language only wraps, unwraps and
 reacts to events: a thread calls ``manager.tick()`` when ``manager.next_due()`` says work
@@ -43,7 +43,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 import grpc
 
@@ -55,7 +55,6 @@ from sdsync.runtime.manager import ReliabilityManager
 from sdsync.wire import WireLimits, decode
 
 logger = logging.getLogger("sdsync.reliability")
-T = TypeVar("T")
 
 MIN_TICK_MS = 100
 IDLE_TICK_MS = 1_000
@@ -160,7 +159,6 @@ class ReliabilityService(pb_grpc.ReliabilityServicer):
         self.hub = hub if hub is not None else EventHub()
         self._clock = clock
         self._stopping = threading.Event()
-        self._calls = futures.ThreadPoolExecutor(1, thread_name_prefix="sdsync-reliability-manager")
         self._ticker = threading.Thread(
             target=self._tick_loop, name="sdsync-reliability-tick", daemon=True
         )
@@ -179,19 +177,14 @@ class ReliabilityService(pb_grpc.ReliabilityServicer):
 
     def close(self) -> None:
         """Close the manager, once no call can come any more (after ``stop``)."""
-        self._calls.submit(self.manager.close).result()
-        self._calls.shutdown()
-
-    def _call(self, method: Callable[..., T], *args: Any) -> T:
-        """``method(*args)`` on the manager's thread."""
-        return self._calls.submit(method, *args).result()
+        self.manager.close()
 
     def _tick_loop(self) -> None:
         delay_ms = 0
         while not self._stopping.wait(delay_ms / 1000):
             try:
-                self._call(self.manager.tick)
-                due = self._call(self.manager.next_due)
+                self.manager.tick()
+                due = self.manager.next_due()
             except Exception:
                 # A failed step forgot its channel (the manager's rule); the others go on.
                 logger.exception("tick failed")
@@ -273,7 +266,7 @@ class ReliabilityService(pb_grpc.ReliabilityServicer):
         _require_channel_id(context, request.channel_id)
         self._check_room(context, request.channel_id)
         with _refusals(context):
-            self._call(self.manager.open_channel, request.channel_id)
+            self.manager.open_channel(request.channel_id)
         return pb.OpenChannelResponse()
 
     def WrapOutgoingMessage(  # noqa: N802 (the .proto's names)
@@ -285,16 +278,14 @@ class ReliabilityService(pb_grpc.ReliabilityServicer):
         self._check_room(context, request.channel_id)
         given_id = request.message_id if request.HasField("message_id") else None
         with _refusals(context):
-            data = self._call(
-                self.manager.wrap_outgoing_message, request.payload, request.channel_id, given_id
-            )
+            data = self.manager.wrap_outgoing_message(request.payload, request.channel_id, given_id)
         return pb.WrapOutgoingMessageResponse(data=data, message_id=_message_id(data))
 
     def UnwrapReceivedMessage(  # noqa: N802 (the .proto's names)
         self, request: pb.UnwrapReceivedMessageRequest, context: grpc.ServicerContext
     ) -> pb.UnwrapReceivedMessageResponse:
         with _refusals(context):
-            result = self._call(self.manager.unwrap_received_message, request.data)
+            result = self.manager.unwrap_received_message(request.data)
         return pb.UnwrapReceivedMessageResponse(
             payload=result.payload,
             missing_dependencies=result.missing_dependencies,
@@ -307,12 +298,10 @@ class ReliabilityService(pb_grpc.ReliabilityServicer):
         self, request: pb.MarkDependenciesMetRequest, context: grpc.ServicerContext
     ) -> pb.MarkDependenciesMetResponse:
         _require_channel_id(context, request.channel_id)
-        if request.channel_id not in self._call(self.manager.channels):
+        if request.channel_id not in self.manager.channels():
             context.abort(grpc.StatusCode.NOT_FOUND, f"channel {request.channel_id!r} is not open")
         with _refusals(context):
-            self._call(
-                self.manager.mark_dependencies_met, list(request.message_ids), request.channel_id
-            )
+            self.manager.mark_dependencies_met(list(request.message_ids), request.channel_id)
         return pb.MarkDependenciesMetResponse()
 
     def Events(  # noqa: N802 (the .proto's names)
@@ -342,7 +331,7 @@ class ReliabilityService(pb_grpc.ReliabilityServicer):
     def _check_room(self, context: grpc.ServicerContext, channel_id: str) -> None:
         """RESOURCE_EXHAUSTED rather than the manager's generic refusal at max_channels."""
         manager = self.manager
-        channels = self._call(manager.channels)
+        channels = manager.channels()
         if channel_id not in channels and len(channels) >= manager.max_channels:
             context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
