@@ -12,9 +12,17 @@ import pytest
 from rich.console import Console
 
 from sdsync.chat import ChatSession, load_identity
-from sdsync.core import BloomParams, ChannelConfig, MessageDelivered, MessageDeliveredEarly
+from sdsync.core import (
+    BloomParams,
+    ChannelConfig,
+    MessageDelivered,
+    MessageDeliveredEarly,
+    MessageReceived,
+    SyncReceived,
+)
 from sdsync.errors import LocalProtocolError
 from sdsync.runtime import ReliableChannel, RuntimeConfig
+from sdsync.runtime.profiles import profile
 from sdsync.transport import MemoryNetwork
 from sdsync.transport.memory import Faults
 
@@ -101,3 +109,17 @@ def test_a_message_arriving_after_a_later_one_shown_early_is_marked_as_earlier()
     assert shown[0] == "⚠ (1 earlier missing) alice: second"
     assert shown[1] == "↑ (earlier in the log) alice: first"
     assert shown[2].endswith("the messages before it arrived: in place")
+
+
+def test_the_group_the_chat_heard_from_sets_the_participant_count() -> None:
+    # The lean profile stretches the sync interval with the group: 600 ms a member, once
+    # above its 30 s floor.
+    runtime = profile("lean").runtime
+    channel = ReliableChannel(MemoryNetwork(seed=1).transport("bob"), "0", "bob", runtime=runtime)
+    session = ChatSession(channel, Console(file=io.StringIO(), width=200))
+    assert channel.driver.sync_interval_ms == runtime.sync_interval_for(None)
+    for n in range(60):
+        session.on_event(MessageReceived(f"m{n}", f"member-{n}", n + 1, 0))
+    session.on_event(SyncReceived("s", "member-0"))  # heard before: counted once
+    session.on_event(SyncReceived("s", "bob"))  # our own sync, echoed: we count already
+    assert channel.driver.sync_interval_ms == runtime.sync_interval_for(61) == 61 * 600

@@ -131,7 +131,7 @@ class ChatSession:
             self.changed_at = time.monotonic()
         mid = event.message_id
         if isinstance(event, SyncReceived | MessageReceived):
-            self.heard_from.add(event.sender_id)
+            self._heard(event.sender_id)
             self._notice_bloom_mismatch()
         if isinstance(event, MessageDeliveredEarly):
             self.shown_early.add(mid)
@@ -152,6 +152,14 @@ class ChatSession:
             self._set_status(mid, FAILED, "no peer acknowledged it", style="red")
         elif isinstance(event, SyncStatus) and event.catching_up != self.catching_up:
             self._catch_up_changed(event.catching_up)
+
+    def _heard(self, sender_id: str) -> None:
+        # Everyone we heard from, and us, is the best count of the group the chat has: it
+        # spreads SDS-R responses and, with the lean profile, stretches the sync interval
+        # as the group grows.
+        if sender_id not in self.heard_from:
+            self.heard_from.add(sender_id)
+            self.channel.set_participant_count(len(self.heard_from | {self.me}))
 
     def _notice_bloom_mismatch(self) -> None:
         """Once per channel: a received filter was ignored for its size (the core checks
