@@ -255,3 +255,33 @@ def test_missing_directory_keeps_only_complete_files(spark: SparkSession, tmp_pa
     table = spark.read.parquet(str(directory))
     assert table.count() == 0
     assert table.columns == ["archive", "message_hash", "timestamp", "held_by"]
+
+
+def test_a_retried_task_replaces_its_own_files(tmp_path: Path) -> None:
+    """Spark runs a task again when its executor is lost, possibly after the first attempt
+    wrote some or all of its files, or beside a speculative copy: the directory must end
+    with exactly one run's files and rows."""
+    items = random_items(4_000, random.Random(5))
+    a = write_in_groups(tmp_path / "a", [sorted(items)], 500)
+    b = write_in_groups(tmp_path / "b", [sorted(items[::3])], 500)
+    plan = time_slices.plan(sources_of([a, b]), SHIFT, budget_rows=10**6, tasks=4)
+    assert plan is not None and len(plan.tasks) == 4
+    once = tmp_path / "once"
+    _, expected = run_in_process(plan, once)
+    files = sorted(p.name for p in once.iterdir())
+    retried = tmp_path / "retried"
+    time_slices.begin_missing(str(retried))
+    for task in range(len(plan.tasks)):
+        list(time_slices.task_output(plan, SHIFT, task, str(retried)))
+    # Task 2 again (its executor was lost after it wrote), and an attempt killed midway.
+    list(time_slices.task_output(plan, SHIFT, 2, str(retried)))
+    killed = time_slices.task_output(plan, SHIFT, 1, str(retried))
+    next(killed, None)
+    (retried / ".part-00001-001.parquet.999").write_bytes(b"PAR1 half a file")
+    time_slices.end_missing(str(retried))
+    assert sorted(p.name for p in retried.iterdir()) == files
+    rows = pq.read_table(retried, schema=pq.read_schema(next(retried.glob("part-*")))).to_pylist()
+    assert {(r["archive"], r["timestamp"], r["message_hash"]) for r in rows} == {
+        (archive, timestamp, message_hash) for archive, timestamp, message_hash, _ in expected
+    }
+    assert len(rows) == len(expected)

@@ -7,6 +7,15 @@ code at a cluster (or run it under ``spark-submit``, which provides the master),
 already active (under ``spark-submit``, in a notebook, in the tests) we reuse it and
 leave it running: only a session we started is ours to stop.
 
+On a cluster the executors run our Python (the sweep's simulations, the reconcile's
+Arrow batches), so they must import the same sdsync as the driver: a worker holding an
+older or newer one would compute different answers without a word. Whenever the master is
+not local we zip the driver's own ``sdsync`` package and add it to the session
+(``addPyFile``): executors put it first on their path, ahead of whatever the worker
+installed. The workers provide the interpreter (``spark.pyspark.python``, which we set to
+ours: the same path must exist on every worker) and the third-party packages sdsync
+imports (docs/pipeline.md, "Running on a standalone cluster").
+
 Local defaults are sized for small machines: few shuffle partitions (the default 200
 makes 200 tiny tasks per shuffle), the driver on loopback only, no web UI (it costs
 start-up time and a port), no console progress bar (we draw our own), UTC session time,
@@ -16,8 +25,12 @@ our own progress).
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,7 +103,25 @@ def build_session(options: SessionOptions) -> tuple[SparkSession, bool]:
     spark = builder.getOrCreate()
     if not options.remote:
         spark.sparkContext.setLogLevel("ERROR")
+        if not (spark.sparkContext.master or "local").startswith("local"):
+            ship_code(spark)
     return spark, True
+
+
+def ship_code(spark: SparkSession) -> Path:
+    """Send the driver's sdsync package to every executor of ``spark``; the zip sent."""
+    package = Path(__file__).resolve().parents[1]
+    # Spark copies the file to the executors as the session goes on: it must outlive
+    # this call (not the process), and its name is what executors import from.
+    folder = Path(tempfile.mkdtemp(prefix="sdsync-code-"))
+    atexit.register(shutil.rmtree, folder, True)
+    archive = folder / "sdsync.zip"
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zipped:
+        for path in sorted(package.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                zipped.write(path, path.relative_to(package.parent))
+    spark.sparkContext.addPyFile(str(archive))
+    return archive
 
 
 def _under_spark_submit() -> bool:
