@@ -4,12 +4,13 @@
 except ``--differ`` of them (default 1 %), half missing on each side. The responder is
 ``sdsync store serve`` in its own process; the initiator runs in this one
 (:func:`sdsync.store.sync.sync_with_peer`, what ``sdsync store sync`` runs), on fresh copies
-of both archives for every method. The anchor, in the same run, is what a store can do
-without Store Sync: list the peer's hashes over the v3 REST API (100 per page), diff
-locally, fetch what is missing by hash (50 per request) and post what the peer lacks (with
-its token). Bytes are HTTP bodies both ways, counted by an aiohttp trace for every method
-alike; round trips are sequential HTTP requests; time is the whole round, snapshots,
-reconciliation and transfer included. Every run is checked: both windows end identical.
+of both archives for every method (RBSR, Prolly, RIBLT). The anchor, in the same run, is
+what a store can do without Store Sync: list the peer's hashes over the v3 REST API (100
+per page), diff locally, fetch what is missing by hash (50 per request) and post what the
+peer lacks (with its token). Bytes are HTTP bodies both ways, counted by an aiohttp trace
+for every method alike; round trips are sequential HTTP requests; time is the whole
+round, snapshots, reconciliation and transfer included. Every run is checked: both
+windows end identical.
 
 **Snapshot load.** For each backend, an archive of ``--load-items`` messages (default 1M,
 one hour) is loaded into a ``MemoryItemStore`` in bulk (``Archive.item_arrays``, then
@@ -45,6 +46,7 @@ from sdsync.store import HttpStoreClient, SqlArchive, StoredMessage, StoreQuery,
 from sdsync.store.model import MAX_PAGE_SIZE
 from sdsync.store.pgcluster import TempCluster, free_port, start_cluster
 from sdsync.store.sync import ArchiveHost, sync_with_peer
+from sdsync.store.sync.wire import METHODS
 from sdsync.wire.waku import WakuMessage
 
 PUBSUB = "/waku/2/rs/1/0"
@@ -159,7 +161,7 @@ async def store_sync(run: Run, ours: str, peer: str) -> None:
                 ArchiveHost(archive),
                 peer,
                 WINDOW,
-                method="rbsr" if run.method == "rbsr" else "prolly",
+                method=next(m for m in METHODS if m == run.method),
                 session=http,
             )
             run.seconds = time.perf_counter() - started
@@ -177,7 +179,7 @@ async def v3_sync(run: Run, ours: str, peer: str) -> None:
             client = HttpStoreClient(peer, token=TOKEN, session=http)
             theirs: set[bytes] = set()
             query = StoreQuery(
-                time_start=WINDOW[0], time_end=WINDOW[1] - 1, page_size=MAX_PAGE_SIZE
+                time_start=WINDOW[0], time_end=WINDOW[1] - 1, pagination_limit=MAX_PAGE_SIZE
             )
             async for page in client.pages(query):
                 theirs.update(page.hashes)
@@ -203,7 +205,7 @@ def sync_runs(args: argparse.Namespace, work: Path) -> list[Run]:
     fill(base_b, [m for m in messages if m not in only_a])
     union = {m.message_hash for m in messages}
     runs = []
-    for method in ["v3 (anchor)", "rbsr", "prolly"]:
+    for method in ["v3 (anchor)", *METHODS]:
         run = Run(method)
         ours, theirs = str(work / f"{method[:2]}-a.sqlite3"), str(work / f"{method[:2]}-b.sqlite3")
         shutil.copy(base_a, ours)

@@ -79,7 +79,7 @@ def in_window(archive: SqlArchive) -> set[bytes]:
     return {h for _, h in archive.items(*WINDOW)}
 
 
-@pytest.mark.parametrize("method", ["rbsr", "prolly"])
+@pytest.mark.parametrize("method", ["rbsr", "prolly", "riblt"])
 @pytest.mark.parametrize("case", CASES)
 def test_two_nodes_end_with_identical_windows(
     archives: tuple[SqlArchive, SqlArchive], tmp_path: Path, case: str, method: Method

@@ -17,12 +17,15 @@ import pytest
 from storetest import HOUR, PUBSUB, T0, make_message, make_messages, running, sync_now
 
 from sdsync.errors import RemoteProtocolError
-from sdsync.reconcile import MemoryItemStore, RbsrSession
+from sdsync.reconcile import MemoryItemStore, RbsrSession, varint
+from sdsync.reconcile.riblt import RibltSession
 from sdsync.store import SqlArchive, StoredMessage, open_archive
 from sdsync.store.sync import ArchiveHost, SyncConfig, responder_app, sync_with_peer
 from sdsync.store.sync.wire import (
+    FRAMES_TYPE,
     SESSION_HEADER,
     encode_entry,
+    encode_frames,
     messages_path,
     open_path,
     session_path,
@@ -306,3 +309,37 @@ def test_a_window_over_the_budget_is_refused_before_it_is_loaded(
 
     asyncio.run(scenario())
     assert loaded == []
+
+
+def test_bad_riblt_frame_streams_answer_400_and_end_the_session(
+    sqlite_archive: SqlArchive, tmp_path: Path
+) -> None:
+    sqlite_archive.insert(make_messages(50, seed=41, span=HOUR))
+    params = {"start": str(WINDOW[0]), "end": str(WINDOW[1])}
+    headers = {"Content-Type": FRAMES_TYPE}
+
+    async def scenario() -> None:
+        async with (
+            running(sqlite_archive, tmp_path / "a", clock_ns=sync_now) as node,
+            aiohttp.ClientSession() as http,
+        ):
+            opening = node.url + open_path("riblt")
+            # A frame length past the end of the body.
+            async with http.post(opening, data=b"\x05ab", params=params, headers=headers) as r:
+                assert r.status == 400
+            initiator = RibltSession(MemoryItemStore([]), initiator=True, window=WINDOW)
+            body = encode_frames([initiator.initiate()])
+            async with http.post(opening, data=body, params=params, headers=headers) as r:
+                assert r.status == 200 and r.content_type == FRAMES_TYPE
+                session_id = r.headers[SESSION_HEADER]
+                assert await r.read()  # the symbols, up to the stream's cap
+            # DONE asking for an item the responder does not hold.
+            done = bytes([1, 2, 1]) + varint(0) + varint(1) + varint(5) + bytes(16)
+            url = node.url + session_path(session_id)
+            async with http.post(url, data=encode_frames([done]), headers=headers) as r:
+                assert r.status == 400 and "do not hold" in await r.text()
+            async with http.post(url, data=encode_frames([done]), headers=headers) as r:
+                assert r.status == 404
+            assert sqlite_archive.count() == 50
+
+    asyncio.run(scenario())

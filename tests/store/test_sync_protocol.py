@@ -26,6 +26,7 @@ from sdsync.store.sync import (
     responder_app,
     sync_with_peer,
 )
+from sdsync.store.sync import responder as responder_module
 from sdsync.store.sync.wire import (
     BATCH_TYPE,
     NEXT_HEADER,
@@ -295,6 +296,59 @@ def test_metrics_count_rounds_bytes_and_differences(
     asyncio.run(scenario())
 
 
+def test_riblt_reconciles_in_two_round_trips(sqlite_archive: SqlArchive, tmp_path: Path) -> None:
+    other = open_archive(str(tmp_path / "other.sqlite3"))
+    sqlite_archive.insert(SHARED[:150])
+    other.insert(SHARED[100:])
+
+    async def scenario() -> None:
+        async with (
+            running(sqlite_archive, tmp_path / "a", clock_ns=sync_now) as a,
+            running(other, tmp_path / "b", clock_ns=sync_now) as b,
+            aiohttp.ClientSession() as http,
+        ):
+            report = await sync_with_peer(a, b.url, WINDOW, method="riblt")
+            # One request reads the stream of symbols, one posts DONE and reads TAILS.
+            assert report.round_trips == 2
+            assert (report.have, report.need) == (100, 50)
+            assert (report.peer_stored, report.stored) == (100, 50)
+            again = await sync_with_peer(a, b.url, WINDOW, method="riblt")
+            assert (again.have, again.need, again.round_trips) == (0, 0, 2)
+            async with http.get(f"{b.url}/metrics") as response:
+                scraped = await response.text()
+            assert _metric(scraped, "sync_rounds", 'role="responder"') == 2
+            assert _metric(scraped, "sync_differences", 'side="we_lacked"') == 100
+        assert sqlite_archive.count() == other.count() == 200
+
+    asyncio.run(scenario())
+
+
+def test_a_riblt_node_syncs_peers_without_riblt_by_rbsr(
+    sqlite_archive: SqlArchive, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    other = open_archive(str(tmp_path / "other.sqlite3"))
+    sqlite_archive.insert(SHARED[:150])
+    other.insert(SHARED[100:])
+    # An older peer: its responder knows RBSR and Prolly only (404 for /sync/v1/riblt).
+    monkeypatch.setattr(responder_module, "METHODS", ("rbsr", "prolly"))
+
+    async def scenario() -> None:
+        async with (
+            running(sqlite_archive, tmp_path / "a", clock_ns=sync_now) as a,
+            running(other, tmp_path / "b", clock_ns=sync_now) as b,
+        ):
+            config = SyncConfig(method="riblt")
+            periodic = PeriodicSync(a, [b.url], config, clock_ns=sync_now, rng=random.Random(1))
+            for _ in range(2):
+                report = await periodic.round()
+                assert report is not None and report.method == "rbsr"
+            assert periodic.rbsr_peers == {b.url} and not periodic.unsupported
+            assert periodic.info()["rbsr_peers"] == [b.url]
+        assert sqlite_archive.count() == other.count() == 200
+
+    asyncio.run(scenario())
+
+
 def test_periodic_rounds_fill_the_gaps(sqlite_archive: SqlArchive, tmp_path: Path) -> None:
     recent = make_messages(60, seed=25, start=time.time_ns() - HOUR // 2, span=HOUR // 4)
     sqlite_archive.insert(recent[:30])
@@ -357,6 +411,9 @@ def test_sync_command(sqlite_archive: SqlArchive, tmp_path: Path) -> None:
             )
             assert code == 0, err
             assert "we lacked 0, the peer lacked 0" in out and "round trips" in out
+            code, out, err = await _cli("--peer", peer.url, "--db", str(local), "--method", "riblt")
+            assert code == 0, err
+            assert "we lacked 0, the peer lacked 0" in out
             code, _, err = await _cli("--peer", bad.url, "--db", str(local))
             assert code == 1 and "does not speak Store Sync" in err
             dead = f"http://127.0.0.1:{_closed_port()}"

@@ -51,6 +51,7 @@ Db = Annotated[
 class SyncMethod(StrEnum):
     rbsr = "rbsr"
     prolly = "prolly"
+    riblt = "riblt"
 
 
 def _db_url(db: str | None, data_dir: Path) -> str:

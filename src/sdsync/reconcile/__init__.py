@@ -1,6 +1,8 @@
-"""Set reconciliation between message stores: range-based (RBSR) and Prolly-tree sync.
+"""Set reconciliation between message stores: range-based (RBSR), Prolly-tree sync and
+rateless IBLTs (RIBLT).
 
-Both methods are sans-I/O sessions over a sorted :class:`ItemStore`; see
+All three methods are sans-I/O sessions over a sorted :class:`ItemStore` (RIBLT's own
+store, :class:`RibltItemStore`, keeps its symbol cache up to date); see
 :mod:`sdsync.reconcile.session` for the calling convention and ``docs/reconcile.md`` for the
 wire formats and the measurements behind the parameters.
 """
@@ -18,6 +20,7 @@ from sdsync.reconcile.items import INFINITY, Bound, Item, ItemStore, MemoryItemS
 from sdsync.reconcile.memory import Method, ReconcileResult, reconcile_in_memory, sessions
 from sdsync.reconcile.prolly import PROLLY_VERSION, ProllyParams, ProllySession
 from sdsync.reconcile.rbsr import RBSR_VERSION, RbsrParams, RbsrSession
+from sdsync.reconcile.riblt import RIBLT_VERSION, RibltItemStore, RibltParams, RibltSession
 from sdsync.reconcile.session import (
     DEFAULT_MAX_FRAME_SIZE,
     FULL_WINDOW,
@@ -37,6 +40,7 @@ __all__ = [
     "INFINITY",
     "PROLLY_VERSION",
     "RBSR_VERSION",
+    "RIBLT_VERSION",
     "ROUND_LIMIT_ITEMS",
     "Bound",
     "Item",
@@ -49,6 +53,9 @@ __all__ = [
     "RbsrSession",
     "ReconcileResult",
     "ReconcileSession",
+    "RibltItemStore",
+    "RibltParams",
+    "RibltSession",
     "SessionStats",
     "Window",
     "default_max_rounds",

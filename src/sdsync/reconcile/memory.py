@@ -3,8 +3,10 @@
 Theory of operation
 -------------------
 The initiator's first frame goes to the responder; every reply goes back the other way
-until a ``receive`` returns ``None``. Bytes and frames are counted per direction; the
-result carries what each side learned, so a caller can check the two views agree.
+until a ``receive`` returns ``None`` (or, when the side that returned it is still running,
+the sender's :meth:`~sdsync.reconcile.session.ReconcileSession.stream` has nothing more).
+Bytes and frames are counted per direction; the result carries what each side learned, so
+a caller can check the two views agree.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from sdsync.errors import LocalProtocolError
 from sdsync.reconcile.items import Item, ItemStore
 from sdsync.reconcile.prolly import ProllyParams, ProllySession
 from sdsync.reconcile.rbsr import RbsrParams, RbsrSession
+from sdsync.reconcile.riblt import RibltParams, RibltSession
 from sdsync.reconcile.session import (
     DEFAULT_MAX_FRAME_SIZE,
     FULL_WINDOW,
@@ -25,7 +28,7 @@ from sdsync.reconcile.session import (
     Window,
 )
 
-Method = Literal["rbsr", "prolly"]
+Method = Literal["rbsr", "prolly", "riblt"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +44,7 @@ class ReconcileResult:
     peer_need: list[Item]
     """``b``'s view: items ``a`` holds and ``b`` lacks."""
     frames: int
+    """Turns: a streamed run of frames counts once."""
     bytes_a_to_b: int
     bytes_b_to_a: int
 
@@ -59,6 +63,7 @@ def sessions(
     rbsr: RbsrParams | None = None,
     prolly: ProllyParams | None = None,
     max_rounds: int | None = None,
+    riblt: RibltParams | None = None,
 ) -> tuple[ReconcileSession, ReconcileSession]:
     """An initiator over ``a`` and a responder over ``b`` (``max_rounds``: both sessions'
     round limit, None for the method's default)."""
@@ -66,6 +71,8 @@ def sessions(
         return _pair(RbsrSession, rbsr, a, b, window, max_frame_size, max_rounds)
     if method == "prolly":
         return _pair(ProllySession, prolly, a, b, window, max_frame_size, max_rounds)
+    if method == "riblt":
+        return _pair(RibltSession, riblt, a, b, window, max_frame_size, max_rounds)
     raise LocalProtocolError(f"unknown reconciliation method {method!r}")
 
 
@@ -96,6 +103,7 @@ def reconcile_in_memory(
     prolly: ProllyParams | None = None,
     max_frames: int = 100_000,
     max_rounds: int | None = None,
+    riblt: RibltParams | None = None,
 ) -> ReconcileResult:
     """Reconcile ``a`` with ``b`` over ``window``; ``a`` initiates."""
     init, resp = sessions(
@@ -107,15 +115,23 @@ def reconcile_in_memory(
         rbsr=rbsr,
         prolly=prolly,
         max_rounds=max_rounds,
+        riblt=riblt,
     )
     frame: bytes | None = init.initiate()
     receiver, sender = resp, init
-    frames = 0
+    frames = streamed = 0
     while frame is not None:
         frames += 1
-        if frames > max_frames:
+        if frames + streamed > max_frames:
             raise LocalProtocolError(f"no agreement after {max_frames} frames")
-        frame = receiver.receive(frame)
+        reply = receiver.receive(frame)
+        # A None from a side still running: the sender's turn goes on (a stream).
+        while reply is None and not receiver.done and (more := sender.stream()) is not None:
+            streamed += 1
+            if frames + streamed > max_frames:
+                raise LocalProtocolError(f"no agreement after {max_frames} frames")
+            reply = receiver.receive(more)
+        frame = reply
         receiver, sender = sender, receiver
     return ReconcileResult(
         have=init.have,

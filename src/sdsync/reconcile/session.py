@@ -11,6 +11,12 @@ already; the peer's ``receive`` of that frame returns ``None``. Over a request/r
 transport (the store's HTTP server) the initiator is the client and an empty response
 stands for ``None``.
 
+A method may *stream* a turn: after a frame, the same side sends further frames without
+waiting for an answer (RIBLT's responder sends coded symbols until the initiator has
+enough; long lists go out in parts). :meth:`ReconcileSession.stream` returns the next such
+frame; a ``receive`` that returns ``None`` while the session is not done means "the peer's
+stream goes on". Streamed frames are counted apart (``frames_*`` count turns).
+
 Both sides end knowing both directions: :attr:`~ReconcileSession.have` (items we hold and
 the peer lacks) and :attr:`~ReconcileSession.need` (items the peer holds and we lack), so
 either may push or pull the messages afterwards.
@@ -113,6 +119,10 @@ class SessionStats:
     frames_out: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
+    streamed_in: int = 0
+    """Frames received that continued the peer's turn (not counted in ``frames_in``)."""
+    streamed_out: int = 0
+    """Frames sent that continued our turn (not counted in ``frames_out``)."""
 
     @property
     def round_trips(self) -> int:
@@ -131,6 +141,16 @@ class FrameOutcome:
     need: list[Item] = field(default_factory=list)
     finished: bool = False
     commit: Callable[[], None] | None = None
+    streamed: bool = False
+    """The frame continued the peer's turn (a stream), it did not start one."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamPart:
+    """A frame a side sends on in its own turn, and whether it is the session's last."""
+
+    frame: bytes
+    finished: bool
 
 
 class _State(Enum):
@@ -215,7 +235,10 @@ class ReconcileSession(ABC):
                 f"(round limit {self.max_rounds})"
             )
         outcome = self._evaluate(frame)
-        self.stats.frames_in += 1
+        if outcome.streamed:
+            self.stats.streamed_in += 1
+        else:
+            self.stats.frames_in += 1
         self.stats.bytes_in += len(frame)
         self._learn(self.have, outcome.have)
         self._learn(self.need, outcome.need)
@@ -225,6 +248,23 @@ class ReconcileSession(ABC):
         if outcome.reply is not None:
             self._count_out(outcome.reply)
         return outcome.reply
+
+    def stream(self) -> bytes | None:
+        """The next frame of our turn, sent without waiting for an answer; ``None`` when
+        the turn is over (or the method does not stream)."""
+        if self._state is not _State.RUNNING:
+            return None
+        part = self._stream()
+        if part is None:
+            return None
+        self.stats.streamed_out += 1
+        self.stats.bytes_out += len(part.frame)
+        if part.finished:
+            self._state = _State.DONE
+        return part.frame
+
+    def _stream(self) -> StreamPart | None:
+        return None
 
     def _learn(self, into: list[Item], items: list[Item]) -> None:
         known = self._known

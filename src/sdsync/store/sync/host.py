@@ -10,7 +10,9 @@ runs the blocking archive calls off the event loop and archives what arrives wit
 
 A session reads a *snapshot*: the window's items loaded once, in bulk
 (:meth:`~sdsync.store.archive.Archive.item_arrays`), into a
-:class:`~sdsync.reconcile.MemoryItemStore`, which must not change while the session runs.
+:class:`~sdsync.reconcile.riblt.RibltItemStore` (a :class:`~sdsync.reconcile.MemoryItemStore`
+that RIBLT reads in bulk; no bucket cache: it is read once), which must not change while
+the session runs.
 Messages archived meanwhile are simply not part of this round; the next round sees them.
 
 Messages go out in batches of at most :data:`~sdsync.store.sync.wire.MAX_BATCH_BYTES`,
@@ -23,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sdsync.reconcile import MemoryItemStore
+from sdsync.reconcile.riblt import RibltItemStore
 from sdsync.store.archive import Archive
 from sdsync.store.host import SyncHost
 from sdsync.store.sync.wire import MAX_BATCH_BYTES, encode_entry
@@ -37,7 +40,7 @@ async def snapshot(host: SyncHost, window: tuple[int, int]) -> MemoryItemStore:
 
 
 def _load(archive: Archive, window: tuple[int, int]) -> MemoryItemStore:
-    return MemoryItemStore.from_arrays(*archive.item_arrays(*window))
+    return RibltItemStore.build(*archive.item_arrays(*window), bucket_width=None)
 
 
 async def read_batch(

@@ -13,6 +13,11 @@ peer holds and we lack, batch by batch, accepting only messages whose recomputed
 one the session found we need. Last, the session is closed (also after a failure, as a
 courtesy; a session abandoned because we were cancelled expires on the peer).
 
+A streaming method (RIBLT) takes one request per turn instead: the first posts ``OPEN``
+and reads the peer's coded symbols as they stream, feeding them to the session until it
+has decoded, then hangs up; the second posts our whole answer (``DONE``) as a frame
+stream and reads the peer's (``TAILS``). So the reconciliation is two HTTP round trips.
+
 Failures say what to do next: a peer that does not speak Store Sync v1 or this method
 (404, 405, or no session in its answer) raises :class:`SyncUnsupportedError`, and
 periodic sync stops asking it; a peer that cannot be reached, is busy or fails (429,
@@ -35,16 +40,22 @@ import aiohttp
 
 from sdsync.errors import RemoteProtocolError
 from sdsync.reconcile import Method, ProllySession, RbsrSession, ReconcileSession
+from sdsync.reconcile.codec import MAX_VARINT_BYTES
+from sdsync.reconcile.riblt import RibltSession
 from sdsync.store.client import StoreUnavailableError
 from sdsync.store.host import SyncHost
 from sdsync.store.sync.host import SOURCE, read_batch, snapshot
 from sdsync.store.sync.wire import (
     BATCH_TYPE,
     FRAME_TYPE,
+    FRAMES_TYPE,
+    MAX_FRAMES_BODY,
     NEXT_HEADER,
     SESSION_HEADER,
+    STREAMING,
     VERSION,
     decode_batch,
+    encode_frames,
     messages_path,
     open_path,
     session_path,
@@ -123,17 +134,19 @@ async def sync_with_peer(
     report = SyncReport(peer.rstrip("/"), method, window)
     store = await snapshot(host, window)
     report.items = len(store)
-    reconcile: ReconcileSession = (
-        RbsrSession(store, initiator=True, window=window)
-        if method == "rbsr"
-        else ProllySession(store, initiator=True, window=window)
-    )
+    sessions = {"rbsr": RbsrSession, "prolly": ProllySession, "riblt": RibltSession}
+    reconcile: ReconcileSession = sessions[method](store, initiator=True, window=window)
     async with _http(session, timeout_s) as client:
         api = _Peer(client, report, token)
         try:
-            session_id, reply = await _open(api, reconcile, report)
+            streamed = method in STREAMING
+            opening = _open_streamed if streamed else _open
+            session_id, reply = await opening(api, reconcile, report)
             try:
-                await _reconcile(api, session_id, reconcile, reply, report)
+                if streamed:
+                    await _reconcile_streamed(api, session_id, reconcile, reply, report)
+                else:
+                    await _reconcile(api, session_id, reconcile, reply or b"", report)
                 await _push(host, api, session_id, reconcile, report)
                 await _pull(host, api, session_id, reconcile, report)
             except Exception:
@@ -179,6 +192,108 @@ async def _reconcile(
     if not reconcile.done:
         raise RemoteProtocolError(f"{report.peer} stopped answering before the sync was done")
     report.have, report.need = len(reconcile.have), len(reconcile.need)
+
+
+async def _open_streamed(
+    peer: _Peer, reconcile: ReconcileSession, report: SyncReport
+) -> tuple[str, bytes | None]:
+    """Open a session with our first frame and take the peer's streamed turn: the session's
+    id and our answer to it."""
+    start, end = report.window
+    params = {"start": start, "end": end}
+    try:
+        session_id, reply = await _turn(
+            peer, open_path(report.method), [reconcile.initiate()], reconcile, params
+        )
+    except _NotFoundError:
+        raise SyncUnsupportedError(
+            f"{report.peer} does not speak Store Sync {VERSION} ({report.method})"
+        ) from None
+    if not session_id:
+        raise SyncUnsupportedError(f"{report.peer} opened no Store Sync session")
+    return session_id, reply
+
+
+async def _reconcile_streamed(
+    peer: _Peer,
+    session_id: str,
+    reconcile: ReconcileSession,
+    reply: bytes | None,
+    report: SyncReport,
+) -> None:
+    """Post our turns (an answer and what our session streams after it) until done."""
+    while reply is not None or not reconcile.done:
+        turn = [] if reply is None else [reply]
+        while (more := reconcile.stream()) is not None:
+            turn.append(more)
+        if not turn:
+            raise RemoteProtocolError(f"{report.peer} stopped answering before the sync was done")
+        _, reply = await _turn(peer, session_path(session_id), turn, reconcile)
+    report.have, report.need = len(reconcile.have), len(reconcile.need)
+
+
+async def _turn(
+    peer: _Peer,
+    path: str,
+    frames: list[bytes],
+    reconcile: ReconcileSession,
+    params: Mapping[str, int] | None = None,
+) -> tuple[str | None, bytes | None]:
+    """Post one turn as frame streams (split when long); feed the peer's streamed answer to
+    ``reconcile`` until it answers or is done, then hang up. The session named, and our
+    answer."""
+    bodies = _bodies(frames)
+    for body in bodies[:-1]:
+        await peer.call("POST", path, body=body, content_type=FRAMES_TYPE, params=params)
+        peer.report.frame_bytes_sent += len(body)
+        peer.report.round_trips += 1
+    async with peer.stream("POST", path, bodies[-1], params) as (headers, content):
+        peer.report.frame_bytes_sent += len(bodies[-1])
+        peer.report.round_trips += 1
+        reply: bytes | None = None
+        while reply is None and not reconcile.done:
+            frame = await _read_frame(content, reconcile.max_frame_size)
+            if frame is None:
+                break
+            peer.report.frame_bytes_received += len(frame)
+            reply = await asyncio.to_thread(reconcile.receive, frame)
+    return headers.get(SESSION_HEADER), reply
+
+
+def _bodies(frames: list[bytes]) -> list[bytes]:
+    bodies: list[list[bytes]] = [[]]
+    size = 0
+    for frame in frames:
+        if bodies[-1] and size + len(frame) + MAX_VARINT_BYTES > MAX_FRAMES_BODY:
+            bodies.append([])
+            size = 0
+        bodies[-1].append(frame)
+        size += len(frame) + MAX_VARINT_BYTES
+    return [encode_frames(body) for body in bodies]
+
+
+async def _read_frame(content: aiohttp.StreamReader, limit: int) -> bytes | None:
+    """The next frame of a frame stream; None at its end."""
+    try:
+        length = 0
+        for position in range(MAX_VARINT_BYTES):
+            chunk = await content.read(1)
+            if not chunk:
+                if position:
+                    raise RemoteProtocolError("a frame stream ends inside a length")
+                return None
+            length = (length << 7) | (chunk[0] & 0x7F)
+            if not chunk[0] & 0x80:
+                break
+        else:
+            raise RemoteProtocolError("a frame length longer than 10 bytes")
+        if length > limit:
+            raise RemoteProtocolError(f"a streamed frame of {length} bytes exceeds {limit}")
+        return await content.readexactly(length)
+    except asyncio.IncompleteReadError:
+        raise RemoteProtocolError("a frame stream ends inside a frame") from None
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise StoreUnavailableError(f"the frame stream broke: {exc or type(exc).__name__}") from exc
 
 
 def _exchanged(report: SyncReport, frame: bytes, reply: bytes) -> None:
@@ -278,6 +393,37 @@ class _Peer:
         with contextlib.suppress(StoreUnavailableError, RemoteProtocolError):
             await self.call("DELETE", session_path(session_id))
 
+    @contextlib.asynccontextmanager
+    async def stream(
+        self, method: str, path: str, body: bytes, params: Mapping[str, int] | None = None
+    ) -> AsyncIterator[tuple[Mapping[str, str], aiohttp.StreamReader]]:
+        """A frame-stream request: the headers and body of a 2xx answer as it arrives (the
+        connection is closed on leaving, whatever is left unread), else the error it means."""
+        self.report.requests += 1
+        try:
+            async with self.client.request(
+                method,
+                self.report.peer + path,
+                data=body,
+                params={k: str(v) for k, v in (params or {}).items()},
+                headers={"Content-Type": FRAMES_TYPE, **self.auth},
+            ) as response:
+                if not 200 <= response.status < 300:
+                    self._fail(response.status, await response.read(), path)
+                try:
+                    yield response.headers, response.content
+                finally:
+                    response.close()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise StoreUnavailableError(f"{self.report.peer}: {exc or type(exc).__name__}") from exc
+
+    def _fail(self, status: int, answer: bytes, path: str) -> None:
+        text = answer[:200].decode(errors="replace").strip()
+        if status == 429 or status >= 500:
+            raise StoreUnavailableError(f"{self.report.peer}: HTTP {status}: {text}")
+        error = _NotFoundError if status in (404, 405) else RemoteProtocolError
+        raise error(f"{self.report.peer}{path}: HTTP {status}: {text}")
+
     async def call(
         self,
         method: str,
@@ -301,10 +447,6 @@ class _Peer:
                 status, headers = response.status, response.headers
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise StoreUnavailableError(f"{self.report.peer}: {exc or type(exc).__name__}") from exc
-        if 200 <= status < 300:
-            return answer, headers
-        text = answer[:200].decode(errors="replace").strip()
-        if status == 429 or status >= 500:
-            raise StoreUnavailableError(f"{self.report.peer}: HTTP {status}: {text}")
-        error = _NotFoundError if status in (404, 405) else RemoteProtocolError
-        raise error(f"{self.report.peer}{path}: HTTP {status}: {text}")
+        if not 200 <= status < 300:
+            self._fail(status, answer, path)
+        return answer, headers

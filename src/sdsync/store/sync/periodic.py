@@ -9,6 +9,10 @@ that answers that it does not (:class:`SyncUnsupportedError`) is remembered and 
 asked again, and the round goes on with another random peer. A peer that is down or
 busy, or answers nonsense, ends the round (logged, and shown by ``/admin/v1/info``); the
 next round picks afresh.
+
+A node configured for another method than RBSR (``--sync-method riblt``) may meet peers
+that speak Store Sync but not that method (older nodes): such a peer is synced by RBSR,
+which every Store Sync node speaks, at once and in later rounds.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from sdsync.errors import RemoteProtocolError
+from sdsync.reconcile import Method
 from sdsync.store.archive import ArchiveUnavailable
 from sdsync.store.client import StoreUnavailableError
 from sdsync.store.host import SyncHost
@@ -42,6 +47,8 @@ class PeriodicSync:
         self.peers = tuple(peers)
         self.config = config
         self.unsupported: set[str] = set()
+        self.rbsr_peers: set[str] = set()
+        """Peers that speak Store Sync but not our method."""
         self.rounds = 0
         self.failures = 0
         self.last: SyncReport | None = None
@@ -55,11 +62,8 @@ class PeriodicSync:
         candidates = [p for p in self.peers if p not in self.unsupported]
         while candidates:
             peer = candidates.pop(self._rng.randrange(len(candidates)))
-            window = self.config.window(self._clock_ns())
             try:
-                report = await sync_with_peer(
-                    self.host, peer, window, method=self.config.method, token=self.config.token
-                )
+                report = await self._sync(peer)
             except SyncUnsupportedError as exc:
                 logger.warning("store sync: %s; not asking it again", exc)
                 self.unsupported.add(peer)
@@ -81,6 +85,22 @@ class PeriodicSync:
         self._failed("no configured peer speaks Store Sync")
         return None
 
+    async def _sync(self, peer: str) -> SyncReport:
+        """A round with ``peer`` by our method, or by RBSR if it does not speak ours."""
+        method: Method = "rbsr" if peer in self.rbsr_peers else self.config.method
+        try:
+            return await self._round_with(peer, method)
+        except SyncUnsupportedError as exc:
+            if method == "rbsr":
+                raise
+            logger.warning("store sync: %s; syncing with it by RBSR", exc)
+            self.rbsr_peers.add(peer)
+            return await self._round_with(peer, "rbsr")
+
+    async def _round_with(self, peer: str, method: Method) -> SyncReport:
+        window = self.config.window(self._clock_ns())
+        return await sync_with_peer(self.host, peer, window, method=method, token=self.config.token)
+
     def _failed(self, error: str) -> None:
         self.failures += 1
         self.last_error = error
@@ -92,6 +112,7 @@ class PeriodicSync:
             "rounds": self.rounds,
             "failures": self.failures,
             "unsupported_peers": sorted(self.unsupported),
+            "rbsr_peers": sorted(self.rbsr_peers),
             "last": self.last.as_dict() if self.last else None,
             "last_error": self.last_error,
         }

@@ -6,11 +6,15 @@ The initiator is the HTTP client; the responder keeps the state of each session 
 requests in a :class:`SessionTable`. Routes, relative to the node (``/sync/`` is where
 :func:`responder_app` is mounted):
 
-* ``POST /sync/v1/{rbsr|prolly}?start=NS&end=NS`` with the first frame opens a session:
-  the responder loads a snapshot of ``[start, end)``, answers the frame, and names the
-  session in the ``Sdsync-Session`` header.
+* ``POST /sync/v1/{rbsr|prolly|riblt}?start=NS&end=NS`` with the first frame opens a
+  session: the responder loads a snapshot of ``[start, end)``, answers the frame, and
+  names the session in the ``Sdsync-Session`` header.
 * ``POST /sync/v1/sessions/{id}`` with a frame: the answer frame (an empty body: nothing
   to say). A malformed frame answers 400 and ends the session.
+* A streaming method (RIBLT) sends and answers whole turns as frame streams
+  (:mod:`.wire`): the answer to its first frame is the stream of coded symbols, written
+  batch after batch until the initiator hangs up or posts its next turn (which stops
+  the stream), or the stream's end.
 * Once reconciliation is done, the transfer. ``POST …/{id}/messages`` pushes a batch of
   messages the responder lacks; it accepts only hashes the session found it needs, inside
   the session's window, and recomputes each hash. ``GET …/{id}/messages?from=N`` pulls a
@@ -54,7 +58,9 @@ from sdsync.reconcile import (
     ProllySession,
     RbsrSession,
     ReconcileSession,
+    varint,
 )
+from sdsync.reconcile.riblt import RibltSession
 from sdsync.store.archive import ArchiveUnavailable
 from sdsync.store.host import SyncHost
 from sdsync.store.model import INT64_MAX, StoredMessage, StoreQuery
@@ -65,12 +71,16 @@ from sdsync.store.sync.policy import SyncRefused, check_pushed, check_window
 from sdsync.store.sync.wire import (
     BATCH_TYPE,
     FRAME_TYPE,
+    FRAMES_TYPE,
     MAX_BATCH_BYTES,
+    MAX_FRAMES_BODY,
     METHODS,
     NEXT_HEADER,
     SESSION_HEADER,
+    STREAMING,
     VERSION,
     decode_batch,
+    decode_frames,
 )
 
 RETRY_AFTER_S = 5
@@ -95,8 +105,15 @@ class Session:
     """The last batch of ``offered`` has been served."""
     pushed_bytes: int = 0
     archived_topics: dict[str, bool] = field(default_factory=dict)
+    streams: bool = False
+    """Turns travel as frame streams (RIBLT)."""
+    settled: bool = False
+    """:meth:`finish` has run."""
+    turn: int = 0
+    """Requests answered: a stream goes on only while no later request came."""
 
     def finish(self) -> None:
+        self.settled = True
         start, end = self.window
         self.wanted = {h: ts for ts, h in self.reconcile.need if start <= ts < end}
         self.offered = [h for _, h in sorted(self.reconcile.have)]
@@ -153,11 +170,19 @@ class SessionTable:
             raise _busy("the sync sessions' item budget is in use")
 
     def add(
-        self, reconcile: ReconcileSession, window: tuple[int, int], items: int, client: str
+        self,
+        reconcile: ReconcileSession,
+        window: tuple[int, int],
+        items: int,
+        client: str,
+        *,
+        streams: bool = False,
     ) -> str:
         self.check_budget(items)
         session_id = secrets.token_urlsafe(16)
-        self._sessions[session_id] = Session(reconcile, window, items, client, self._clock())
+        self._sessions[session_id] = Session(
+            reconcile, window, items, client, self._clock(), streams=streams
+        )
         return session_id
 
     def get(self, session_id: str) -> Session:
@@ -220,34 +245,55 @@ def responder_app(
 # -- reconciliation
 
 
-async def open_session(request: web.Request) -> web.Response:
+async def open_session(request: web.Request) -> web.StreamResponse:
     node, table = request.app[NODE], request.app[TABLE]
-    method: Method = "rbsr" if request.match_info["method"] == "rbsr" else "prolly"
+    method = next(m for m in METHODS if m == request.match_info["method"])
     window = _window(request.query)
     check_window(table.config, window, request.app[WALL_CLOCK]())
-    frame = await _body(request, DEFAULT_MAX_FRAME_SIZE)
+    frames = await _frames(request)
     client = request.remote or "unknown"
     with table.opening(client):
         # Counted first: a window over the budget is refused before it is read.
         table.check_budget(await node.in_archive(node.archive.count_items, *window))
         store = await snapshot(node, window)
-        session_id = table.add(_responder(method, store), window, len(store), client)
-    return await _answer(node, table, session_id, frame)
+        reconcile = _responder(method, store)
+        session_id = table.add(reconcile, window, len(store), client, streams=method in STREAMING)
+    return await _answer(request, table, session_id, frames)
 
 
-async def next_frame(request: web.Request) -> web.Response:
-    node, table = request.app[NODE], request.app[TABLE]
+async def next_frame(request: web.Request) -> web.StreamResponse:
+    table = request.app[TABLE]
     session_id = request.match_info["session_id"]
     table.get(session_id)  # 404 before reading a body for nothing
-    return await _answer(node, table, session_id, await _body(request, DEFAULT_MAX_FRAME_SIZE))
+    return await _answer(request, table, session_id, await _frames(request))
 
 
 async def _answer(
-    node: SyncHost, table: SessionTable, session_id: str, frame: bytes
-) -> web.Response:
+    request: web.Request, table: SessionTable, session_id: str, frames: list[bytes]
+) -> web.StreamResponse:
+    node = request.app[NODE]
     session = table.get(session_id)
     async with session.lock:
+        session.turn += 1
+        turn = session.turn
+        reply = await _receive(node, table, session_id, session, frames)
+        _settle(node, table, session_id, session)
+    if session.streams:
+        return await _stream(request, table, session_id, session, reply, turn)
+    return web.Response(
+        body=reply or b"", content_type=FRAME_TYPE, headers={SESSION_HEADER: session_id}
+    )
+
+
+async def _receive(
+    node: SyncHost, table: SessionTable, session_id: str, session: Session, frames: list[bytes]
+) -> bytes | None:
+    """Feed a turn's frames to the session; its answer (only the last frame may have one)."""
+    reply: bytes | None = None
+    for position, frame in enumerate(frames):
         try:
+            if reply is not None:
+                raise RemoteProtocolError("frames sent after one that needed an answer")
             reply = await asyncio.to_thread(session.reconcile.receive, frame)
         except RemoteProtocolError as exc:
             table.drop(session_id)
@@ -255,14 +301,46 @@ async def _answer(
         except LocalProtocolError as exc:  # a frame after the end
             raise web.HTTPConflict(text=f"{exc}\n") from None
         _count_bytes(node, received=len(frame), sent=len(reply or b""))
-        if session.reconcile.done:
-            session.finish()
-            node.metrics.sync_rounds.labels(role="responder").inc()
-            _count_differences(node, session.reconcile)
-        table.progress(session_id, session)
-    return web.Response(
-        body=reply or b"", content_type=FRAME_TYPE, headers={SESSION_HEADER: session_id}
-    )
+        if position < len(frames) - 1 and session.reconcile.done:
+            raise web.HTTPConflict(text="frames sent after the session ended\n")
+    return reply
+
+
+def _settle(node: SyncHost, table: SessionTable, session_id: str, session: Session) -> None:
+    """Once reconciled, what the transfer may move; the session moved on."""
+    if session.reconcile.done and not session.settled:
+        session.finish()
+        node.metrics.sync_rounds.labels(role="responder").inc()
+        _count_differences(node, session.reconcile)
+    table.progress(session_id, session)
+
+
+async def _stream(
+    request: web.Request,
+    table: SessionTable,
+    session_id: str,
+    session: Session,
+    reply: bytes | None,
+    turn: int,
+) -> web.StreamResponse:
+    """Our turn as a frame stream: the reply, then what the session streams after it, until
+    the turn ends, the peer's next request stops it, or the peer hangs up."""
+    node = request.app[NODE]
+    response = web.StreamResponse(headers={SESSION_HEADER: session_id})
+    response.content_type = FRAMES_TYPE
+    await response.prepare(request)
+    frame = reply
+    with contextlib.suppress(ConnectionError):
+        while frame is not None:
+            await response.write(varint(len(frame)) + frame)
+            async with session.lock:
+                if session.turn != turn:  # a later request answers from here on
+                    break
+                frame = await asyncio.to_thread(session.reconcile.stream)
+                _count_bytes(node, received=0, sent=len(frame or b""))
+                _settle(node, table, session_id, session)
+        await response.write_eof()
+    return response
 
 
 async def close_session(request: web.Request) -> web.Response:
@@ -343,6 +421,8 @@ async def _learn_topics(
 def _responder(method: Method, store: MemoryItemStore) -> ReconcileSession:
     if method == "rbsr":
         return RbsrSession.responder(store)
+    if method == "riblt":
+        return RibltSession.responder(store)
     return ProllySession.responder(store)
 
 
@@ -354,6 +434,16 @@ def _window(query: Mapping[str, str]) -> tuple[int, int]:
     if not 0 <= start < end <= INT64_MAX:
         raise web.HTTPBadRequest(text="the window must satisfy 0 <= start < end < 2**63\n")
     return start, end
+
+
+async def _frames(request: web.Request) -> list[bytes]:
+    """A request's frames: one, or a frame stream's."""
+    if request.content_type != FRAMES_TYPE:
+        return [await _body(request, DEFAULT_MAX_FRAME_SIZE)]
+    try:
+        return decode_frames(await _body(request, MAX_FRAMES_BODY), DEFAULT_MAX_FRAME_SIZE)
+    except RemoteProtocolError as exc:
+        raise web.HTTPBadRequest(text=f"bad frame stream: {exc}\n") from None
 
 
 async def _body(request: web.Request, limit: int) -> bytes:

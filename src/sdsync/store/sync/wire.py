@@ -4,7 +4,11 @@ Theory of operation
 -------------------
 Store Sync runs over the store node's HTTP server, under ``/sync/v1/``. Reconciliation
 frames travel as they are (``application/octet-stream``); the session they belong to is
-named in a header. Messages travel in *batches*: a concatenation of entries ::
+named in a header. A method that streams (RIBLT) sends a whole turn in one body instead,
+``application/vnd.sdsync.frames``: each frame as ``varint(len(frame)) frame``. The
+responder's symbols arrive that way as one streamed HTTP response, which the initiator
+stops reading (and closes) once it has decoded. Messages travel in *batches*: a
+concatenation of entries ::
 
     entry = varint(len(pubsub_topic)) pubsub_topic varint(len(message)) message
 
@@ -19,7 +23,7 @@ WakuMessage is at most ~154 KiB, so that never happens between well-behaved node
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Container, Iterable
 
 from sdsync.errors import RemoteProtocolError
 from sdsync.reconcile import Method, varint
@@ -30,10 +34,15 @@ from sdsync.wire.waku import MAX_WAKU_MESSAGE_BYTES, decode_waku_message
 PREFIX = "/sync/"
 """Where a store node mounts Store Sync."""
 VERSION = "v1"
-METHODS: tuple[Method, ...] = ("rbsr", "prolly")
+METHODS: tuple[Method, ...] = ("rbsr", "prolly", "riblt")
+STREAMING: tuple[Method, ...] = ("riblt",)
+"""Methods whose turns travel as frame streams."""
 SESSION_HEADER = "Sdsync-Session"
 NEXT_HEADER = "Sdsync-Next"
 FRAME_TYPE = "application/octet-stream"
+FRAMES_TYPE = "application/vnd.sdsync.frames"
+MAX_FRAMES_BODY = 16 << 20
+"""Bytes of a frame-stream request at most (a turn that is longer takes several)."""
 BATCH_TYPE = "application/vnd.sdsync.messages"
 MAX_BATCH_BYTES = 1 << 20
 MAX_TOPIC_BYTES = 1024
@@ -52,6 +61,20 @@ def session_path(session_id: str) -> str:
 def messages_path(session_id: str) -> str:
     """Path of a session's transfer: POST pushes a batch, GET pulls one."""
     return f"{session_path(session_id)}/messages"
+
+
+def encode_frames(frames: Iterable[bytes]) -> bytes:
+    """A frame stream: each frame prefixed by its length."""
+    return b"".join(varint(len(frame)) + frame for frame in frames)
+
+
+def decode_frames(body: bytes, max_frame_size: int) -> list[bytes]:
+    """The frames of a frame stream; RemoteProtocolError if it is malformed."""
+    reader = Reader(body)
+    frames: list[bytes] = []
+    while not reader.at_end:
+        frames.append(reader.take(reader.varint(max_frame_size + 1)))
+    return frames
 
 
 def encode_entry(message: StoredMessage) -> bytes:

@@ -1,0 +1,767 @@
+"""Rateless IBLT set reconciliation: one stream of coded symbols, then one exchange.
+
+Theory of operation
+-------------------
+The coding (items, coded symbols, the index sequence, the bucket cache) is in
+:mod:`sdsync.reconcile.riblt_coding`. A session runs in two turns:
+
+1. The initiator sends ``OPEN`` with the window, its item count and how many bytes its
+   timestamps need past the window start. The responder answers with a *stream* of
+   ``SYMBOLS`` frames: its coded symbols ``0, 1, 2, ...`` in growing batches (a quarter of
+   what it has sent, from 1 up to ``first_batch``, later ``1/growth`` of it), without
+   waiting for an answer (:meth:`~sdsync.reconcile.session.ReconcileSession.stream`).
+   The initiator XORs each batch with its own symbols and with the items it has already
+   peeled, then peels every *pure* symbol (one item: its checksum matches) until none is
+   left. When every symbol is zero the difference is complete, and the initiator stops
+   the stream by answering.
+2. The initiator's ``DONE`` names what it learned: in full the items it holds and the
+   responder lacks (``give``), and by id the items the responder holds and it lacks
+   (``take``). The responder resolves each id in its store and answers ``TAILS``, the last
+   16 bytes of those hashes, so the initiator's ``need`` holds whole items. No ``take``,
+   no ``TAILS``: ``DONE`` is the last frame.
+
+That is two round trips whatever the difference; long turns (a large ``DONE`` or
+``TAILS``) are streamed in parts within the frame limit.
+
+A symbol carries an item's 16-byte id (as RBSR's item lists), only the low
+``ts_bytes`` bytes of the timestamp (enough for the window: 6 for Store Sync's hour; the
+initiator reads the rest from the window start) and a 48-bit checksum: ``22 + ts_bytes``
+bytes. Items are told apart by ``(timestamp, id)``: two items with the same timestamp and
+id (a 2**64 birthday search over one's own messages) count as one, as in RBSR.
+
+Frames, version 1 (varints are negentropy's)::
+
+    frame   = version:u8 type:u8 body
+    OPEN=0    window_start:varint window_span:varint (0 = open) ts_bytes:u8 items:varint
+    SYMBOLS=1 flags:u8 first:varint count:varint [ts_bytes:u8 items:varint] symbol*
+              the bracket only when first = 0; flags bit 0: the stream ends here
+              symbol = id:16 ts_low:ts_bytes (big-endian) checksum:6
+    DONE=2    flags:u8 give:varint (ts_delta:varint hash:32)* take:varint (ts_delta:varint id:16)*
+              flags bit 0: last part; items strictly increasing across parts, ts deltas
+              from the previous item of the same list (the window start first)
+    TAILS=3   flags:u8 count:varint tail:16*     in the order of the take lists
+
+Hostile peers
+~~~~~~~~~~~~~
+A responder streams at most ``cap = min(max_symbols, 3 * (items both sides) + 64)``
+symbols; an initiator accepts no more, so the decoder holds at most ``cap`` symbols (32
+bytes each) and peels at most ``cap`` items, each once: a pure symbol that names an item
+already peeled, or one outside the window, ends the session (``RemoteProtocolError``),
+and so does a stream that ends undecoded. A ``DONE`` is checked item by item (one store
+lookup each: a ``give`` item we hold or a ``take`` id we do not hold is refused). Nothing
+changes on a refused frame: a batch lands past the symbols held and the items it peeled
+are XORed out again (XOR is its own inverse); other frames are checked whole before they
+are applied. The transfer step's hash checks stay the final word on what is stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numpy as np
+import numpy.typing as npt
+
+from sdsync.errors import LocalProtocolError, RemoteProtocolError
+from sdsync.reconcile.codec import Reader
+from sdsync.reconcile.fingerprint import HASH_SIZE, varint
+from sdsync.reconcile.items import INFINITY_TS, Item, ItemStore, MemoryItemStore
+from sdsync.reconcile.riblt_coding import (
+    CHECKSUM,
+    CHECKSUM_BITS,
+    ID_SIZE,
+    TS,
+    WORDS,
+    BucketCache,
+    Encoder,
+    Words,
+    checksums,
+    item_words,
+)
+from sdsync.reconcile.session import (
+    DEFAULT_MAX_FRAME_SIZE,
+    FULL_WINDOW,
+    FrameOutcome,
+    MethodSession,
+    StreamPart,
+    Window,
+    window_bounds,
+)
+
+RIBLT_VERSION = 1
+CHECKSUM_SIZE = CHECKSUM_BITS // 8
+TAIL_SIZE = HASH_SIZE - ID_SIZE
+_LAST = 1
+_HEADER = 2 + 1 + 10 + 10 + 1 + 10
+"""Bytes a frame's header takes at most."""
+Key = tuple[int, bytes]
+"""``(timestamp, 16-byte id)``: an item as the symbols know it."""
+
+
+class FrameType(IntEnum):
+    OPEN = 0
+    SYMBOLS = 1
+    DONE = 2
+    TAILS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class RibltParams:
+    """How the responder paces its stream, and the most symbols a session exchanges."""
+
+    first_batch: int = 16
+    """Batches grow by a quarter of the symbols sent from one symbol up to this size (which
+    later ones keep at least)."""
+    growth: int = 128
+    """A later batch holds about ``1/growth`` of the symbols sent before it (the stream
+    overshoots the symbols needed by half that on average)."""
+    max_symbols: int = 1 << 21
+    """Symbols a session sends or accepts at most (the decoder's memory: 32 bytes each)."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.first_batch <= 1 << 16:
+            raise LocalProtocolError(f"first_batch {self.first_batch} outside [1, 65536]")
+        if not 1 <= self.growth <= 1024:
+            raise LocalProtocolError(f"growth {self.growth} outside [1, 1024]")
+        if not 1 <= self.max_symbols <= 1 << 26:
+            raise LocalProtocolError(f"max_symbols {self.max_symbols} outside [1, 2**26]")
+
+    @property
+    def min_frame_size(self) -> int:
+        """Room for a header and one symbol, ``DONE`` item or tail."""
+        return _HEADER + 10 + HASH_SIZE + 16
+
+    def default_max_rounds(self, max_frame_size: int) -> int:
+        """Turns a session takes: ``OPEN``, the stream, ``DONE``, ``TAILS`` (stream parts
+        are not turns; the symbol cap bounds them)."""
+        return 4
+
+    def cap(self, items: int) -> int:
+        """Symbols streamed at most for windows of ``items`` items together."""
+        return min(self.max_symbols, 3 * items + 64)
+
+
+def _ts_bytes(span: int) -> int:
+    """Bytes that carry timestamp offsets ``< span + 1`` from the window start."""
+    return max(1, min(8, (span.bit_length() + 7) // 8))
+
+
+class WindowSymbols:
+    """A store window's coded symbols, computed in order (from the cache where it has them)."""
+
+    __slots__ = ("_ahead", "_cached", "_edges", "_prefix", "_resume", "_whole", "_words", "sent")
+
+    def __init__(self, store: ItemStore, lo: int, hi: int, window: tuple[int, int | None]) -> None:
+        self.sent = 0
+        self._ahead = np.zeros((0, WORDS), dtype=np.uint64)  # computed, not yet taken
+        self._words: Callable[[], Words] = lambda: window_words(store, lo, hi)
+        self._whole: Encoder | None = None
+        self._cached: list[Words] = []
+        self._prefix = 0
+        self._edges: Encoder | None = None
+        self._resume: Callable[[], Encoder] | None = None
+        cache = store.cache if isinstance(store, RibltItemStore) else None
+        if cache is None:
+            return
+        assert isinstance(store, RibltItemStore)
+        self._resume = lambda: store.resumed(lo, hi)
+        start, end = cache.whole_buckets(*window)
+        if start == end:
+            return
+        first = store.lower_bound((start, b""))
+        last = hi if end is None else store.lower_bound((end, b""))
+        self._cached = cache.rows(start, end)
+        self._prefix = cache.prefix
+        self._edges = Encoder(
+            np.concatenate((window_words(store, lo, first), window_words(store, last, hi)))
+        )
+
+    def take(self, count: int) -> Words:
+        """The next ``count`` symbols."""
+        if len(self._ahead) < count:
+            # Each pass costs a scan of all the window's items, but more symbols cost only
+            # ~2 ln(1.5) more indices per item: compute half as many again as there are.
+            self._ahead = np.concatenate(
+                (self._ahead, self._compute(max(count, (self.sent + len(self._ahead)) // 2)))
+            )
+        out, self._ahead = self._ahead[:count], self._ahead[count:]
+        self.sent += count
+        return out
+
+    def _compute(self, count: int) -> Words:
+        out = np.zeros((count, WORDS), dtype=np.uint64)
+        done = self.sent + len(self._ahead)
+        start, stop = done, done + count
+        if self._edges is not None and start < self._prefix:
+            cut = min(stop, self._prefix)
+            for rows in self._cached:
+                out[: cut - start] ^= rows[start:cut]
+            self._edges.extend(out, cut, offset=start)
+            start = cut
+        if start < stop:
+            if self._whole is None:
+                # Past the cached prefix, the window's items resume where the cache left
+                # them; without a cache they are advanced from symbol 0.
+                resumable = self._resume is not None and start >= self._prefix > 0
+                self._whole = (
+                    self._resume()
+                    if self._resume is not None and resumable
+                    else Encoder(self._words())
+                )
+                self._whole.skip(start)
+            self._whole.extend(out, stop, offset=done)
+        return out
+
+
+def window_words(store: ItemStore, lo: int, hi: int) -> Words:
+    """The words of the items at positions ``[lo, hi)``."""
+    if isinstance(store, RibltItemStore):
+        return store.words(lo, hi)
+    items = store.items(lo, hi)
+    ts = np.fromiter((t for t, _ in items), dtype=np.int64, count=len(items))
+    hashes = np.frombuffer(b"".join(h for _, h in items), dtype=np.uint8)
+    return item_words(ts, hashes.reshape(len(items), HASH_SIZE))
+
+
+class RibltItemStore(MemoryItemStore):
+    """A :class:`MemoryItemStore` that reads its items as words in bulk and, if it has one,
+    keeps a :class:`BucketCache` of their symbols current."""
+
+    __slots__ = ("_next", "_next_state", "cache")
+
+    DEFAULT_BUCKET_WIDTH = 60 * 10**9
+    """One minute of nanosecond timestamps."""
+    DEFAULT_PREFIX = 4096
+    """Symbols cached per bucket (enough for about 3,000 differences): 128 KiB a bucket."""
+
+    cache: BucketCache | None
+
+    def __init__(
+        self,
+        items: Iterable[Item] = (),
+        *,
+        bucket_width: int | None = DEFAULT_BUCKET_WIDTH,
+        prefix: int = DEFAULT_PREFIX,
+    ) -> None:
+        """``bucket_width`` None: no cache (a snapshot read once)."""
+        super().__init__(items)
+        self._build(bucket_width, prefix)
+
+    @classmethod
+    def build(
+        cls,
+        timestamps: npt.NDArray[np.int64],
+        hashes: npt.NDArray[np.uint8],
+        *,
+        bucket_width: int | None = DEFAULT_BUCKET_WIDTH,
+        prefix: int = DEFAULT_PREFIX,
+    ) -> RibltItemStore:
+        """Like :meth:`MemoryItemStore.from_arrays`, with the cache built (``bucket_width``
+        None: none)."""
+        store = cls.from_arrays(timestamps, hashes)
+        assert isinstance(store, RibltItemStore)
+        store._build(bucket_width, prefix)
+        return store
+
+    def _build(self, bucket_width: int | None, prefix: int) -> None:
+        self.cache = None if bucket_width is None else BucketCache(bucket_width, prefix)
+        if self.cache is not None:
+            # Each item's index sequence past the prefix, by position: a window encoded
+            # past the prefix resumes there instead of advancing every item from 0.
+            self._next, self._next_state = self.cache.toggle(self.words(0, len(self)))
+
+    def resumed(self, lo: int, hi: int) -> Encoder:
+        """An encoder of the items at ``[lo, hi)`` past the cached prefix (cache only)."""
+        assert self.cache is not None
+        return Encoder.resume(
+            self.words(lo, hi),
+            self._next[lo:hi].copy(),
+            self._next_state[lo:hi].copy(),
+            self.cache.prefix,
+        )
+
+    def words(self, lo: int, hi: int) -> Words:
+        return item_words(self._ts[lo:hi], self._hashes[lo:hi])
+
+    def locate(self, keys: Sequence[Key]) -> list[int | None]:
+        """The position of the item with each ``(timestamp, id)``, or None; in bulk."""
+        n = len(self)
+        stamps = np.array([ts for ts, _ in keys], dtype=np.int64)
+        lo = np.searchsorted(self._ts[:n], stamps, side="left")
+        hi = np.searchsorted(self._ts[:n], stamps, side="right")
+        found: list[int | None] = []
+        for key, first, stop in zip(keys, lo.tolist(), hi.tolist(), strict=True):
+            # Equal timestamps: the ids decide.
+            p = self.lower_bound(key) if stop - first > 1 else first
+            hit = p < stop and self._hashes[p, :ID_SIZE].tobytes() == key[1]
+            found.append(p if hit else None)
+        return found
+
+    def insert(self, item: Item) -> bool:
+        if not super().insert(item):
+            return False
+        if self.cache is not None:
+            p = self.lower_bound(item)
+            current, state = self.cache.toggle(self.words(p, p + 1))
+            self._next = np.insert(self._next, p, current)
+            self._next_state = np.insert(self._next_state, p, state)
+        return True
+
+
+class _Phase(IntEnum):
+    OPENING = 0
+    SYMBOLS = 1
+    DONE = 2
+    TAILS = 3
+    FINISHED = 4
+
+
+class RibltSession(MethodSession[RibltParams]):
+    """One side of a rateless IBLT reconciliation (see the module docstring)."""
+
+    Params = RibltParams
+
+    def __init__(
+        self,
+        store: ItemStore,
+        *,
+        initiator: bool,
+        window: Window = FULL_WINDOW,
+        params: RibltParams | None = None,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        max_rounds: int | None = None,
+    ) -> None:
+        super().__init__(
+            store,
+            initiator=initiator,
+            window=window,
+            params=params,
+            max_frame_size=max_frame_size,
+            max_rounds=max_rounds,
+        )
+        self._phase = _Phase.OPENING
+        self._lo = self._hi = 0
+        self._ts_bytes = 8
+        self._cap = 0
+        self._symbols: WindowSymbols | None = None
+        # initiator: the decoder
+        self._mine = np.zeros((0, WORDS), dtype=np.uint64)  # our symbols, memoised
+        self._diff = np.zeros((0, WORDS), dtype=np.uint64)  # symbols [0, _m) and room
+        self._m = 0
+        self._peeled = Encoder(np.zeros((0, WORDS), dtype=np.uint64))
+        self._keys: set[Key] = set()
+        self._local: dict[Key, Item] = {}  # peeled items we hold
+        self._parts: list[bytes] = []  # frames of a streamed turn still to send
+        self._take: list[Key] = []
+        # responder: what DONE told us
+        self._last_give: Item | None = None
+        self._last_take: Key | None = None
+        self._tails: list[bytes] = []
+        self._done_parts_in = 0
+
+    @property
+    def symbols(self) -> int:
+        """Coded symbols streamed so far (sent by a responder, received by an initiator)."""
+        if self.initiator:
+            return self._m
+        return 0 if self._symbols is None else self._symbols.sent
+
+    # -- turns
+
+    def _initiate(self) -> bytes:
+        self._locate()
+        span = self._end[0] - self._start[0] if self._end and self._end[0] < INFINITY_TS else 0
+        body = [varint(self._start[0]), varint(span), bytes([self._own_ts_bytes()])]
+        self._phase = _Phase.SYMBOLS
+        return self._frame(FrameType.OPEN, *body, varint(self._hi - self._lo))
+
+    def _evaluate(self, frame: bytes) -> FrameOutcome:
+        r = Reader(frame)
+        if r.byte() != RIBLT_VERSION:
+            raise RemoteProtocolError(f"RIBLT frame version {frame[0]} is not {RIBLT_VERSION}")
+        kind = r.byte()
+        expected = {
+            (False, _Phase.OPENING): FrameType.OPEN,
+            (True, _Phase.SYMBOLS): FrameType.SYMBOLS,
+            (False, _Phase.SYMBOLS): FrameType.DONE,  # it may stop our stream at any batch
+            (False, _Phase.DONE): FrameType.DONE,
+            (True, _Phase.TAILS): FrameType.TAILS,
+        }.get((self.initiator, self._phase))
+        if kind != expected:
+            raise RemoteProtocolError(f"RIBLT frame type {kind} out of turn")
+        if kind == FrameType.OPEN:
+            return self._on_open(r)
+        if kind == FrameType.SYMBOLS:
+            return self._on_symbols(r)
+        if kind == FrameType.DONE:
+            return self._on_done(r)
+        return self._on_tails(r)
+
+    def _stream(self) -> StreamPart | None:
+        if self._parts:
+            part = self._parts.pop(0)
+            return StreamPart(part, finished=not self._parts and self._finishes_after_parts())
+        if not self.initiator and self._phase is _Phase.SYMBOLS:
+            return self._next_batch()
+        return None
+
+    def _finishes_after_parts(self) -> bool:
+        # The initiator's DONE ends the session when it asks for no tails; TAILS always does.
+        return not self._take if self.initiator else True
+
+    # -- responder
+
+    def _on_open(self, r: Reader) -> FrameOutcome:
+        start = r.varint(1 << 63)
+        span = r.varint(1 << 63)
+        peer_ts_bytes = r.byte()
+        peer_items = r.varint(1 << 40)
+        if not r.at_end or not 1 <= peer_ts_bytes <= 8:
+            raise RemoteProtocolError("malformed RIBLT OPEN")
+        try:
+            bounds = window_bounds((start, start + span if span else None))
+        except LocalProtocolError as exc:
+            raise RemoteProtocolError(f"bad window: {exc}") from None
+        # Every check is done: the session takes the window and answers from it.
+        self._start, self._end = bounds
+        self._locate()
+        self._ts_bytes = max(peer_ts_bytes, self._own_ts_bytes())
+        self._cap = self.params.cap(peer_items + self._hi - self._lo)
+        self._phase = _Phase.SYMBOLS
+        return FrameOutcome(self._next_batch().frame)
+
+    def _next_batch(self) -> StreamPart:
+        assert self._symbols is not None
+        sent = self._symbols.sent
+        size = ID_SIZE + self._ts_bytes + CHECKSUM_SIZE
+        # A quarter of what was sent, at least 1 and at most first_batch, until 1/growth of
+        # it is more: few symbols wasted for small differences, few frames for large ones.
+        count = max(1, min(sent // 4, self.params.first_batch), sent // self.params.growth)
+        count = min(count, self._cap - sent, (self.max_frame_size - _HEADER) // size)
+        last = sent + count >= self._cap
+        rows = self._symbols.take(count)
+        header = [bytes([_LAST if last else 0]), varint(sent), varint(count)]
+        if sent == 0:
+            header += [bytes([self._ts_bytes]), varint(self._hi - self._lo)]
+        frame = self._frame(FrameType.SYMBOLS, *header, self._pack(rows))
+        if last:
+            self._phase = _Phase.DONE
+        return StreamPart(frame, finished=False)
+
+    def _on_done(self, r: Reader) -> FrameOutcome:
+        flags = r.byte()
+        if flags & ~_LAST:
+            raise RemoteProtocolError(f"unknown DONE flags {flags}")
+        give, last_give = self._read_give(r)
+        held, last_take = self._read_take(r)
+        if not r.at_end:
+            raise RemoteProtocolError("trailing bytes after DONE")
+        tails = self._tails + [h[ID_SIZE:] for _, h in held]
+        last = bool(flags & _LAST)
+        parts = self._tail_parts(tails) if last else []
+
+        def commit() -> None:
+            self._last_give, self._last_take, self._tails = last_give, last_take, tails
+            self._done_parts_in += 1
+            self._phase = _Phase.FINISHED if last else _Phase.DONE
+            self._parts = parts[1:]
+
+        return FrameOutcome(
+            parts[0] if parts else None,
+            have=held,
+            need=give,
+            finished=last and len(parts) <= 1,
+            commit=commit,
+            streamed=self._done_parts_in > 0,
+        )
+
+    def _read_give(self, r: Reader) -> tuple[list[Item], Item | None]:
+        count = r.varint(len(r) // (1 + HASH_SIZE) + 1)
+        items: list[Item] = []
+        last = self._last_give
+        for _ in range(count):
+            last = self._read_item(r, last, HASH_SIZE)
+            items.append(last)
+        ours = self._ours([self._key(item) for item in items])
+        if any(mine == item for mine, item in zip(ours, items, strict=True)):
+            raise RemoteProtocolError("DONE offers an item we hold")
+        return items, last
+
+    def _read_take(self, r: Reader) -> tuple[list[Item], Key | None]:
+        count = r.varint(len(r) // (1 + ID_SIZE) + 1)
+        keys: list[Key] = []
+        last = self._last_take
+        for _ in range(count):
+            last = self._read_item(r, last, ID_SIZE)
+            keys.append(last)
+        held = [item for item in self._ours(keys) if item is not None]
+        if len(held) < len(keys):
+            raise RemoteProtocolError("DONE asks for an item we do not hold")
+        return held, last
+
+    def _read_item(self, r: Reader, last: Key | None, size: int) -> Key:
+        base = self._start[0] if last is None else last[0]
+        ts = base + r.varint(1 << 63)
+        item = (ts, r.take(size))
+        if not self._inside(ts) or (last is not None and item <= last):
+            raise RemoteProtocolError("DONE items out of order or outside the window")
+        return item
+
+    def _tail_parts(self, tails: Sequence[bytes]) -> list[bytes]:
+        if not tails:
+            return []
+        per = (self.max_frame_size - _HEADER) // TAIL_SIZE
+        chunks = [tails[i : i + per] for i in range(0, len(tails), per)]
+        return [
+            self._frame(
+                FrameType.TAILS,
+                bytes([_LAST if k == len(chunks) - 1 else 0]),
+                varint(len(chunk)),
+                *chunk,
+            )
+            for k, chunk in enumerate(chunks)
+        ]
+
+    # -- initiator
+
+    def _on_symbols(self, r: Reader) -> FrameOutcome:
+        flags = r.byte()
+        first = r.varint(1 << 40)
+        count = r.varint(1 << 40)
+        m = self._m
+        if flags & ~_LAST or first != m:
+            raise RemoteProtocolError(f"symbols from {first}, expected from {m}")
+        ts_bytes, cap = self._ts_bytes, self._cap
+        if first == 0:
+            ts_bytes = r.byte()
+            peer_items = r.varint(1 << 40)
+            if not self._own_ts_bytes() <= ts_bytes <= 8:
+                raise RemoteProtocolError(f"timestamps of {ts_bytes} bytes do not fit the window")
+            cap = self.params.cap(peer_items + self._hi - self._lo)
+        if not 1 <= count <= cap - m or len(r) != count * (ID_SIZE + ts_bytes + CHECKSUM_SIZE):
+            raise RemoteProtocolError(f"a batch of {count} symbols does not fit (cap {cap})")
+        remote = self._unpack(r.take(len(r)), count, ts_bytes)
+        peeled, found, decoded = self._decode(remote, ts_bytes, cap, last=bool(flags & _LAST))
+        local = {**self._local, **{k: item for k, item in found if item is not None}}
+
+        def commit() -> None:
+            self._ts_bytes, self._cap = ts_bytes, cap
+            self._m, self._peeled = m + count, peeled
+            self._keys.update(k for k, _ in found)
+            self._local = local
+
+        if not decoded:
+            return FrameOutcome(None, commit=commit, streamed=first > 0)
+        give = sorted(local.values())
+        take = sorted(k for k in self._keys | {k for k, _ in found} if k not in local)
+        parts = self._done_parts(give, take)
+
+        def finish() -> None:
+            commit()
+            self._take = take
+            self._parts = parts[1:]
+            self._phase = _Phase.TAILS
+
+        return FrameOutcome(
+            parts[0],
+            have=give,
+            finished=len(parts) == 1 and not take,
+            commit=finish,
+            streamed=first > 0,
+        )
+
+    def _decode(
+        self, remote: Words, ts_bytes: int, cap: int, *, last: bool
+    ) -> tuple[Encoder, list[tuple[Key, Item | None]], bool]:
+        """Add a batch to the decoder and peel: the peeled items' new encoder, the items
+        peeled, and whether every symbol is now empty (the difference is complete).
+
+        The batch goes past the symbols we hold and peeling XORs in place; if the batch
+        turns out bad, the peels are XORed out again (XOR is its own inverse), so the
+        decoder is as before. Nothing is copied but the peeled items' states."""
+        m, count = self._m, len(remote)
+        mask = np.uint64((1 << (8 * ts_bytes)) - 1)
+        mine = self._own_symbols(m + count)[m:].copy()
+        mine[:, TS] &= mask
+        rows = remote ^ mine
+        peeled = self._peeled.copy()
+        peeled.extend(rows, m + count, offset=m)
+        if len(self._diff) < m + count:
+            grown = np.zeros((max(m + count, 2 * len(self._diff)), WORDS), dtype=np.uint64)
+            grown[:m] = self._diff[:m]
+            self._diff = grown
+        diff = self._diff[: m + count]
+        diff[m:] = rows
+        found: list[tuple[Key, Item | None]] = []
+        done: list[tuple[Words, Words]] = []
+        try:
+            self._peel(diff, m, mask, cap, peeled, found, done)
+            # Symbol 0 holds every item: it is empty first, and rarely alone.
+            decoded = not diff[0].any() and not diff.any()
+            if last and not decoded:
+                raise RemoteProtocolError(
+                    f"the difference did not decode within {len(diff)} symbols"
+                )
+        except RemoteProtocolError:
+            for items, payload in done:
+                Encoder(items, payload).extend(diff, len(diff), offset=0)
+            raise
+        return peeled, found, decoded
+
+    def _peel(
+        self,
+        diff: Words,
+        m: int,
+        mask: np.uint64,
+        cap: int,
+        peeled: Encoder,
+        found: list[tuple[Key, Item | None]],
+        done: list[tuple[Words, Words]],
+    ) -> None:
+        """Peel pure symbols among the new rows ``m:`` and those peeling touches, until none."""
+        known = set(self._keys)
+        candidates = np.arange(m, len(diff))
+        while len(candidates):
+            items = self._pure(diff, candidates, mask)
+            if not len(items):
+                break
+            ids = items[:, :2].astype(">u8").tobytes()
+            keys = [
+                (ts, ids[k * ID_SIZE : (k + 1) * ID_SIZE])
+                for k, ts in enumerate(items[:, TS].tolist())
+            ]
+            if len(known) + len(keys) > cap or not known.isdisjoint(keys):
+                raise RemoteProtocolError("a symbol names an item already peeled")
+            known.update(keys)
+            found += zip(keys, self._ours(keys), strict=True)
+            touched: list[npt.NDArray[np.int64]] = []
+            payload = items.copy()
+            payload[:, TS] &= mask  # the symbols carry the low timestamp bytes only
+            fresh = Encoder(items, payload)
+            fresh.extend(diff, len(diff), offset=0, touched=touched)
+            done.append((items, payload))
+            peeled.absorb(fresh)
+            candidates = np.unique(np.concatenate(touched))
+
+    def _pure(self, diff: Words, candidates: npt.NDArray[np.int64], mask: np.uint64) -> Words:
+        """The distinct items alone in a candidate symbol (rows with full timestamps)."""
+        rows = diff[candidates]
+        rows = rows[rows.any(axis=1)]
+        start = np.uint64(self._start[0])
+        rows[:, TS] = start + ((rows[:, TS] - start) & mask)
+        pure: Words = rows[checksums(rows) == rows[:, CHECKSUM]]
+        if not len(pure):
+            return pure
+        rows = np.unique(pure, axis=0)
+        assert self._end is not None
+        if np.any(rows[:, TS] >= np.uint64(self._end[0])):
+            raise RemoteProtocolError("a symbol names an item outside the window")
+        return rows
+
+    def _ours(self, keys: list[Key]) -> list[Item | None]:
+        """Our item with each ``(timestamp, id)``, or None."""
+        store = self.store
+        if isinstance(store, RibltItemStore):
+            return [None if p is None else store.item(p) for p in store.locate(keys)]
+        found: list[Item | None] = []
+        for key in keys:
+            p = store.lower_bound(key)
+            item = store.item(p) if p < self._hi else None
+            found.append(item if item is not None and self._key(item) == key else None)
+        return found
+
+    def _own_symbols(self, stop: int) -> Words:
+        if len(self._mine) < stop:
+            assert self._symbols is not None
+            grow = max(stop - len(self._mine), len(self._mine) // 2)
+            self._mine = np.concatenate((self._mine, self._symbols.take(grow)))
+        return self._mine[:stop]
+
+    def _done_parts(self, give: list[Item], take: list[Key]) -> list[bytes]:
+        room = self.max_frame_size - _HEADER
+        parts: list[bytes] = []
+        gives: list[bytes] = []
+        takes: list[bytes] = []
+        size = 0
+        last: Key | None = None
+
+        def flush(final: bool) -> None:
+            flags = bytes([_LAST if final else 0])
+            body = [varint(len(gives)), *gives, varint(len(takes)), *takes]
+            parts.append(self._frame(FrameType.DONE, flags, *body))
+
+        for entries, out in ((give, gives), (take, takes)):
+            last = None
+            for ts, h in entries:
+                entry = varint(ts - (self._start[0] if last is None else last[0])) + h
+                if size + len(entry) > room:
+                    flush(False)
+                    gives.clear()
+                    takes.clear()
+                    size = 0
+                out.append(entry)
+                size += len(entry)
+                last = (ts, h)
+        flush(True)
+        return parts
+
+    def _on_tails(self, r: Reader) -> FrameOutcome:
+        flags = r.byte()
+        count = r.varint(1 << 40)
+        done = len(self.need)
+        if flags & ~_LAST or not 1 <= count <= len(self._take) - done:
+            raise RemoteProtocolError("TAILS do not match what we asked for")
+        if len(r) != count * TAIL_SIZE or bool(flags & _LAST) != (done + count == len(self._take)):
+            raise RemoteProtocolError("TAILS do not match what we asked for")
+        need = [(ts, head + r.take(TAIL_SIZE)) for ts, head in self._take[done : done + count]]
+        return FrameOutcome(None, need=need, finished=bool(flags & _LAST), streamed=done > 0)
+
+    # -- helpers
+
+    def _locate(self) -> None:
+        assert self._end is not None
+        self._lo = self.store.lower_bound(self._start)
+        self._hi = self.store.lower_bound(self._end)
+        end = None if self._end[0] >= INFINITY_TS else self._end[0]
+        self._symbols = WindowSymbols(self.store, self._lo, self._hi, (self._start[0], end))
+
+    def _own_ts_bytes(self) -> int:
+        if self._hi == self._lo:
+            return 1
+        return _ts_bytes(self.store.item(self._hi - 1)[0] - self._start[0])
+
+    def _inside(self, ts: int) -> bool:
+        assert self._end is not None
+        return self._start[0] <= ts < self._end[0]
+
+    @staticmethod
+    def _key(item: Item) -> Key:
+        return item[0], item[1][:ID_SIZE]
+
+    def _pack(self, rows: Words) -> bytes:
+        n, k = len(rows), self._ts_bytes
+        out = np.empty((n, ID_SIZE + k + CHECKSUM_SIZE), dtype=np.uint8)
+        out[:, :ID_SIZE] = rows[:, :2].astype(">u8").view(np.uint8).reshape(n, ID_SIZE)
+        stamps = rows[:, TS].astype(">u8").view(np.uint8).reshape(n, 8)
+        out[:, ID_SIZE : ID_SIZE + k] = stamps[:, 8 - k :]
+        checks = rows[:, CHECKSUM].astype(">u8").view(np.uint8).reshape(n, 8)
+        out[:, ID_SIZE + k :] = checks[:, 8 - CHECKSUM_SIZE :]
+        return out.tobytes()
+
+    @staticmethod
+    def _unpack(data: bytes, n: int, k: int) -> Words:
+        raw = np.frombuffer(data, dtype=np.uint8).reshape(n, ID_SIZE + k + CHECKSUM_SIZE)
+        rows = np.zeros((n, WORDS), dtype=np.uint64)
+        rows[:, :2] = raw[:, :ID_SIZE].copy().view(">u8").reshape(n, 2)
+        padded = np.zeros((n, 8), dtype=np.uint8)
+        padded[:, 8 - k :] = raw[:, ID_SIZE : ID_SIZE + k]
+        rows[:, TS] = padded.view(">u8").ravel()
+        padded[:] = 0
+        padded[:, 8 - CHECKSUM_SIZE :] = raw[:, ID_SIZE + k :]
+        rows[:, CHECKSUM] = padded.view(">u8").ravel()
+        return rows
+
+    @staticmethod
+    def _frame(kind: FrameType, *parts: bytes) -> bytes:
+        return bytes([RIBLT_VERSION, kind]) + b"".join(parts)

@@ -1,0 +1,246 @@
+"""A RIBLT peer's crafted frames end the session with RemoteProtocolError and change nothing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from reconcile_sets import split_sets
+
+from sdsync.errors import LocalProtocolError, RemoteProtocolError
+from sdsync.reconcile import Item, MemoryItemStore, sessions
+from sdsync.reconcile.fingerprint import varint
+from sdsync.reconcile.riblt import RibltParams, RibltSession
+from sdsync.reconcile.riblt_coding import encode, item_words
+
+WINDOW = (10**18, 10**18 + 10**6)
+TS_BYTES = 3
+
+
+def _snapshot(s: RibltSession) -> tuple[object, ...]:
+    decoder = s._diff[: s.symbols].tobytes()  # the symbols held, peeled as far as they go
+    return (list(s.have), list(s.need), repr(s.stats), s.done, s._phase, s.symbols, decoder)
+
+
+def _stores() -> tuple[MemoryItemStore, MemoryItemStore]:
+    a, b = split_sets(3000, 20, 20, seed=21)
+    return MemoryItemStore(a), MemoryItemStore(b)
+
+
+def _opened(
+    params: RibltParams | None = None,
+) -> tuple[RibltSession, RibltSession, bytes]:
+    """Both sides, and the first real batch of symbols the initiator should receive."""
+    a, b = _stores()
+    init = RibltSession(a, initiator=True, window=WINDOW, params=params)
+    resp = RibltSession.responder(b, params=params)
+    first = resp.receive(init.initiate())
+    assert first is not None
+    return init, resp, first
+
+
+def _symbols(items: list[Item], *, first: int = 0, last: bool = False, rows: int = 1) -> bytes:
+    """A SYMBOLS frame whose ``rows`` symbols code ``items`` (crafted, not a store's)."""
+    ts = np.array([t for t, _ in items], dtype=np.int64)
+    hashes = np.frombuffer(b"".join(h for _, h in items), dtype=np.uint8).reshape(-1, 32)
+    coded = encode(item_words(ts, hashes), first + rows)[first:]
+    body = b""
+    for row in coded:
+        body += row[:2].astype(">u8").tobytes()
+        body += int(row[2]).to_bytes(8, "big")[8 - TS_BYTES :]
+        body += int(row[3]).to_bytes(8, "big")[2:]
+    header = bytes([1, 1, int(last)]) + varint(first) + varint(rows)
+    if first == 0:
+        header += bytes([TS_BYTES]) + varint(3000)
+    return header + body
+
+
+def _finish(init: RibltSession, resp: RibltSession, frame: bytes | None) -> None:
+    while frame is None and not init.done:
+        frame = resp.stream()
+        assert frame is not None
+        frame = init.receive(frame)
+    while frame is not None:
+        frame = resp.receive(frame)
+        if frame is not None:
+            frame = init.receive(frame)
+        while not init.done and (more := init.stream()) is not None:
+            frame = resp.receive(more)
+
+
+def test_malformed_symbols_leave_the_session_untouched() -> None:
+    init, resp, good = _opened()
+    before = _snapshot(init)
+    for bad in [
+        b"",
+        bytes([2]) + good[1:],  # version
+        good[:1] + bytes([2]) + good[2:],  # a DONE, out of turn
+        good[:-1],  # truncated
+        good + b"\x00",  # trailing byte
+        good[:3] + varint(5) + good[4:],  # does not start at symbol 0
+        good[:2] + bytes([0x80]) + good[3:],  # unknown flag
+    ]:
+        with pytest.raises(RemoteProtocolError):
+            init.receive(bad)
+        assert _snapshot(init) == before
+    _finish(init, resp, init.receive(good))
+    assert init.done and resp.done
+    assert len(init.have) == len(init.need) == 20
+
+
+def test_a_stream_that_ends_undecoded_ends_the_session() -> None:
+    init, _, _ = _opened()
+    before = _snapshot(init)
+    with pytest.raises(RemoteProtocolError, match="did not decode"):
+        init.receive(_symbols([(10**18 + 5, bytes(32)), (10**18 + 6, bytes(32))], last=True))
+    assert _snapshot(init) == before
+
+
+def test_symbols_past_the_cap_are_refused() -> None:
+    init, _, _ = _opened(RibltParams(max_symbols=8))
+    items = [(10**18 + k, bytes([k]) * 32) for k in range(40)]
+    with pytest.raises(RemoteProtocolError, match="does not fit"):
+        init.receive(_symbols(items, rows=9))
+
+
+def test_an_item_outside_the_window_ends_the_session() -> None:
+    init = RibltSession(MemoryItemStore([]), initiator=True, window=(10**18, 10**18 + 1000))
+    init.initiate()
+    before = _snapshot(init)
+    # Symbols with three offset bytes: a pure symbol of an item 5,000 ns past the window
+    # start decodes to a timestamp past the window end.
+    outside = (10**18 + 5_000, b"\x11" * 32)
+    with pytest.raises(RemoteProtocolError, match="outside the window"):
+        init.receive(_symbols([outside]))
+    assert _snapshot(init) == before
+
+
+def test_an_item_named_twice_ends_the_session() -> None:
+    init = RibltSession(MemoryItemStore([]), initiator=True, window=WINDOW)
+    init.initiate()
+    item = (10**18 + 7, b"\x22" * 32)
+    coded = encode(item_words(np.array([item[0]]), np.frombuffer(item[1], np.uint8)[None]), 3)
+    lone = _symbols([item])[-SYMBOL:]
+    garbage = bytes(range(SYMBOL))  # not pure, and nothing peels it: the stream goes on
+    assert init.receive(_frame(0, [lone, garbage])) is None
+    # Symbol 2 reads as the item alone again once the decoder has peeled it there.
+    again = bytes(SYMBOL) if coded[2].any() else lone
+    before = _snapshot(init)
+    with pytest.raises(RemoteProtocolError, match="already peeled"):
+        init.receive(_frame(2, [again]))
+    assert _snapshot(init) == before
+
+
+SYMBOL = 16 + TS_BYTES + 6
+
+
+def _frame(first: int, symbols: list[bytes]) -> bytes:
+    header = bytes([1, 1, 0]) + varint(first) + varint(len(symbols))
+    if first == 0:
+        header += bytes([TS_BYTES]) + varint(3000)
+    return header + b"".join(symbols)
+
+
+def test_done_offering_items_we_hold_or_asking_for_items_we_lack_is_refused() -> None:
+    a, b = _stores()
+    resp = RibltSession.responder(b)
+    init = RibltSession(a, initiator=True, window=WINDOW)
+    resp.receive(init.initiate())
+    before = _snapshot(resp)
+    held = b.item(0)
+    absent = (10**18 + 3, b"\x44" * 32)
+    for give, take in [([held], []), ([], [absent[1][:16]])]:
+        ts = held[0] if give else absent[0]
+        body = varint(len(give))
+        body += b"".join(varint(ts - WINDOW[0]) + h for _, h in give)
+        body += varint(len(take)) + b"".join(varint(ts - WINDOW[0]) + h for h in take)
+        with pytest.raises(RemoteProtocolError):
+            resp.receive(bytes([1, 2, 1]) + body)
+        assert _snapshot(resp) == before
+
+
+def test_misuse_is_local() -> None:
+    a, b = _stores()
+    init, resp = sessions(a, b, "riblt")
+    with pytest.raises(LocalProtocolError):
+        init.receive(b"\x01\x01")
+    with pytest.raises(LocalProtocolError):
+        resp.initiate()
+    init.initiate()
+    with pytest.raises(LocalProtocolError):
+        init.initiate()
+
+
+def _maps_to_2(item: Item) -> bool:
+    words = item_words(np.array([item[0]]), np.frombuffer(item[1], np.uint8)[None])
+    return bool(encode(words, 3)[2].any())
+
+
+def test_a_rejected_batch_unpeels_what_it_peeled() -> None:
+    init = RibltSession(MemoryItemStore([]), initiator=True, window=WINDOW)
+    init.initiate()
+    candidates = [(10**18 + 7, bytes([k]) * 32) for k in range(1, 60)]
+    first = next(it for it in candidates if not _maps_to_2(it))
+    second = next(it for it in candidates if _maps_to_2(it))
+    garbage = bytes(range(SYMBOL))
+    assert init.receive(_frame(0, [_symbols([first])[-SYMBOL:], garbage])) is None
+    before = _snapshot(init)
+    # Symbol 2 holds the second item alone: it is peeled from symbols 0 and 2 (and 1 if it
+    # maps there), which leaves it alone in symbol 0, where the peer never put it: the
+    # batch is refused (a stream that ends undecoded would be too) and the peel undone.
+    alone = _symbols([second], first=2)[-SYMBOL:]
+    with pytest.raises(RemoteProtocolError, match=r"already peeled|did not decode"):
+        init.receive(bytes([1, 1, 1]) + varint(2) + varint(1) + alone)
+    assert _snapshot(init) == before
+
+
+def _conversation() -> list[tuple[str, bytes]]:
+    """Every frame of a real session, with the side that receives it."""
+    a, b = _stores()
+    init = RibltSession(a, initiator=True, window=WINDOW)
+    resp = RibltSession.responder(b)
+    frames: list[tuple[str, bytes]] = [("resp", init.initiate())]
+    reply = resp.receive(frames[0][1])
+    while reply is not None:
+        frames.append(("init", reply))
+        answer = init.receive(reply)
+        reply = resp.stream() if answer is None else None
+        if answer is not None:
+            frames.append(("resp", answer))
+            reply = resp.receive(answer)
+    return frames
+
+
+CONVERSATION = _conversation()
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    position=st.integers(0, len(CONVERSATION) - 1),
+    edits=st.lists(st.tuples(st.integers(0, 1 << 16), st.integers(0, 255)), max_size=4),
+    cut=st.one_of(st.none(), st.integers(0, 1 << 16)),
+)
+def test_mutated_frames_raise_only_remote_errors_and_change_nothing(
+    position: int, edits: list[tuple[int, int]], cut: int | None
+) -> None:
+    a, b = _stores()
+    init = RibltSession(a, initiator=True, window=WINDOW)
+    resp = RibltSession.responder(b)
+    sides = {"init": init, "resp": resp}
+    init.initiate()
+    for side, frame in CONVERSATION[:position]:  # replay up to the frame to spoil
+        sides[side].receive(frame)
+    side, frame = CONVERSATION[position]
+    bad = bytearray(frame)
+    for offset, value in edits:
+        if bad:
+            bad[offset % len(bad)] = value
+    if cut is not None:
+        bad = bad[: cut % (len(bad) + 1)]
+    target = sides[side]
+    before = _snapshot(target)
+    try:
+        target.receive(bytes(bad))
+    except RemoteProtocolError:
+        assert _snapshot(target) == before
