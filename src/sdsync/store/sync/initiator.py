@@ -394,11 +394,16 @@ class _Peer:
             await self.call("DELETE", session_path(session_id))
 
     @contextlib.asynccontextmanager
-    async def stream(
-        self, method: str, path: str, body: bytes, params: Mapping[str, int] | None = None
-    ) -> AsyncIterator[tuple[Mapping[str, str], aiohttp.StreamReader]]:
-        """A frame-stream request: the headers and body of a 2xx answer as it arrives (the
-        connection is closed on leaving, whatever is left unread), else the error it means."""
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        body: bytes,
+        content_type: str,
+        params: Mapping[str, int] | None,
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """One counted request to the peer; a connection failure, even while the answer
+        is being read, is the peer being unavailable."""
         self.report.requests += 1
         try:
             async with self.client.request(
@@ -406,16 +411,25 @@ class _Peer:
                 self.report.peer + path,
                 data=body,
                 params={k: str(v) for k, v in (params or {}).items()},
-                headers={"Content-Type": FRAMES_TYPE, **self.auth},
+                headers={"Content-Type": content_type, **self.auth},
             ) as response:
-                if not 200 <= response.status < 300:
-                    self._fail(response.status, await response.read(), path)
-                try:
-                    yield response.headers, response.content
-                finally:
-                    response.close()
+                yield response
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise StoreUnavailableError(f"{self.report.peer}: {exc or type(exc).__name__}") from exc
+
+    @contextlib.asynccontextmanager
+    async def stream(
+        self, method: str, path: str, body: bytes, params: Mapping[str, int] | None = None
+    ) -> AsyncIterator[tuple[Mapping[str, str], aiohttp.StreamReader]]:
+        """A frame-stream request: the headers and body of a 2xx answer as it arrives (the
+        connection is closed on leaving, whatever is left unread), else the error it means."""
+        async with self._request(method, path, body, FRAMES_TYPE, params) as response:
+            if not 200 <= response.status < 300:
+                self._fail(response.status, await response.read(), path)
+            try:
+                yield response.headers, response.content
+            finally:
+                response.close()
 
     def _fail(self, status: int, answer: bytes, path: str) -> None:
         text = answer[:200].decode(errors="replace").strip()
@@ -434,19 +448,8 @@ class _Peer:
         params: Mapping[str, int] | None = None,
     ) -> tuple[bytes, Mapping[str, str]]:
         """The response body and headers of a 2xx answer, else the error it means."""
-        self.report.requests += 1
-        try:
-            async with self.client.request(
-                method,
-                self.report.peer + path,
-                data=body,
-                params={k: str(v) for k, v in (params or {}).items()},
-                headers={"Content-Type": content_type, **self.auth},
-            ) as response:
-                answer = await response.read()
-                status, headers = response.status, response.headers
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise StoreUnavailableError(f"{self.report.peer}: {exc or type(exc).__name__}") from exc
-        if not 200 <= status < 300:
-            self._fail(status, answer, path)
-        return answer, headers
+        async with self._request(method, path, body, content_type, params) as response:
+            answer = await response.read()
+        if not 200 <= response.status < 300:
+            self._fail(response.status, answer, path)
+        return answer, response.headers
