@@ -213,6 +213,10 @@ def test_a_chat_fetches_what_it_drops_from_a_waku_store_peer(tmp_path: Path) -> 
         chats.append(a := Chat(tmp_path, "A", 1, [], a_args))
         b_args = [*group, "--peer", store.address, "--drop-rate", "0.5"]
         b_args += ["--store", store.address, "--store-query-ms", "300", *sends("b", 3)]
+        # A's last messages are named to B only by A's later syncs, half of which B drops:
+        # B stays until it has heard several of them, or it may leave unaware of a message
+        # A then waits for it to acknowledge.
+        b_args += ["--quiet-ms", "8000"]
         chats.append(b := Chat(tmp_path, "B", 2, [a], b_args))
         logs = [chat.finish() for chat in chats]
     finally:
