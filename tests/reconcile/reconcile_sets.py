@@ -1,10 +1,21 @@
-"""Shared item generators for the reconciliation tests (seeded, small)."""
+"""Shared item generators for the reconciliation tests (seeded, small), and the
+hypothesis strategy of item sets the property tests of every method draw from."""
 
 from __future__ import annotations
 
 import random
 
+from hypothesis import strategies as st
+
 from sdsync.reconcile import Item
+
+# Hashes from a tiny alphabet share long prefixes, which exercises the shortest-bound logic;
+# timestamps from a tiny range collide, which exercises ordering by hash.
+_hash = st.one_of(
+    st.binary(min_size=32, max_size=32),
+    st.lists(st.sampled_from([0, 1, 255]), min_size=32, max_size=32).map(bytes),
+)
+item_sets = st.frozensets(st.tuples(st.integers(0, 12), _hash), max_size=60)
 
 
 def random_items(n: int, seed: int, *, spread: int = 1_000_000, base: int = 10**18) -> set[Item]:

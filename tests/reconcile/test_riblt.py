@@ -8,19 +8,13 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reconcile_sets import random_items, split_sets
+from reconcile_sets import item_sets, random_items, split_sets
 
 from sdsync.errors import LocalProtocolError
 from sdsync.reconcile import Item, ItemStore, MemoryItemStore, reconcile_in_memory
 from sdsync.reconcile.riblt import RibltItemStore, RibltParams, WindowSymbols
 from sdsync.reconcile.riblt_coding import BucketCache, encode, item_words
 
-_hash = st.one_of(
-    st.binary(min_size=32, max_size=32),
-    st.lists(st.sampled_from([0, 1, 255]), min_size=32, max_size=32).map(bytes),
-)
-_item = st.tuples(st.integers(0, 12), _hash)
-_items = st.frozensets(_item, max_size=60)
 _tuning = st.fixed_dictionaries(
     {
         "riblt": st.builds(RibltParams, st.integers(1, 8), st.integers(1, 8)),
@@ -61,7 +55,7 @@ def _check(a: frozenset[Item] | set[Item], b: frozenset[Item] | set[Item], **kwa
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow],
 )
-@given(common=_items, only_a=_items, only_b=_items, tuning=_tuning)
+@given(common=item_sets, only_a=item_sets, only_b=item_sets, tuning=_tuning)
 def test_exact_difference_both_ways(
     common: frozenset[Item],
     only_a: frozenset[Item],
@@ -73,8 +67,8 @@ def test_exact_difference_both_ways(
 
 @settings(max_examples=100, deadline=None, derandomize=True)
 @given(
-    a=_items,
-    b=_items,
+    a=item_sets,
+    b=item_sets,
     start=st.integers(0, 12),
     length=st.one_of(st.none(), st.integers(1, 12)),
     cached=st.booleans(),
