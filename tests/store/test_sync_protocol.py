@@ -4,13 +4,14 @@ peers that do not speak it, metrics, periodic rounds, and `sdsync store sync`.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import re
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import aiohttp
@@ -18,7 +19,7 @@ import pytest
 from storetest import HOUR, T0, make_messages, running, sync_now
 
 from sdsync.reconcile import MemoryItemStore, RbsrSession
-from sdsync.store import SqlArchive, StoredMessage, open_archive
+from sdsync.store import SqlArchive, StoredMessage, StoreNode, open_archive
 from sdsync.store.sync import (
     PeriodicSync,
     SyncConfig,
@@ -261,17 +262,29 @@ def _metric(text: str, name: str, label: str) -> float:
     return float(match.group(1)) if match else 0.0
 
 
+@contextlib.asynccontextmanager
+async def overlapping_nodes(
+    ours: SqlArchive, theirs: SqlArchive, tmp: Path
+) -> AsyncIterator[tuple[StoreNode, StoreNode]]:
+    """Two running nodes on the sync clock: ours holds SHARED[:150], theirs SHARED[100:]
+    (each lacks 50 or 100 of the other's)."""
+    ours.insert(SHARED[:150])
+    theirs.insert(SHARED[100:])
+    async with (
+        running(ours, tmp / "a", clock_ns=sync_now) as a,
+        running(theirs, tmp / "b", clock_ns=sync_now) as b,
+    ):
+        yield a, b
+
+
 def test_metrics_count_rounds_bytes_and_differences(
     sqlite_archive: SqlArchive, tmp_path: Path
 ) -> None:
     other = open_archive(str(tmp_path / "other.sqlite3"))
-    sqlite_archive.insert(SHARED[:150])
-    other.insert(SHARED[100:])
 
     async def scenario() -> None:
         async with (
-            running(sqlite_archive, tmp_path / "a", clock_ns=sync_now) as a,
-            running(other, tmp_path / "b", clock_ns=sync_now) as b,
+            overlapping_nodes(sqlite_archive, other, tmp_path) as (a, b),
             aiohttp.ClientSession() as http,
         ):
             report = await sync_with_peer(a, b.url, WINDOW, method="prolly")
@@ -298,13 +311,10 @@ def test_metrics_count_rounds_bytes_and_differences(
 
 def test_riblt_reconciles_in_two_round_trips(sqlite_archive: SqlArchive, tmp_path: Path) -> None:
     other = open_archive(str(tmp_path / "other.sqlite3"))
-    sqlite_archive.insert(SHARED[:150])
-    other.insert(SHARED[100:])
 
     async def scenario() -> None:
         async with (
-            running(sqlite_archive, tmp_path / "a", clock_ns=sync_now) as a,
-            running(other, tmp_path / "b", clock_ns=sync_now) as b,
+            overlapping_nodes(sqlite_archive, other, tmp_path) as (a, b),
             aiohttp.ClientSession() as http,
         ):
             report = await sync_with_peer(a, b.url, WINDOW, method="riblt")
@@ -327,15 +337,12 @@ def test_a_riblt_node_syncs_peers_without_riblt_by_rbsr(
     sqlite_archive: SqlArchive, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     other = open_archive(str(tmp_path / "other.sqlite3"))
-    sqlite_archive.insert(SHARED[:150])
-    other.insert(SHARED[100:])
     # An older peer: its responder knows RBSR and Prolly only (404 for /sync/v1/riblt).
     monkeypatch.setattr(responder_module, "METHODS", ("rbsr", "prolly"))
 
     async def scenario() -> None:
         async with (
-            running(sqlite_archive, tmp_path / "a", clock_ns=sync_now) as a,
-            running(other, tmp_path / "b", clock_ns=sync_now) as b,
+            overlapping_nodes(sqlite_archive, other, tmp_path) as (a, b),
         ):
             config = SyncConfig(method="riblt")
             periodic = PeriodicSync(a, [b.url], config, clock_ns=sync_now, rng=random.Random(1))
