@@ -477,36 +477,31 @@ class RibltSession(MethodSession[RibltParams]):
         )
 
     def _read_give(self, r: Reader) -> tuple[list[Item], Item | None]:
-        count = r.varint(len(r) // (1 + HASH_SIZE) + 1)
-        items: list[Item] = []
-        last = self._last_give
-        for _ in range(count):
-            last = self._read_item(r, last, HASH_SIZE)
-            items.append(last)
+        items, last = self._read_items(r, self._last_give, HASH_SIZE)
         ours = self._ours([self._key(item) for item in items])
         if any(mine == item for mine, item in zip(ours, items, strict=True)):
             raise RemoteProtocolError("DONE offers an item we hold")
         return items, last
 
     def _read_take(self, r: Reader) -> tuple[list[Item], Key | None]:
-        count = r.varint(len(r) // (1 + ID_SIZE) + 1)
-        keys: list[Key] = []
-        last = self._last_take
-        for _ in range(count):
-            last = self._read_item(r, last, ID_SIZE)
-            keys.append(last)
+        keys, last = self._read_items(r, self._last_take, ID_SIZE)
         held = [item for item in self._ours(keys) if item is not None]
         if len(held) < len(keys):
             raise RemoteProtocolError("DONE asks for an item we do not hold")
         return held, last
 
-    def _read_item(self, r: Reader, last: Key | None, size: int) -> Key:
-        base = self._start[0] if last is None else last[0]
-        ts = base + r.varint(1 << 63)
-        item = (ts, r.take(size))
-        if not self._inside(ts) or (last is not None and item <= last):
-            raise RemoteProtocolError("DONE items out of order or outside the window")
-        return item
+    def _read_items(self, r: Reader, last: Key | None, size: int) -> tuple[list[Key], Key | None]:
+        """One of DONE's lists: strictly increasing (timestamp delta, ``size`` bytes)
+        pairs inside the window, continuing after ``last``; the list and its last item."""
+        items: list[Key] = []
+        for _ in range(r.varint(len(r) // (1 + size) + 1)):
+            base = self._start[0] if last is None else last[0]
+            ts = base + r.varint(1 << 63)
+            item = (ts, r.take(size))
+            if not self._inside(ts) or (last is not None and item <= last):
+                raise RemoteProtocolError("DONE items out of order or outside the window")
+            items.append(last := item)
+        return items, last
 
     def _tail_parts(self, tails: Sequence[bytes]) -> list[bytes]:
         if not tails:
