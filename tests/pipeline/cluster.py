@@ -17,6 +17,7 @@ import socket
 import subprocess
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,7 +108,7 @@ class SparkCluster:
             state: dict[str, Any] = json.load(r)
             return state
 
-    def _wait(self, ready: Any, what: str) -> None:
+    def _wait(self, ready: Callable[[dict[str, Any]], bool], what: str) -> None:
         deadline = time.monotonic() + START_S
         while time.monotonic() < deadline:
             for process in self._processes:
