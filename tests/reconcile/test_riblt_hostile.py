@@ -11,7 +11,7 @@ from reconcile_sets import split_sets
 from sdsync.errors import LocalProtocolError, RemoteProtocolError
 from sdsync.reconcile import Item, MemoryItemStore, sessions
 from sdsync.reconcile.fingerprint import varint
-from sdsync.reconcile.riblt import RibltParams, RibltSession
+from sdsync.reconcile.riblt import RIBLT_VERSION, RibltParams, RibltSession
 from sdsync.reconcile.riblt_coding import encode, item_words
 
 WINDOW = (10**18, 10**18 + 10**6)
@@ -50,7 +50,7 @@ def _symbols(items: list[Item], *, first: int = 0, last: bool = False, rows: int
         body += row[:2].astype(">u8").tobytes()
         body += int(row[2]).to_bytes(8, "big")[8 - TS_BYTES :]
         body += int(row[3]).to_bytes(8, "big")[2:]
-    header = bytes([1, 1, int(last)]) + varint(first) + varint(rows)
+    header = bytes([RIBLT_VERSION, 1, int(last)]) + varint(first) + varint(rows)
     if first == 0:
         header += bytes([TS_BYTES]) + varint(3000)
     return header + body
@@ -74,7 +74,7 @@ def test_malformed_symbols_leave_the_session_untouched() -> None:
     before = _snapshot(init)
     for bad in [
         b"",
-        bytes([2]) + good[1:],  # version
+        bytes([RIBLT_VERSION - 1]) + good[1:],  # an older version
         good[:1] + bytes([2]) + good[2:],  # a DONE, out of turn
         good[:-1],  # truncated
         good + b"\x00",  # trailing byte
@@ -136,28 +136,44 @@ SYMBOL = 16 + TS_BYTES + 6
 
 
 def _frame(first: int, symbols: list[bytes]) -> bytes:
-    header = bytes([1, 1, 0]) + varint(first) + varint(len(symbols))
+    header = bytes([RIBLT_VERSION, 1, 0]) + varint(first) + varint(len(symbols))
     if first == 0:
         header += bytes([TS_BYTES]) + varint(3000)
     return header + b"".join(symbols)
 
 
-def test_done_offering_items_we_hold_or_asking_for_items_we_lack_is_refused() -> None:
+def _done(give: list[Item], take: list[tuple[int, bytes]]) -> bytes:
+    """A whole DONE: ``take`` as (timestamp, id prefix) references."""
+    body = varint(len(give)) + b"".join(varint(ts - WINDOW[0]) + h for ts, h in give)
+    body += varint(len(take))
+    for ts, prefix in take:
+        named = bytes([len(prefix)]) + prefix if prefix else b""
+        body += varint(2 * (ts - WINDOW[0]) + bool(prefix)) + named
+    return bytes([RIBLT_VERSION, 2, 1]) + body
+
+
+def test_done_offering_items_we_hold_or_naming_items_badly_is_refused() -> None:
     a, b = _stores()
+    ts = b.item(0)[0]
+    twin = (ts, b.item(0)[1][:1] + b"\xff" * 31)
+    b.insert(twin)  # two items of one timestamp that share their first byte
     resp = RibltSession.responder(b)
     init = RibltSession(a, initiator=True, window=WINDOW)
     resp.receive(init.initiate())
     before = _snapshot(resp)
-    held = b.item(0)
     absent = (10**18 + 3, b"\x44" * 32)
-    for give, take in [([held], []), ([], [absent[1][:16]])]:
-        ts = held[0] if give else absent[0]
-        body = varint(len(give))
-        body += b"".join(varint(ts - WINDOW[0]) + h for _, h in give)
-        body += varint(len(take)) + b"".join(varint(ts - WINDOW[0]) + h for h in take)
+    for give, take in [
+        ([b.item(0)], []),  # an item we hold
+        ([], [(absent[0], absent[1][:16])]),  # an item we lack
+        ([], [(ts, b"")]),  # two items: no prefix names one
+        ([], [(ts, twin[1][:1])]),  # nor does their shared byte
+        ([], [(ts, twin[1][:17] + b"\x00")]),  # a prefix longer than an id
+    ]:
         with pytest.raises(RemoteProtocolError):
-            resp.receive(bytes([1, 2, 1]) + body)
+            resp.receive(_done(give, take))
         assert _snapshot(resp) == before
+    # The byte after the shared one names the twin alone.
+    assert resp.receive(_done([], [(ts, twin[1][:2])])) is not None
 
 
 def test_misuse_is_local() -> None:
@@ -191,7 +207,7 @@ def test_a_rejected_batch_unpeels_what_it_peeled() -> None:
     # batch is refused (a stream that ends undecoded would be too) and the peel undone.
     alone = _symbols([second], first=2)[-SYMBOL:]
     with pytest.raises(RemoteProtocolError, match=r"already peeled|did not decode"):
-        init.receive(bytes([1, 1, 1]) + varint(2) + varint(1) + alone)
+        init.receive(bytes([RIBLT_VERSION, 1, 1]) + varint(2) + varint(1) + alone)
     assert _snapshot(init) == before
 
 

@@ -18,7 +18,7 @@ from storetest import HOUR, PUBSUB, T0, make_message, make_messages, running, sy
 
 from sdsync.errors import RemoteProtocolError
 from sdsync.reconcile import MemoryItemStore, RbsrSession, varint
-from sdsync.reconcile.riblt import RibltSession
+from sdsync.reconcile.riblt import RIBLT_VERSION, RibltSession
 from sdsync.store import SqlArchive, StoredMessage, open_archive
 from sdsync.store.sync import ArchiveHost, SyncConfig, responder_app, sync_with_peer
 from sdsync.store.sync.wire import (
@@ -334,7 +334,8 @@ def test_bad_riblt_frame_streams_answer_400_and_end_the_session(
                 session_id = r.headers[SESSION_HEADER]
                 assert await r.read()  # the symbols, up to the stream's cap
             # DONE asking for an item the responder does not hold.
-            done = bytes([1, 2, 1]) + varint(0) + varint(1) + varint(5) + bytes(16)
+            reference = varint(2 * 5 + 1) + bytes([16]) + bytes(16)
+            done = bytes([RIBLT_VERSION, 2, 1]) + varint(0) + varint(1) + reference
             url = node.url + session_path(session_id)
             async with http.post(url, data=encode_frames([done]), headers=headers) as r:
                 assert r.status == 400 and "do not hold" in await r.text()

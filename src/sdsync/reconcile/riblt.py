@@ -15,30 +15,35 @@ The coding (items, coded symbols, the index sequence, the bucket cache) is in
    left. When every symbol is zero the difference is complete, and the initiator stops
    the stream by answering.
 2. The initiator's ``DONE`` names what it learned: in full the items it holds and the
-   responder lacks (``give``), and by id the items the responder holds and it lacks
-   (``take``). The responder resolves each id in its store and answers ``TAILS``, the last
-   16 bytes of those hashes, so the initiator's ``need`` holds whole items. No ``take``,
-   no ``TAILS``: ``DONE`` is the last frame.
+   responder lacks (``give``), and by reference the items the responder holds and it lacks
+   (``take``). A reference is the item's timestamp and the shortest prefix of its id that
+   no other item of the responder's with that timestamp shares, usually none: the
+   initiator knows the responder's items of any timestamp exactly (its own, less what it
+   gives, plus what it takes). The responder resolves each reference in its store and
+   answers ``TAILS``, the last 16 bytes of those hashes, so the initiator's ``need`` holds
+   whole items. No ``take``, no ``TAILS``: ``DONE`` is the last frame.
 
 That is two round trips whatever the difference; long turns (a large ``DONE`` or
 ``TAILS``) are streamed in parts within the frame limit.
 
-A symbol carries an item's 16-byte id (as RBSR's item lists), only the low
+Version 2 names taken items by reference (version 1 sent their whole ids: 16 bytes more
+each). A symbol carries an item's 16-byte id (as RBSR's item lists), only the low
 ``ts_bytes`` bytes of the timestamp (enough for the window: 6 for Store Sync's hour; the
 initiator reads the rest from the window start) and a 48-bit checksum: ``22 + ts_bytes``
 bytes. Items are told apart by ``(timestamp, id)``: two items with the same timestamp and
 id (a 2**64 birthday search over one's own messages) count as one, as in RBSR.
 
-Frames, version 1 (varints are negentropy's)::
+Frames, version 2 (varints are negentropy's)::
 
     frame   = version:u8 type:u8 body
     OPEN=0    window_start:varint window_span:varint (0 = open) ts_bytes:u8 items:varint
     SYMBOLS=1 flags:u8 first:varint count:varint [ts_bytes:u8 items:varint] symbol*
               the bracket only when first = 0; flags bit 0: the stream ends here
               symbol = id:16 ts_low:ts_bytes (big-endian) checksum:6
-    DONE=2    flags:u8 give:varint (ts_delta:varint hash:32)* take:varint (ts_delta:varint id:16)*
-              flags bit 0: last part; items strictly increasing across parts, ts deltas
-              from the previous item of the same list (the window start first)
+    DONE=2    flags:u8 give:varint (ts_delta:varint hash:32)* take:varint ref*
+              ref = (2 ts_delta + (k > 0)):varint [k:u8 prefix:k]     k in 1..16
+              flags bit 0: last part; each list strictly increasing across parts, ts
+              deltas from the previous entry of the same list (the window start first)
     TAILS=3   flags:u8 count:varint tail:16*     in the order of the take lists
 
 Hostile peers
@@ -48,7 +53,8 @@ symbols; an initiator accepts no more, so the decoder holds at most ``cap`` symb
 bytes each) and peels at most ``cap`` items, each once: a pure symbol that names an item
 already peeled, or one outside the window, ends the session (``RemoteProtocolError``),
 and so does a stream that ends undecoded. A ``DONE`` is checked item by item (one store
-lookup each: a ``give`` item we hold or a ``take`` id we do not hold is refused). Nothing
+lookup each: a ``give`` item we hold, or a ``take`` reference that names none or several
+of our items, is refused). Nothing
 changes on a refused frame: a batch lands past the symbols held and the items it peeled
 are XORed out again (XOR is its own inverse); other frames are checked whole before they
 are applied. The transfer step's hash checks stay the final word on what is stored.
@@ -56,6 +62,7 @@ are applied. The transfer step's hash checks stay the final word on what is stor
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
@@ -89,7 +96,7 @@ from sdsync.reconcile.session import (
     window_bounds,
 )
 
-RIBLT_VERSION = 1
+RIBLT_VERSION = 2
 CHECKSUM_SIZE = CHECKSUM_BITS // 8
 TAIL_SIZE = HASH_SIZE - ID_SIZE
 _LAST = 1
@@ -140,6 +147,11 @@ class RibltParams:
     def cap(self, items: int) -> int:
         """Symbols streamed at most for windows of ``items`` items together."""
         return min(self.max_symbols, 3 * items + 64)
+
+
+def _shared(a: bytes, b: bytes) -> int:
+    """How many leading bytes ``a`` and ``b`` share."""
+    return next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), len(a))
 
 
 def _ts_bytes(span: int) -> int:
@@ -284,19 +296,29 @@ class RibltItemStore(MemoryItemStore):
     def words(self, lo: int, hi: int) -> Words:
         return item_words(self._ts[lo:hi], self._hashes[lo:hi])
 
-    def locate(self, keys: Sequence[Key]) -> list[int | None]:
-        """The position of the item with each ``(timestamp, id)``, or None; in bulk."""
-        n = len(self)
-        stamps = np.array([ts for ts, _ in keys], dtype=np.int64)
-        lo = np.searchsorted(self._ts[:n], stamps, side="left")
-        hi = np.searchsorted(self._ts[:n], stamps, side="right")
+    def spans(self, stamps: Sequence[int]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """The positions ``[lo, hi)`` of the items of each timestamp, in bulk."""
+        column = self._ts[: len(self)]
+        values = np.array(stamps, dtype=np.int64)
+        return (
+            np.searchsorted(column, values, side="left"),
+            np.searchsorted(column, values, side="right"),
+        )
+
+    def locate(self, refs: Sequence[Key], unique: bool = False) -> list[int | None]:
+        """The position of the first item with each timestamp whose id starts with the
+        given prefix, or None (also when ``unique`` and a second one follows); in bulk."""
+        lo, hi = self.spans([ts for ts, _ in refs])
         found: list[int | None] = []
-        for key, first, stop in zip(keys, lo.tolist(), hi.tolist(), strict=True):
+        for (ts, prefix), first, stop in zip(refs, lo.tolist(), hi.tolist(), strict=True):
             # Equal timestamps: the ids decide.
-            p = self.lower_bound(key) if stop - first > 1 else first
-            hit = p < stop and self._hashes[p, :ID_SIZE].tobytes() == key[1]
-            found.append(p if hit else None)
+            p = self.lower_bound((ts, prefix)) if stop - first > 1 and prefix else first
+            named = [q for q in (p, p + 1) if q < stop and self._starts(q, prefix)]
+            found.append(named[0] if named and not (unique and len(named) > 1) else None)
         return found
+
+    def _starts(self, position: int, prefix: bytes) -> bool:
+        return self._hashes[position, : len(prefix)].tobytes() == prefix
 
     def insert(self, item: Item) -> bool:
         if not super().insert(item):
@@ -477,27 +499,37 @@ class RibltSession(MethodSession[RibltParams]):
         )
 
     def _read_give(self, r: Reader) -> tuple[list[Item], Item | None]:
-        items, last = self._read_items(r, self._last_give, HASH_SIZE)
+        items, last = self._read_items(r, self._last_give)
         ours = self._ours([self._key(item) for item in items])
         if any(mine == item for mine, item in zip(ours, items, strict=True)):
             raise RemoteProtocolError("DONE offers an item we hold")
         return items, last
 
     def _read_take(self, r: Reader) -> tuple[list[Item], Key | None]:
-        keys, last = self._read_items(r, self._last_take, ID_SIZE)
-        held = [item for item in self._ours(keys) if item is not None]
-        if len(held) < len(keys):
-            raise RemoteProtocolError("DONE asks for an item we do not hold")
+        refs: list[Key] = []
+        last = self._last_take
+        for _ in range(r.varint(len(r) + 1)):
+            delta, named = divmod(r.varint(1 << 64), 2)
+            prefix = r.take(r.byte()) if named else b""
+            ts = (self._start[0] if last is None else last[0]) + delta
+            if named and not 1 <= len(prefix) <= ID_SIZE:
+                raise RemoteProtocolError(f"a DONE reference with a {len(prefix)}-byte prefix")
+            if not self._inside(ts) or (last is not None and (ts, prefix) <= last):
+                raise RemoteProtocolError("DONE items out of order or outside the window")
+            refs.append(last := (ts, prefix))
+        held = [item for item in self._ours(refs, unique=True) if item is not None]
+        if len(held) < len(refs):
+            raise RemoteProtocolError("DONE names an item we do not hold, or several")
         return held, last
 
-    def _read_items(self, r: Reader, last: Key | None, size: int) -> tuple[list[Key], Key | None]:
-        """One of DONE's lists: strictly increasing (timestamp delta, ``size`` bytes)
-        pairs inside the window, continuing after ``last``; the list and its last item."""
-        items: list[Key] = []
-        for _ in range(r.varint(len(r) // (1 + size) + 1)):
+    def _read_items(self, r: Reader, last: Item | None) -> tuple[list[Item], Item | None]:
+        """DONE's ``give``: strictly increasing (timestamp delta, hash) pairs inside the
+        window, continuing after ``last``; the list and its last item."""
+        items: list[Item] = []
+        for _ in range(r.varint(len(r) // (1 + HASH_SIZE) + 1)):
             base = self._start[0] if last is None else last[0]
             ts = base + r.varint(1 << 63)
-            item = (ts, r.take(size))
+            item = (ts, r.take(HASH_SIZE))
             if not self._inside(ts) or (last is not None and item <= last):
                 raise RemoteProtocolError("DONE items out of order or outside the window")
             items.append(last := item)
@@ -654,17 +686,54 @@ class RibltSession(MethodSession[RibltParams]):
             raise RemoteProtocolError("a symbol names an item outside the window")
         return rows
 
-    def _ours(self, keys: list[Key]) -> list[Item | None]:
-        """Our item with each ``(timestamp, id)``, or None."""
+    def _ours(self, refs: Sequence[Key], *, unique: bool = False) -> list[Item | None]:
+        """Our first item with each timestamp whose id starts with the given prefix, or
+        None (also when ``unique`` and a second one follows)."""
         store = self.store
         if isinstance(store, RibltItemStore):
-            return [None if p is None else store.item(p) for p in store.locate(keys)]
+            return [None if p is None else store.item(p) for p in store.locate(refs, unique)]
         found: list[Item | None] = []
-        for key in keys:
-            p = store.lower_bound(key)
-            item = store.item(p) if p < self._hi else None
-            found.append(item if item is not None and self._key(item) == key else None)
+        for ts, prefix in refs:
+            p = store.lower_bound((ts, prefix))
+            named = [store.item(q) for q in range(p, min(p + 2, self._hi))]
+            named = [it for it in named if it[0] == ts and it[1].startswith(prefix)]
+            found.append(named[0] if named and not (unique and len(named) > 1) else None)
         return found
+
+    def _ids_at(self, stamps: Sequence[int]) -> dict[int, list[bytes]]:
+        """The ids of our items of each of the (distinct, in-window) timestamps."""
+        store = self.store
+        if isinstance(store, RibltItemStore):
+            lo, hi = store.spans(stamps)
+            spans = zip(stamps, lo.tolist(), hi.tolist(), strict=True)
+        else:
+            ends = [store.lower_bound((ts + 1, b"")) for ts in stamps]
+            starts = [store.lower_bound((ts, b"")) for ts in stamps]
+            spans = zip(stamps, starts, ends, strict=True)
+        return {ts: [h[:ID_SIZE] for _, h in store.items(a, b)] for ts, a, b in spans if b > a}
+
+    def _references(self, give: list[Item], take: list[Key]) -> list[bytes]:
+        """The id prefix naming each taken item among the peer's items of its timestamp,
+        which are ours, less those we give, plus those we take (see the module docstring)."""
+        given: dict[int, set[bytes]] = {}
+        for ts, h in give:
+            given.setdefault(ts, set()).add(h[:ID_SIZE])
+        taken: dict[int, list[bytes]] = {}
+        for ts, i in take:
+            taken.setdefault(ts, []).append(i)
+        ours = self._ids_at(list(taken))
+        prefixes: dict[Key, bytes] = {}
+        for ts, ids in taken.items():
+            if len(ids) == 1 and ts not in ours:
+                prefixes[ts, ids[0]] = b""  # the usual case: the peer's only item then
+                continue
+            peer = sorted((set(ours.get(ts, ())) - given.get(ts, set())) | set(ids))
+            for i in ids:
+                k = bisect.bisect_left(peer, i)
+                neighbours = peer[max(0, k - 1) : k] + peer[k + 1 : k + 2]
+                shared = max((_shared(i, o) for o in neighbours), default=-1)
+                prefixes[ts, i] = i[: shared + 1]
+        return [prefixes[key] for key in take]
 
     def _own_symbols(self, stop: int) -> Words:
         if len(self._mine) < stop:
@@ -676,30 +745,40 @@ class RibltSession(MethodSession[RibltParams]):
     def _done_parts(self, give: list[Item], take: list[Key]) -> list[bytes]:
         room = self.max_frame_size - _HEADER
         parts: list[bytes] = []
-        gives: list[bytes] = []
-        takes: list[bytes] = []
+        lists: tuple[list[bytes], list[bytes]] = ([], [])
         size = 0
-        last: Key | None = None
 
         def flush(final: bool) -> None:
-            flags = bytes([_LAST if final else 0])
+            gives, takes = lists
             body = [varint(len(gives)), *gives, varint(len(takes)), *takes]
-            parts.append(self._frame(FrameType.DONE, flags, *body))
+            parts.append(self._frame(FrameType.DONE, bytes([_LAST if final else 0]), *body))
 
-        for entries, out in ((give, gives), (take, takes)):
-            last = None
-            for ts, h in entries:
-                entry = varint(ts - (self._start[0] if last is None else last[0])) + h
+        for out, entries in zip(lists, self._entries(give, take), strict=True):
+            for entry in entries:
                 if size + len(entry) > room:
                     flush(False)
-                    gives.clear()
-                    takes.clear()
+                    lists[0].clear()
+                    lists[1].clear()
                     size = 0
                 out.append(entry)
                 size += len(entry)
-                last = (ts, h)
         flush(True)
         return parts
+
+    def _entries(self, give: list[Item], take: list[Key]) -> tuple[list[bytes], list[bytes]]:
+        """DONE's two lists, entry by entry (see the frame format)."""
+        gives: list[bytes] = []
+        last = self._start[0]
+        for ts, h in give:
+            gives.append(varint(ts - last) + h)
+            last = ts
+        takes: list[bytes] = []
+        last = self._start[0]
+        for (ts, _), prefix in zip(take, self._references(give, take), strict=True):
+            named = bytes([len(prefix)]) + prefix if prefix else b""
+            takes.append(varint(2 * (ts - last) + bool(prefix)) + named)
+            last = ts
+        return gives, takes
 
     def _on_tails(self, r: Reader) -> FrameOutcome:
         flags = r.byte()
