@@ -252,6 +252,7 @@ EXPORTS: dict[str, frozenset[str]] = {
             "RibltItemStore",
             "RibltParams",
             "RibltSession",
+            "SymbolCache",
             "reconcile_in_memory",
             "sessions",
             "summarize",

@@ -1,8 +1,9 @@
-"""RIBLT finds exactly A∖B and B∖A in two round trips, with and without the bucket cache."""
+"""RIBLT finds exactly A∖B and B∖A in two round trips, with and without a bucket cache (a
+store's own, or a node's symbol cache attached to a snapshot)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pytest
@@ -12,34 +13,52 @@ from reconcile_sets import item_sets, random_items, split_sets
 
 from sdsync.errors import LocalProtocolError
 from sdsync.reconcile import Item, ItemStore, MemoryItemStore, reconcile_in_memory
-from sdsync.reconcile.riblt import RibltItemStore, RibltParams, WindowSymbols
+from sdsync.reconcile.riblt import RibltItemStore, RibltParams, SymbolCache, WindowSymbols
 from sdsync.reconcile.riblt_coding import BucketCache, encode, item_words
 
 _tuning = st.fixed_dictionaries(
     {
         "riblt": st.builds(RibltParams, st.integers(1, 8), st.integers(1, 8)),
         "max_frame_size": st.sampled_from([160, 1024, 1 << 20]),
-        "cached": st.booleans(),
+        "cached": st.sampled_from(["none", "store", "snapshot"]),
         "bucket_width": st.integers(1, 5),
     }
 )
 
 
-def _store(items: frozenset[Item] | set[Item], cached: bool, bucket_width: int = 3) -> ItemStore:
-    if cached:
+Cache = Literal["none", "store", "snapshot"]
+
+
+def _store(
+    items: frozenset[Item] | set[Item],
+    cached: Cache,
+    bucket_width: int = 3,
+    window: tuple[int, int | None] = (0, None),
+) -> ItemStore:
+    """``store``: the store keeps its own bucket cache; ``snapshot``: a node's symbol cache
+    gives it the rows of the window's whole buckets."""
+    if cached == "store":
         return RibltItemStore(items, bucket_width=bucket_width, prefix=8)
+    if cached == "snapshot":
+        store = RibltItemStore(items, bucket_width=None)
+        SymbolCache(bucket_width, prefix=8).attach(store, *window)
+        return store
     return MemoryItemStore(items)
 
 
 def _check(a: frozenset[Item] | set[Item], b: frozenset[Item] | set[Item], **kwargs: Any) -> int:
     """Reconcile; assert the exact difference on both sides and two round trips; frames."""
     window = kwargs.pop("window", (0, None))
-    cached = kwargs.pop("cached", False)
+    cached = kwargs.pop("cached", "none")
     width = kwargs.pop("bucket_width", 3)
     start, end = window
     inside = {it for it in a | b if it[0] >= start and (end is None or it[0] < end)}
     result = reconcile_in_memory(
-        _store(a, cached, width), _store(b, cached, width), "riblt", window=window, **kwargs
+        _store(a, cached, width, window),
+        _store(b, cached, width, window),
+        "riblt",
+        window=window,
+        **kwargs,
     )
     assert sorted(result.have) == sorted((set(a) - set(b)) & inside)
     assert sorted(result.need) == sorted((set(b) - set(a)) & inside)
@@ -71,10 +90,10 @@ def test_exact_difference_both_ways(
     b=item_sets,
     start=st.integers(0, 12),
     length=st.one_of(st.none(), st.integers(1, 12)),
-    cached=st.booleans(),
+    cached=st.sampled_from(["none", "store", "snapshot"]),
 )
 def test_windowed_sync_sees_only_the_window(
-    a: frozenset[Item], b: frozenset[Item], start: int, length: int | None, cached: bool
+    a: frozenset[Item], b: frozenset[Item], start: int, length: int | None, cached: Cache
 ) -> None:
     window = (start, None if length is None else start + length)
     _check(a, b, window=window, cached=cached)
@@ -85,7 +104,7 @@ def _equal_timestamps(n: int, seed: int) -> set[Item]:
     return {(7, rng.bytes(32)) for _ in range(n)}
 
 
-@pytest.mark.parametrize("cached", [False, True])
+@pytest.mark.parametrize("cached", ["none", "store", "snapshot"])
 @pytest.mark.parametrize(
     ("a", "b"),
     [
@@ -97,6 +116,10 @@ def _equal_timestamps(n: int, seed: int) -> set[Item]:
         split_sets(2000, 30, 30, seed=6),
         split_sets(100, 900, 800, seed=7),  # d >> N/2
         (_equal_timestamps(500, 8), _equal_timestamps(500, 8) | _equal_timestamps(40, 9)),
+        (
+            _equal_timestamps(500, 8) | _equal_timestamps(60, 10),
+            _equal_timestamps(500, 8) | _equal_timestamps(40, 9),
+        ),
     ],
     ids=[
         "empty",
@@ -107,9 +130,10 @@ def _equal_timestamps(n: int, seed: int) -> set[Item]:
         "few-diffs",
         "d-much-larger-than-n",
         "equal-timestamps",
+        "equal-timestamps-both-ways",
     ],
 )
-def test_named_cases(a: set[Item], b: set[Item], cached: bool) -> None:
+def test_named_cases(a: set[Item], b: set[Item], cached: Cache) -> None:
     _check(a, b, cached=cached, bucket_width=10_000)
 
 
@@ -170,6 +194,41 @@ def test_window_symbols_from_the_cache_equal_a_fresh_encoding(
     # Past the cached prefix the window is encoded whole; both parts must agree.
     got = np.concatenate([symbols.take(n) for n in (1, 30, 9, 60)])
     assert np.array_equal(got, encode(cached.words(lo, hi), 100))
+
+
+def test_a_symbol_cache_encodes_only_the_buckets_that_changed() -> None:
+    items = sorted(random_items(3_000, 16, spread=1_000, base=0))
+    window = (130, 870)  # whole buckets of 50: [150, 850), 14 of them
+    cache = SymbolCache(bucket_width=50, prefix=40)
+
+    def snapshot(held: list[Item]) -> tuple[RibltItemStore, tuple[int, int]]:
+        store = RibltItemStore(held, bucket_width=None)
+        counts = cache.attach(store, *window)
+        lo, hi = store.lower_bound((130, b"")), store.lower_bound((870, b""))
+        symbols = WindowSymbols(store, lo, hi, window)
+        # The cached prefix, the two edge buckets and the symbols past it agree.
+        assert np.array_equal(symbols.take(100), encode(store.words(lo, hi), 100))
+        return store, counts
+
+    store, counts = snapshot(items)
+    assert counts == (0, 14) and len(cache) == 14
+    assert snapshot(items)[1] == (14, 0)
+    # One message more at 260 (bucket 5), one less in [500, 550) (bucket 10, retention):
+    gone = next(it for it in items if 500 <= it[0] < 550)
+    changed = [*(it for it in items if it != gone), (260, b"\x07" * 32)]
+    assert snapshot(changed)[1] == (12, 2)
+    assert snapshot(changed)[1] == (14, 0)
+    with pytest.raises(LocalProtocolError, match="read-only"):
+        store.insert((300, b"\x09" * 32))  # its rows are shared with other snapshots
+
+
+def test_a_symbol_cache_holds_at_most_max_buckets() -> None:
+    cache = SymbolCache(bucket_width=10, prefix=8, max_buckets=5)
+    items = random_items(500, 17, spread=200, base=0)
+    cache.attach(RibltItemStore(items, bucket_width=None), 0, 200)
+    assert len(cache) == 5 and cache.encoded == 20
+    # The five most recently used (the newest buckets) are the ones kept.
+    assert cache.attach(RibltItemStore(items, bucket_width=None), 150, 200) == (5, 0)
 
 
 def test_toggling_twice_empties_the_cache() -> None:

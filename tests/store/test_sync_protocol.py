@@ -309,6 +309,11 @@ def test_metrics_count_rounds_bytes_and_differences(
     asyncio.run(scenario())
 
 
+async def _scrape(http: aiohttp.ClientSession, node: StoreNode) -> str:
+    async with http.get(f"{node.url}/metrics") as response:
+        return await response.text()
+
+
 def test_riblt_reconciles_in_two_round_trips(sqlite_archive: SqlArchive, tmp_path: Path) -> None:
     other = open_archive(str(tmp_path / "other.sqlite3"))
 
@@ -324,10 +329,20 @@ def test_riblt_reconciles_in_two_round_trips(sqlite_archive: SqlArchive, tmp_pat
             assert (report.peer_stored, report.stored) == (100, 50)
             again = await sync_with_peer(a, b.url, WINDOW, method="riblt")
             assert (again.have, again.need, again.round_trips) == (0, 0, 2)
-            async with http.get(f"{b.url}/metrics") as response:
-                scraped = await response.text()
-            assert _metric(scraped, "sync_rounds", 'role="responder"') == 2
-            assert _metric(scraped, "sync_differences", 'side="we_lacked"') == 100
+            before = [await _scrape(http, node) for node in (a, b)]
+            assert _metric(before[1], "sync_rounds", 'role="responder"') == 2
+            assert _metric(before[1], "sync_differences", 'side="we_lacked"') == 100
+            # Nothing changed since: each side's snapshot reuses every bucket it cached.
+            await sync_with_peer(a, b.url, WINDOW, method="riblt")
+            for node, earlier in zip((a, b), before, strict=True):
+                now = await _scrape(http, node)
+                encoded, reused = 'outcome="encoded"', 'outcome="reused"'
+                assert _metric(now, "sync_symbol_buckets", encoded) == _metric(
+                    earlier, "sync_symbol_buckets", encoded
+                )
+                fresh = _metric(now, "sync_symbol_buckets", reused)
+                fresh -= _metric(earlier, "sync_symbol_buckets", reused)
+                assert fresh == len(node.riblt_symbols) > 0
         assert sqlite_archive.count() == other.count() == 200
 
     asyncio.run(scenario())

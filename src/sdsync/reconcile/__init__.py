@@ -20,7 +20,13 @@ from sdsync.reconcile.items import INFINITY, Bound, Item, ItemStore, MemoryItemS
 from sdsync.reconcile.memory import Method, ReconcileResult, reconcile_in_memory, sessions
 from sdsync.reconcile.prolly import PROLLY_VERSION, ProllyParams, ProllySession
 from sdsync.reconcile.rbsr import RBSR_VERSION, RbsrParams, RbsrSession
-from sdsync.reconcile.riblt import RIBLT_VERSION, RibltItemStore, RibltParams, RibltSession
+from sdsync.reconcile.riblt import (
+    RIBLT_VERSION,
+    RibltItemStore,
+    RibltParams,
+    RibltSession,
+    SymbolCache,
+)
 from sdsync.reconcile.session import (
     DEFAULT_MAX_FRAME_SIZE,
     FULL_WINDOW,
@@ -57,6 +63,7 @@ __all__ = [
     "RibltParams",
     "RibltSession",
     "SessionStats",
+    "SymbolCache",
     "Window",
     "default_max_rounds",
     "fingerprint",

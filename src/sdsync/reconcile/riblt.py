@@ -63,6 +63,8 @@ are applied. The transfer step's hash checks stay the final word on what is stor
 from __future__ import annotations
 
 import bisect
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
@@ -84,6 +86,7 @@ from sdsync.reconcile.riblt_coding import (
     Encoder,
     Words,
     checksums,
+    encode,
     item_words,
 )
 from sdsync.reconcile.session import (
@@ -172,7 +175,7 @@ class WindowSymbols:
         self._cached: list[Words] = []
         self._prefix = 0
         self._edges: Encoder | None = None
-        self._resume: Callable[[], Encoder] | None = None
+        self._resume: Callable[[], Encoder | None] | None = None
         cache = store.cache if isinstance(store, RibltItemStore) else None
         if cache is None:
             return
@@ -216,11 +219,8 @@ class WindowSymbols:
                 # Past the cached prefix, the window's items resume where the cache left
                 # them; without a cache they are advanced from symbol 0.
                 resumable = self._resume is not None and start >= self._prefix > 0
-                self._whole = (
-                    self._resume()
-                    if self._resume is not None and resumable
-                    else Encoder(self._words())
-                )
+                resumed = self._resume() if self._resume is not None and resumable else None
+                self._whole = Encoder(self._words()) if resumed is None else resumed
                 self._whole.skip(start)
             self._whole.extend(out, stop, offset=done)
         return out
@@ -248,6 +248,8 @@ class RibltItemStore(MemoryItemStore):
     """Symbols cached per bucket (enough for about 3,000 differences): 128 KiB a bucket."""
 
     cache: BucketCache | None
+    _next: npt.NDArray[np.int64] | None
+    _next_state: Words | None
 
     def __init__(
         self,
@@ -278,14 +280,17 @@ class RibltItemStore(MemoryItemStore):
 
     def _build(self, bucket_width: int | None, prefix: int) -> None:
         self.cache = None if bucket_width is None else BucketCache(bucket_width, prefix)
+        self._next = self._next_state = None
         if self.cache is not None:
             # Each item's index sequence past the prefix, by position: a window encoded
             # past the prefix resumes there instead of advancing every item from 0.
             self._next, self._next_state = self.cache.toggle(self.words(0, len(self)))
 
-    def resumed(self, lo: int, hi: int) -> Encoder:
-        """An encoder of the items at ``[lo, hi)`` past the cached prefix (cache only)."""
-        assert self.cache is not None
+    def resumed(self, lo: int, hi: int) -> Encoder | None:
+        """An encoder of the items at ``[lo, hi)`` past the cached prefix, if the store
+        keeps its cache itself (it then knows every item's state there)."""
+        if self.cache is None or self._next is None or self._next_state is None:
+            return None
         return Encoder.resume(
             self.words(lo, hi),
             self._next[lo:hi].copy(),
@@ -295,6 +300,19 @@ class RibltItemStore(MemoryItemStore):
 
     def words(self, lo: int, hi: int) -> Words:
         return item_words(self._ts[lo:hi], self._hashes[lo:hi])
+
+    def buckets(self, lo: int, hi: int, width: int) -> list[tuple[int, int, int]]:
+        """``(bucket, start, stop)`` of the items at ``[lo, hi)``, by buckets of ``width``
+        timestamp units (only buckets holding items)."""
+        if hi <= lo:
+            return []
+        keys = self._ts[lo:hi] // width
+        cuts = np.flatnonzero(np.diff(keys)) + 1
+        starts = np.concatenate(([0], cuts))
+        stops = np.concatenate((cuts, [hi - lo]))
+        return list(
+            zip(keys[starts].tolist(), (starts + lo).tolist(), (stops + lo).tolist(), strict=True)
+        )
 
     def spans(self, stamps: Sequence[int]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """The positions ``[lo, hi)`` of the items of each timestamp, in bulk."""
@@ -324,11 +342,84 @@ class RibltItemStore(MemoryItemStore):
         if not super().insert(item):
             return False
         if self.cache is not None:
+            if self._next is None or self._next_state is None:
+                raise LocalProtocolError("a store holding a SymbolCache's rows is read-only")
             p = self.lower_bound(item)
             current, state = self.cache.toggle(self.words(p, p + 1))
             self._next = np.insert(self._next, p, current)
             self._next_state = np.insert(self._next_state, p, state)
         return True
+
+
+class SymbolCache:
+    """Bucket rows for stores built afresh for every session (a store node's snapshots).
+
+    A snapshot cannot keep a :class:`BucketCache` current: it is a new store every round.
+    This cache keeps each bucket's rows with the count and fingerprint (RBSR's, which
+    RBSR trusts to call two ranges equal) of the items they were encoded from, and hands
+    them to a later snapshot whose bucket still has that count and fingerprint. So however
+    the archive changed — any ingestion path, retention, another node writing the same
+    database — a round encodes again only the buckets that changed. Safe to share between
+    threads; it holds at most ``max_buckets`` buckets (the least recently used go), 128 KiB
+    each with the default prefix.
+    """
+
+    def __init__(
+        self,
+        bucket_width: int = RibltItemStore.DEFAULT_BUCKET_WIDTH,
+        prefix: int = RibltItemStore.DEFAULT_PREFIX,
+        max_buckets: int = 256,
+    ) -> None:
+        if bucket_width < 1 or prefix < 1 or max_buckets < 1:
+            raise LocalProtocolError("a symbol cache needs a positive width, prefix and size")
+        self.bucket_width, self.prefix, self.max_buckets = bucket_width, prefix, max_buckets
+        self._buckets: OrderedDict[int, tuple[int, int, Words]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.reused = 0
+        """Buckets handed out as they were."""
+        self.encoded = 0
+        """Buckets encoded (new, or changed since they were cached)."""
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def attach(self, store: RibltItemStore, start: int, end: int | None) -> tuple[int, int]:
+        """Give ``store``, which holds every item of ``[start, end)``, the rows of the
+        whole buckets inside that window (its sessions over the window then use them);
+        how many buckets were reused and how many encoded."""
+        shape = BucketCache(self.bucket_width, self.prefix)
+        lo, hi = shape.whole_buckets(start, end)
+        if lo == hi:
+            store.cache = shape
+            return 0, 0
+        a = store.lower_bound((lo, b""))
+        b = len(store) if hi is None else store.lower_bound((hi, b""))
+        rows: dict[int, Words] = {}
+        reused = 0
+        for bucket, first, stop in store.buckets(a, b, self.bucket_width):
+            rows[bucket], hit = self._rows(store, bucket, first, stop)
+            reused += hit
+        store.cache = BucketCache.holding(self.bucket_width, self.prefix, rows)
+        return reused, len(rows) - reused
+
+    def _rows(self, store: RibltItemStore, bucket: int, a: int, b: int) -> tuple[Words, bool]:
+        """The bucket's rows, and whether they came from the cache."""
+        fingerprint, count = store.summary(a, b)
+        with self._lock:
+            held = self._buckets.get(bucket)
+            if held is not None and held[:2] == (count, fingerprint):
+                self._buckets.move_to_end(bucket)
+                self.reused += 1
+                return held[2], True
+        rows = encode(store.words(a, b), self.prefix)
+        rows.flags.writeable = False  # shared by every store it is attached to
+        with self._lock:
+            self._buckets[bucket] = (count, fingerprint, rows)
+            self._buckets.move_to_end(bucket)
+            while len(self._buckets) > self.max_buckets:
+                self._buckets.popitem(last=False)
+            self.encoded += 1
+        return rows, False
 
 
 class _Phase(IntEnum):

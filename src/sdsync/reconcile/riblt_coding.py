@@ -208,6 +208,13 @@ class BucketCache:
         self.prefix = prefix
         self._rows: dict[int, Words] = {}
 
+    @classmethod
+    def holding(cls, bucket_width: int, prefix: int, rows: dict[int, Words]) -> BucketCache:
+        """A cache of the given rows of buckets (bucket index -> ``(prefix, 4)`` rows)."""
+        cache = cls(bucket_width, prefix)
+        cache._rows = rows
+        return cache
+
     def __len__(self) -> int:
         """Buckets held."""
         return len(self._rows)

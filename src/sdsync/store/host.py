@@ -7,7 +7,7 @@ do not import the :class:`~sdsync.store.node.StoreNode` that runs them; each is 
 against what it needs of it:
 
 * :class:`SyncHost` — an archive, the blocking archive calls run off the event loop
-  (:meth:`~SyncHost.in_archive`), ingestion, the metrics;
+  (:meth:`~SyncHost.in_archive`), ingestion, the metrics, the RIBLT symbol cache;
 * :class:`ServedNode` — that, and what the HTTP routes add: the write token, the node's
   clock, v3 queries under the node's admission and time limits, retention, its info.
 
@@ -38,6 +38,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, ParamSpec, Protocol, TypeVar
 
+from sdsync.reconcile import SymbolCache
 from sdsync.store.archive import Archive, ArchiveUnavailable
 from sdsync.store.metrics import StoreMetrics
 from sdsync.store.model import Page, QueryError, StatusCode, StoredMessage, StoreQuery
@@ -63,6 +64,11 @@ class SyncHost(Protocol):
 
     @property
     def metrics(self) -> StoreMetrics: ...
+
+    @property
+    def riblt_symbols(self) -> SymbolCache:
+        """The RIBLT bucket rows this node's snapshots share (:mod:`~sdsync.store.sync`)."""
+        ...
 
     async def in_archive(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T: ...
 
@@ -118,6 +124,7 @@ class ArchiveHost:
         """``executor`` runs the archive calls (None: the event loop's default one)."""
         self.archive = archive
         self.metrics = StoreMetrics()
+        self.riblt_symbols = SymbolCache()
         self._archive_executor = executor
 
     async def in_archive(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:

@@ -92,6 +92,14 @@ class StoreMetrics:
             registry=r,
         )
 
+        self.sync_symbol_buckets = Counter(
+            "sdsync_store_sync_symbol_buckets",
+            "RIBLT bucket rows a snapshot took from the node's symbol cache (reused) or "
+            "encoded (new or changed buckets).",
+            ["outcome"],
+            registry=r,
+        )
+
     def refuse(self, route: str, reason: str) -> None:
         """Count one refusal: ``route`` is where (``METHOD /path/template`` of an HTTP
         route, or ``relay``, ``resume``, ``sync``...), ``reason`` a short fixed word

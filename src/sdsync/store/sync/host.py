@@ -11,9 +11,14 @@ runs the blocking archive calls off the event loop and archives what arrives wit
 A session reads a *snapshot*: the window's items loaded once, in bulk
 (:meth:`~sdsync.store.archive.Archive.item_arrays`), into a
 :class:`~sdsync.reconcile.riblt.RibltItemStore` (a :class:`~sdsync.reconcile.MemoryItemStore`
-that RIBLT reads in bulk; no bucket cache: it is read once), which must not change while
-the session runs.
-Messages archived meanwhile are simply not part of this round; the next round sees them.
+that RIBLT reads in bulk), which must not change while the session runs. Messages
+archived meanwhile are simply not part of this round; the next round sees them.
+
+A RIBLT snapshot also takes the rows of its window's whole one-minute buckets from the
+host's :class:`~sdsync.reconcile.riblt.SymbolCache`: rows cached by an earlier round are
+reused where the bucket's count and fingerprint are unchanged, so a round encodes only
+the buckets that messages arrived in or retention emptied since, whatever path changed
+the archive (counted in ``sdsync_store_sync_symbol_buckets``).
 
 Messages go out in batches of at most :data:`~sdsync.store.sync.wire.MAX_BATCH_BYTES`,
 read from the archive by hash, a few hundred at a time. A hash the archive no longer
@@ -24,8 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sdsync.reconcile import MemoryItemStore
-from sdsync.reconcile.riblt import RibltItemStore
+from sdsync.reconcile import MemoryItemStore, Method, RibltItemStore, SymbolCache
 from sdsync.store.archive import Archive
 from sdsync.store.host import SyncHost
 from sdsync.store.sync.wire import MAX_BATCH_BYTES, encode_entry
@@ -34,13 +38,21 @@ SOURCE = "sync"
 READ_CHUNK = 500
 
 
-async def snapshot(host: SyncHost, window: tuple[int, int]) -> MemoryItemStore:
-    """The items of ``window`` (start inclusive, end exclusive), frozen for one session."""
-    return await host.in_archive(_load, host.archive, window)
+async def snapshot(host: SyncHost, window: tuple[int, int], method: Method) -> MemoryItemStore:
+    """The items of ``window`` (start inclusive, end exclusive), frozen for one session
+    of ``method``."""
+    symbols = host.riblt_symbols if method == "riblt" else None
+    store, (reused, encoded) = await host.in_archive(_load, host.archive, window, symbols)
+    host.metrics.sync_symbol_buckets.labels(outcome="reused").inc(reused)
+    host.metrics.sync_symbol_buckets.labels(outcome="encoded").inc(encoded)
+    return store
 
 
-def _load(archive: Archive, window: tuple[int, int]) -> MemoryItemStore:
-    return RibltItemStore.build(*archive.item_arrays(*window), bucket_width=None)
+def _load(
+    archive: Archive, window: tuple[int, int], symbols: SymbolCache | None
+) -> tuple[MemoryItemStore, tuple[int, int]]:
+    store = RibltItemStore.build(*archive.item_arrays(*window), bucket_width=None)
+    return store, (symbols.attach(store, *window) if symbols is not None else (0, 0))
 
 
 async def read_batch(

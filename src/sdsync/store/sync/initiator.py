@@ -132,7 +132,7 @@ async def sync_with_peer(
     ``token`` is the federation's sync token, for peers that require one."""
     started = time.perf_counter()
     report = SyncReport(peer.rstrip("/"), method, window)
-    store = await snapshot(host, window)
+    store = await snapshot(host, window, method)
     report.items = len(store)
     sessions = {"rbsr": RbsrSession, "prolly": ProllySession, "riblt": RibltSession}
     reconcile: ReconcileSession = sessions[method](store, initiator=True, window=window)

@@ -255,7 +255,7 @@ async def open_session(request: web.Request) -> web.StreamResponse:
     with table.opening(client):
         # Counted first: a window over the budget is refused before it is read.
         table.check_budget(await node.in_archive(node.archive.count_items, *window))
-        store = await snapshot(node, window)
+        store = await snapshot(node, window, method)
         reconcile = _responder(method, store)
         session_id = table.add(reconcile, window, len(store), client, streams=method in STREAMING)
     return await _answer(request, table, session_id, frames)
