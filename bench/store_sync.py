@@ -4,7 +4,9 @@
 except ``--differ`` of them (default 1 %), half missing on each side. The responder is
 ``sdsync store serve`` in its own process; the initiator runs in this one
 (:func:`sdsync.store.sync.sync_with_peer`, what ``sdsync store sync`` runs), on fresh copies
-of both archives for every method (RBSR, Prolly, RIBLT). The anchor, in the same run, is
+of both archives for every method (RBSR, Prolly, RIBLT, and RIBLT again with both sides'
+symbol caches filled by a round and a snapshot before, as a node's periodic rounds leave
+them). The anchor, in the same run, is
 what a store can do without Store Sync: list the peer's hashes over the v3 REST API (100
 per page), diff locally, fetch what is missing by hash (50 per request) and post what the
 peer lacks (with its token). Bytes are HTTP bodies both ways, counted by an aiohttp trace
@@ -46,6 +48,7 @@ from sdsync.store import HttpStoreClient, SqlArchive, StoredMessage, StoreQuery,
 from sdsync.store.model import MAX_PAGE_SIZE
 from sdsync.store.pgcluster import TempCluster, free_port, start_cluster
 from sdsync.store.sync import ArchiveHost, sync_with_peer
+from sdsync.store.sync.host import snapshot
 from sdsync.store.sync.wire import METHODS
 from sdsync.wire.waku import WakuMessage
 
@@ -61,6 +64,8 @@ RESPONDER_SYNC_WINDOW_S = 86_400
 TOKEN = "bench-token"
 BATCH = 10_000
 POST_CHUNK = 1_000
+WARM = "riblt, warm"
+"""RIBLT again, with both sides' symbol caches filled by earlier rounds."""
 
 
 def generate(n: int, seed: int, payload: tuple[int, int] = (100, 300)) -> list[StoredMessage]:
@@ -152,22 +157,38 @@ def responder(db: str, data_dir: Path) -> Iterator[str]:
         process.wait(timeout=60)
 
 
-async def store_sync(run: Run, ours: str, peer: str) -> None:
+async def store_sync(run: Run, ours: str, peer: str, twin: str | None = None) -> None:
+    """One round; with ``twin`` (a copy of the peer's archive), after a round between the
+    twin and the peer and a snapshot of ours, which fill both sides' RIBLT symbol caches
+    as a node's earlier rounds would."""
     archive = open_archive(ours)
+    host = ArchiveHost(archive)
     try:
+        if twin is not None:
+            await prime(host, peer, twin)
         async with counting_session(run) as http:
             started = time.perf_counter()
             report = await sync_with_peer(
-                ArchiveHost(archive),
+                host,
                 peer,
                 WINDOW,
-                method=next(m for m in METHODS if m == run.method),
+                method=next(m for m in METHODS if run.method.startswith(m)),
                 session=http,
             )
             run.seconds = time.perf_counter() - started
         run.moved = report.sent + report.received
     finally:
         archive.close()
+
+
+async def prime(host: ArchiveHost, peer: str, twin: str) -> None:
+    archive = open_archive(twin)
+    try:
+        report = await sync_with_peer(ArchiveHost(archive), peer, WINDOW, method="riblt")
+    finally:
+        archive.close()
+    assert report.have == report.need == 0
+    await snapshot(host, WINDOW, "riblt")
 
 
 async def v3_sync(run: Run, ours: str, peer: str) -> None:
@@ -205,15 +226,18 @@ def sync_runs(args: argparse.Namespace, work: Path) -> list[Run]:
     fill(base_b, [m for m in messages if m not in only_a])
     union = {m.message_hash for m in messages}
     runs = []
-    for method in ["v3 (anchor)", *METHODS]:
+    for k, method in enumerate(["v3 (anchor)", *METHODS, WARM]):
         run = Run(method)
-        ours, theirs = str(work / f"{method[:2]}-a.sqlite3"), str(work / f"{method[:2]}-b.sqlite3")
+        ours, theirs = str(work / f"{k}-a.sqlite3"), str(work / f"{k}-b.sqlite3")
         shutil.copy(base_a, ours)
         shutil.copy(base_b, theirs)
         print(f"[{method}] syncing…", flush=True)
-        with responder(theirs, work / f"{method[:2]}-state") as peer:
-            sync = v3_sync if method.startswith("v3") else store_sync
-            asyncio.run(sync(run, ours, peer))
+        with responder(theirs, work / f"{k}-state") as peer:
+            if method.startswith("v3"):
+                asyncio.run(v3_sync(run, ours, peer))
+            else:
+                twin = shutil.copy(base_b, work / f"{k}-twin.sqlite3") if method == WARM else None
+                asyncio.run(store_sync(run, ours, peer, None if twin is None else str(twin)))
         run.exact = run.moved == d and window_hashes(ours) == window_hashes(theirs) == union
         runs.append(run)
     return runs

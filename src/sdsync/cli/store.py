@@ -112,8 +112,12 @@ def serve(
         ),
     ] = 300.0,
     sync_method: Annotated[
-        SyncMethod, typer.Option(help="Reconciliation method of the rounds this node starts.")
-    ] = SyncMethod.rbsr,
+        SyncMethod,
+        typer.Option(
+            help="Reconciliation method of the rounds this node starts (a peer that lacks it"
+            " is synced by rbsr)."
+        ),
+    ] = SyncMethod.riblt,
     sync_window: Annotated[
         float, typer.Option(min=1.0, help="Seconds into the past a round covers (ending 20 s ago).")
     ] = 3600.0,

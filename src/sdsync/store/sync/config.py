@@ -15,7 +15,9 @@ NS = 10**9
 class SyncConfig:
     interval_s: float | None = 300.0
     """Seconds between rounds with one random peer; None: never initiate."""
-    method: Method = "rbsr"
+    method: Method = "riblt"
+    """The method of the rounds we start (a peer without it is synced by RBSR): RIBLT, the
+    fewest bytes and, with the node's symbol cache, the least time (docs/reconcile.md)."""
     window_s: float = 3_600.0
     """How far into the past a round reaches (before the lag)."""
     lag_s: float = 20.0

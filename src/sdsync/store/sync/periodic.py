@@ -10,9 +10,9 @@ asked again, and the round goes on with another random peer. A peer that is down
 busy, or answers nonsense, ends the round (logged, and shown by ``/admin/v1/info``); the
 next round picks afresh.
 
-A node configured for another method than RBSR (``--sync-method riblt``) may meet peers
-that speak Store Sync but not that method (older nodes): such a peer is synced by RBSR,
-which every Store Sync node speaks, at once and in later rounds.
+Rounds use RIBLT by default (``--sync-method``). A node may meet peers that speak Store
+Sync but not its method (older nodes): such a peer is synced by RBSR, which every Store
+Sync node speaks, at once and in later rounds.
 """
 
 from __future__ import annotations
