@@ -260,3 +260,12 @@ def test_mutated_frames_raise_only_remote_errors_and_change_nothing(
         target.receive(bytes(bad))
     except RemoteProtocolError:
         assert _snapshot(target) == before
+    else:
+        return  # an edit that changed nothing, or that a peer may make: nothing to check
+    # Refused and untouched: the real conversation still ends with the exact difference.
+    for side, frame in CONVERSATION[position:]:
+        sides[side].receive(frame)
+    mine, theirs = (set(store.items(0, len(store))) for store in (a, b))
+    assert init.done and resp.done
+    assert (set(init.have), set(init.need)) == (mine - theirs, theirs - mine)
+    assert (set(resp.have), set(resp.need)) == (theirs - mine, mine - theirs)
