@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -21,7 +22,7 @@ from trio.testing import MockClock
 from sdsync.errors import LocalProtocolError
 from sdsync.transport import Envelope, Libp2pTransport, Received
 from sdsync.transport.libp2p import new_identity_key
-from sdsync.transport.libp2p_host import _QUEUE_HIGH_WATER, _STALL_S, TrioHost
+from sdsync.transport.libp2p_host import _QUEUE_HIGH_WATER, _STALL_S, _UNIDENTIFIED_S, TrioHost
 from sdsync.transport.libp2p_patches import PEER_QUEUE_RPCS
 from sdsync.wire import WakuMessage, message_hash
 from sdsync.wire.waku_protocols import RELAY_PROTOCOL
@@ -312,6 +313,26 @@ def test_a_stuck_peer_holds_back_one_publication_at_most_and_is_disconnected() -
     assert waited[0] >= _STALL_S
     assert waited[1:] == [0.0] * 29
     assert closed == [wedged]  # once, so that a redial gives it a fresh connection
+
+
+def test_a_peer_never_identified_is_disconnected_once() -> None:
+    # Seen in CI under load: identify never completed for a peer, so py-libp2p queued
+    # every publication for it until its cap, and a line of chats never converged.
+    stale, fresh = ID(b"\x04" * 34), ID(b"\x05" * 34)
+    side, closed = stubbed_side({})
+    now = time.time()
+    side.router._pending_messages.update(
+        {stale: [(now - 2 * _UNIDENTIFIED_S, None)], fresh: [(now - 1.0, None)]}
+    )
+
+    async def publishing() -> None:
+        async with trio.open_nursery() as nursery:
+            side.nursery = nursery
+            for _ in range(3):
+                await side._room_to_send()
+
+    trio.run(publishing)
+    assert closed == [stale]
 
 
 def test_a_slowly_draining_peer_still_holds_publications_back() -> None:

@@ -46,6 +46,7 @@ import contextlib
 import hashlib
 import logging
 import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sized
 from typing import TYPE_CHECKING, TypeVar
 
@@ -82,6 +83,9 @@ _QUEUE_HIGH_WATER = PEER_QUEUE_RPCS * 3 // 4  # leaves room for relays and contr
 _STALL_S = 5.0
 # A queue stuck this long is a wedged connection rather than a slow peer.
 _WEDGED_S = 20.0
+# Identify takes milliseconds; a peer still unknown to the router this long after we
+# queued it a frame never will be (within py-libp2p's 30-s life of queued frames).
+_UNIDENTIFIED_S = 10.0
 _ROOM_POLL_S = 0.005
 T = TypeVar("T")
 _METADATA_TIMEOUT_S = 10.0
@@ -296,29 +300,45 @@ class TrioHost:
         Pubsub silently drops whole RPCs when a peer's queue is full, which under load
         turns into far more loss than the network has. So a publication waits, as TCP
         would, for a slow peer — but not for a stuck one (see :class:`_DrainWatch`). One
-        stuck for ``_WEDGED_S`` is disconnected, so that a redial gives it a fresh
-        connection.
+        stuck for ``_WEDGED_S``, or never identified (:meth:`_unidentified`), is
+        disconnected, so that a redial gives it a fresh connection.
         """
         while True:
             now = trio.current_time()
             blocking = self._drain.holding_back(self.pubsub.peer_queues, now)
-            stuck = self._drain.stuck(now, _WEDGED_S)
+            wedged = self._drain.stuck(now, _WEDGED_S)
+            unknown = self._unidentified(time.time())
+            stuck = wedged | unknown
             for peer in stuck - self._dropped:
-                self._drop_stuck(peer)
+                why = (
+                    f"took no frame for {_WEDGED_S:.0f} s"
+                    if peer in wedged
+                    else f"was not identified {_UNIDENTIFIED_S:.0f} s after we queued it frames"
+                )
+                self._drop_stuck(peer, why)
             # Once one moves again (or is gone), it may be dropped again if it sticks.
             self._dropped = stuck
             if not blocking:
                 return
             await trio.sleep(_ROOM_POLL_S)
 
-    def _drop_stuck(self, peer: ID) -> None:
+    def _unidentified(self, wall_now: float) -> set[ID]:
+        """Peers the router has held frames for since ``_UNIDENTIFIED_S`` ago.
+
+        py-libp2p queues what we publish for a subscribed peer until identify completes
+        for it. Under load (CI) identify once never completed: the queue dropped frames
+        at its cap, our publications never reached that peer (in a line, the rest of the
+        group) and the chat never converged. A fresh connection identifies afresh."""
+        pending = self.router._pending_messages
+        return {
+            peer
+            for peer, queue in list(pending.items())
+            if queue and wall_now - queue[0][0] > _UNIDENTIFIED_S
+        }
+
+    def _drop_stuck(self, peer: ID, why: str) -> None:
         assert self.nursery is not None
-        logger.warning(
-            "%s: peer %s took no frame for %.0f s: disconnecting it",
-            self.transport.peer_id[-8:],
-            peer,
-            _WEDGED_S,
-        )
+        logger.warning("%s: peer %s %s: disconnecting it", self.transport.peer_id[-8:], peer, why)
 
         async def drop() -> None:
             try:
