@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import zlib
 
@@ -11,7 +12,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as sf
 
 from sdsync.pipeline.arrow_leaves import hash_limbs as arrow_limbs
-from sdsync.pipeline.leaves import leaf_sums
+from sdsync.pipeline.leaves import LeafTable, leaf_sums
 from sdsync.pipeline.spark_fingerprint import (
     crc_inverse_tables,
     hash_limbs,
@@ -77,6 +78,22 @@ def test_numpy_leaf_sums_match_reference_in_any_order_and_layout() -> None:
             for leaf, n, row in zip(table.leaf, table.n, table.sums, strict=True)
         }
         assert got == {g: fingerprint(hs) for g, hs in GROUPS.items()}
+
+
+def test_leaf_sums_of_parts_merge_into_the_whole() -> None:
+    rows = [(g, h) for g, hs in GROUPS.items() for h in hs]
+    timestamps = np.array([g << 10 | RNG.randrange(1024) for g, _ in rows], dtype=np.int64)
+    matrix = arrow_limbs(pa.array([h for _, h in rows], pa.binary()))
+    assert matrix is not None
+    whole = leaf_sums(timestamps, matrix, 10)
+    # Parts that share leaves and come in any order, and empty parts.
+    cuts = [0, 0, 7, 150, 151, len(rows), len(rows)]
+    parts = [leaf_sums(timestamps[a:b], matrix[a:b], 10) for a, b in itertools.pairwise(cuts)]
+    for merged in (LeafTable.merge(parts), LeafTable.merge(parts[::-1])):
+        assert merged.leaf.tolist() == whole.leaf.tolist()
+        assert merged.n.tolist() == whole.n.tolist()
+        assert merged.sums.tolist() == whole.sums.tolist()
+    assert len(LeafTable.merge([]).leaf) == 0
 
 
 def test_numpy_limbs_refuse_nulls_and_other_sizes() -> None:

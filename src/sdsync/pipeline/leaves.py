@@ -56,13 +56,30 @@ class LeafTable:
         """The table of ranges ``leaf >> by``: sums add."""
         if by == 0 or not len(self.leaf):
             return LeafTable(self.leaf >> by, self.n, self.sums)
-        ranges = self.leaf >> by
-        starts = _run_starts(ranges)
-        return LeafTable(
-            ranges[starts],
-            np.add.reduceat(self.n, starts),
-            np.add.reduceat(self.sums, starts, axis=0),
-        )
+        return _added(self.leaf >> by, self.n, self.sums)
+
+    @staticmethod
+    def merge(tables: list[LeafTable]) -> LeafTable:
+        """One table of the leaves of several parts of a set: sums add where parts share
+        a leaf."""
+        parts = [t for t in tables if len(t.leaf)]
+        if len(parts) <= 1:
+            return parts[0] if parts else LeafTable.empty()
+        leaf = np.concatenate([t.leaf for t in parts])
+        n = np.concatenate([t.n for t in parts])
+        sums = np.concatenate([t.sums for t in parts])
+        if np.any(leaf[1:] < leaf[:-1]):
+            order = np.argsort(leaf, kind="stable")
+            leaf, n, sums = leaf[order], n[order], sums[order]
+        return _added(leaf, n, sums)
+
+
+def _added(sorted_ids: np.ndarray, n: np.ndarray, sums: np.ndarray) -> LeafTable:
+    """The table of the distinct ids (a non-empty sorted array), their rows added."""
+    starts = _run_starts(sorted_ids)
+    return LeafTable(
+        sorted_ids[starts], np.add.reduceat(n, starts), np.add.reduceat(sums, starts, axis=0)
+    )
 
 
 def _run_starts(sorted_ids: np.ndarray) -> np.ndarray:
@@ -73,11 +90,16 @@ def leaf_sums(timestamps: np.ndarray, limbs: np.ndarray, shift: int) -> LeafTabl
     """The leaves (``timestamp >> shift``) of rows given as timestamps and (rows, 8) limbs,
     in any order."""
     leaf = timestamps >> shift
-    if not len(leaf):
-        return LeafTable.empty()
     if np.any(leaf[1:] < leaf[:-1]):
         order = np.argsort(leaf, kind="stable")
         leaf, limbs = leaf[order], limbs[order]
+    return sorted_leaf_sums(leaf, limbs)
+
+
+def sorted_leaf_sums(leaf: np.ndarray, limbs: np.ndarray) -> LeafTable:
+    """The leaves of rows given in leaf order, as their leaves and (rows, 8) limbs."""
+    if not len(leaf):
+        return LeafTable.empty()
     starts = _run_starts(leaf)
     counts = np.diff(np.append(starts, len(leaf))).astype(np.int64)
     # Fewer than 2**31 items of < 2**32 each per leaf: the sums fit a signed long.  One
@@ -109,11 +131,17 @@ def differing(tables: list[LeafTable], ranges: np.ndarray) -> tuple[np.ndarray, 
     """The ranges (sorted ids) whose fingerprints differ between the tables, and the
     items the tables hold in them.
 
-    Equal summaries give equal fingerprints, so only ranges whose summaries differ are
-    hashed; their fingerprints decide (different sums may still be one total mod 2**256).
+    Equal summaries give equal fingerprints, and different counts different sets, so
+    only ranges of equal counts and different limb sums are hashed: their fingerprints
+    decide (different sums may still be one total mod 2**256).
     """
     sums = [summaries(t, ranges) for t in tables]
     unequal = np.flatnonzero(np.any([(s != sums[0]).any(axis=1) for s in sums], axis=0))
-    differs = [i for i in unequal.tolist() if len({_fingerprint(s[i]) for s in sums}) > 1]
+    counted = np.any([s[unequal, 0] != sums[0][unequal, 0] for s in sums], axis=0)
+    differs = [
+        i
+        for i, by_count in zip(unequal.tolist(), counted.tolist(), strict=True)
+        if by_count or len({_fingerprint(s[i]) for s in sums}) > 1
+    ]
     items = sum(int(s[differs, 0].sum()) for s in sums)
     return ranges[differs], items

@@ -77,6 +77,7 @@ from sdsync.pipeline.io import (
 )
 from sdsync.pipeline.leaves import LIMB_COLUMNS, LeafTable, differing
 from sdsync.pipeline.progress import Progress
+from sdsync.pipeline.session import is_connect
 from sdsync.pipeline.spark_fingerprint import hash_limbs
 from sdsync.reconcile.fingerprint import (
     HASH_SIZE,
@@ -295,8 +296,19 @@ def _time_slices(
         time_slices.Source(a.name, plan.bits[a.name], plan.inputs[a.name].files)
         for a in plan.archives
     ]
-    tasks = int(spark.conf.get("spark.sql.shuffle.partitions") or 1)
+    tasks = _one_pass_tasks(spark)
     return time_slices.plan(sources, plan.shift, budget_rows=options.one_pass_rows, tasks=tasks)
+
+
+def _one_pass_tasks(spark: SparkSession) -> int:
+    """As many tasks as shuffle partitions, but locally no more than the cores: a task
+    beyond them costs a Python task's start and re-reads the row groups straddling its
+    edges (4 tasks on 2 cores took 10-25 % longer than 2).  A cluster's executors may
+    come and go, so there the shuffle partitions stand."""
+    partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 1)
+    if is_connect(spark) or not (spark.sparkContext.master or "").startswith("local"):
+        return partitions
+    return max(1, min(partitions, spark.sparkContext.defaultParallelism))
 
 
 def _slices_summary(slices: time_slices.Plan | None) -> dict[str, int] | None:
