@@ -157,6 +157,21 @@ def _shared(a: bytes, b: bytes) -> int:
     return next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), len(a))
 
 
+def _read_hash(r: Reader) -> tuple[int, bytes]:
+    """A ``give`` entry: timestamp delta and whole hash."""
+    return r.varint(1 << 63), r.take(HASH_SIZE)
+
+
+def _read_reference(r: Reader) -> tuple[int, bytes]:
+    """A ``take`` entry: timestamp delta and the id prefix that names the item (maybe
+    none)."""
+    delta, named = divmod(r.varint(1 << 64), 2)
+    prefix = r.take(r.byte()) if named else b""
+    if named and not 1 <= len(prefix) <= ID_SIZE:
+        raise RemoteProtocolError(f"a DONE reference with a {len(prefix)}-byte prefix")
+    return delta, prefix
+
+
 def _ts_bytes(span: int) -> int:
     """Bytes that carry timestamp offsets ``< span + 1`` from the window start."""
     return max(1, min(8, (span.bit_length() + 7) // 8))
@@ -590,38 +605,34 @@ class RibltSession(MethodSession[RibltParams]):
         )
 
     def _read_give(self, r: Reader) -> tuple[list[Item], Item | None]:
-        items, last = self._read_items(r, self._last_give)
+        items, last = self._read_list(r, self._last_give, _read_hash, 1 + HASH_SIZE)
         ours = self._ours([self._key(item) for item in items])
         if any(mine == item for mine, item in zip(ours, items, strict=True)):
             raise RemoteProtocolError("DONE offers an item we hold")
         return items, last
 
     def _read_take(self, r: Reader) -> tuple[list[Item], Key | None]:
-        refs: list[Key] = []
-        last = self._last_take
-        for _ in range(r.varint(len(r) + 1)):
-            delta, named = divmod(r.varint(1 << 64), 2)
-            prefix = r.take(r.byte()) if named else b""
-            ts = (self._start[0] if last is None else last[0]) + delta
-            if named and not 1 <= len(prefix) <= ID_SIZE:
-                raise RemoteProtocolError(f"a DONE reference with a {len(prefix)}-byte prefix")
-            if not self._inside(ts) or (last is not None and (ts, prefix) <= last):
-                raise RemoteProtocolError("DONE items out of order or outside the window")
-            refs.append(last := (ts, prefix))
+        refs, last = self._read_list(r, self._last_take, _read_reference, 1)
         held = [item for item in self._ours(refs, unique=True) if item is not None]
         if len(held) < len(refs):
             raise RemoteProtocolError("DONE names an item we do not hold, or several")
         return held, last
 
-    def _read_items(self, r: Reader, last: Item | None) -> tuple[list[Item], Item | None]:
-        """DONE's ``give``: strictly increasing (timestamp delta, hash) pairs inside the
-        window, continuing after ``last``; the list and its last item."""
-        items: list[Item] = []
-        for _ in range(r.varint(len(r) // (1 + HASH_SIZE) + 1)):
-            base = self._start[0] if last is None else last[0]
-            ts = base + r.varint(1 << 63)
-            item = (ts, r.take(HASH_SIZE))
-            if not self._inside(ts) or (last is not None and item <= last):
+    def _read_list(
+        self,
+        r: Reader,
+        last: Key | None,
+        entry: Callable[[Reader], tuple[int, bytes]],
+        min_size: int,
+    ) -> tuple[list[Key], Key | None]:
+        """One of DONE's lists: ``entry`` reads each (timestamp delta, bytes) pair, of
+        ``min_size`` bytes at least; strictly increasing inside the window, continuing
+        after ``last``. The list and its last item."""
+        items: list[Key] = []
+        for _ in range(r.varint(len(r) // min_size + 1)):
+            delta, data = entry(r)
+            item = ((self._start[0] if last is None else last[0]) + delta, data)
+            if not self._inside(item[0]) or (last is not None and item <= last):
                 raise RemoteProtocolError("DONE items out of order or outside the window")
             items.append(last := item)
         return items, last
