@@ -35,6 +35,7 @@ from pathlib import Path
 
 from sdsync.core import BloomParams, ChannelConfig, MessageChannel, MessageDelivered
 from sdsync.runtime import ChannelDriver, ChannelState, ReliableChannel, RuntimeConfig
+from sdsync.runtime.event_log import DURABLE_EVENTS
 from sdsync.transport import MemoryNetwork
 
 # Syncs, sweeps and resends are not what is measured: keep them out of the way.
@@ -75,9 +76,9 @@ async def run(mode: str, participants: int, messages: int, config: ChannelConfig
             for i, m in enumerate(members):
                 commit = m.state.commit  # type: ignore[union-attr]
 
-                def counting(step, _i=i, _commit=commit):  # type: ignore[no-untyped-def]
+                def counting(_i=i, _commit=commit):  # type: ignore[no-untyped-def]
                     commits[_i] += 1
-                    return _commit(step)
+                    return _commit()
 
                 m.state.commit = counting  # type: ignore[union-attr, method-assign]
         for m in members:
@@ -133,9 +134,13 @@ def scale(n: int) -> None:
         for i, data in enumerate(wires):
             if i in marks:
                 times[i] = time.perf_counter()
-            for delivery in state.commit(driver.receive(data, start + i)):
-                if delivery.seq is not None:
-                    state.handed_off(delivery.seq)
+            step = driver.receive(data, start + i)
+            # As the owner does: number the events, commit them with the step, and the
+            # application acknowledges them (stored with the next commit).
+            numbered = state.events.record(e for e in step.events if isinstance(e, DURABLE_EVENTS))
+            state.commit()
+            if numbered:
+                state.events.ack(numbered[-1].seq or 0)
         times[n] = time.perf_counter()
         state.close()
         size = sum(f.stat().st_size for f in Path(tmp).iterdir())
@@ -143,6 +148,7 @@ def scale(n: int) -> None:
         driver, state = open_receiver()
         reopen = time.perf_counter() - opened
         assert len(state.history()) == n
+        assert state.events.unacknowledged == 0  # acknowledged, and stored at close
         state.close()
     first = 1_000 / (times[1_000] - times[0])
     last = 1_000 / (times[n] - times[n - 1_000])

@@ -116,6 +116,11 @@ class OutgoingBufferFullError(LocalProtocolError):
     """
 
 
+class MessageTooLargeError(LocalProtocolError):
+    """The message a payload would become is larger than peers accept
+    (``WireLimits.max_message_bytes``); nothing was sent or changed."""
+
+
 class InputError(SdsError):
     """Bad input files: unreadable, a missing column, a wrong type. Exit code 2.
 

@@ -8,9 +8,11 @@ answers ``dead``; ``wait <pid>`` reaps a participant that exits by itself and an
 
 A participant keeps its channel in ``--state-dir`` and talks UDP to the test on 127.0.0.1.
 It appends one line per fact to ``<out-dir>/life-<n>.txt``, each with a single write:
-``ready <port>``, ``sent <id>`` once ``send()`` has returned, ``delivered <id>`` once the
-application has taken a MessageDelivered, and ``done`` (when finishing: no more sending;
-exit once all ``finish`` messages of the test are delivered and ours are acknowledged).
+``ready <port>``, ``sent <id>`` once ``send()`` has returned, ``delivered <seq> <id>`` once
+the application has taken a MessageDelivered from ``numbered_events()`` (which acknowledges
+it when the application asks for the next event), and ``done`` (when finishing: no more
+sending; exit once all ``finish`` messages of the test are delivered, every event is
+acknowledged and ours are acknowledged by the test).
 """
 
 from __future__ import annotations
@@ -81,9 +83,9 @@ async def main(state_dir: Path, parent_port: int, life: int, finish: int | None,
             await asyncio.sleep(0.01)
 
     async def deliver() -> None:
-        async for event in channel.events():
-            if isinstance(event, MessageDelivered):
-                log.say(f"delivered {event.message_id}")
+        async for delivery in channel.numbered_events():
+            if isinstance(delivery.event, MessageDelivered):
+                log.say(f"delivered {delivery.seq} {delivery.event.message_id}")
 
     tasks = [asyncio.create_task(deliver())]
     if finish is None:
@@ -94,7 +96,7 @@ async def main(state_dir: Path, parent_port: int, life: int, finish: int | None,
     while True:  # finishing: wait for the test's messages and for our acknowledgements
         await asyncio.sleep(0.05)
         from_test = sum(1 for r in channel.history() if r.sender_id == "test")
-        handed = state.delivered_cursor == state.last_delivery
+        handed = state.events.acked_seq == state.events.last_seq
         if from_test == finish and handed and not channel.channel.outgoing_ids():
             break
     await channel.close()

@@ -2,8 +2,8 @@
 
 Three participants exchange messages over a seeded lossy network on a virtual clock. ``a``
 keeps its state in SQLite through a connection that, when armed, raises at its k-th next
-statement — inside a step's transaction, between transactions, or while moving the
-delivered cursor — and refuses everything after, as a killed process would. The test then
+statement — inside a step's transaction, between transactions, or while the application
+acknowledges events — and refuses everything after, as a killed process would. The test then
 drops ``a`` (only what was committed survives), reopens it from the file and checks:
 
 * the restored channel equals ``a`` as of its last committed step (log, bloom filter,
@@ -12,12 +12,14 @@ drops ``a`` (only what was committed survives), reopens it from the file and che
 * every message ``a`` accepted for sending (``publish`` committed) and every message
   handed to its application is in the stored log, whose order only ever grows by insertion;
 * the Lamport clock never goes backwards, not even below what ``a`` already transmitted;
-* nothing is handed to the application twice, and deliveries committed but not handed
-  over are offered again.
+* events are delivered at least once under stable numbers: after a restart exactly the
+  committed events above the stored acknowledgement are reported again, each under the
+  number (and with the content) it had; an event whose acknowledgement was stored never
+  comes back; a number never names two different events, nor a message two numbers.
 
 At the end the network stops losing packets and everyone runs until nothing is left to
-do: every log then holds every accepted message, and ``a``'s application has seen each
-message of the others exactly once.
+do: every log then holds every accepted message, and ``a``'s application has heard of
+each message of the others, each under exactly one number.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ from sdsync.core import (
     MessageSent,
     RepairConfig,
 )
-from sdsync.runtime import ChannelDriver, ChannelState, QueryStore, RuntimeConfig, Step
+from sdsync.runtime import ChannelDriver, ChannelState, Delivery, QueryStore, RuntimeConfig, Step
+from sdsync.runtime.event_log import DURABLE_EVENTS
 from sdsync.wire import decode
 
 START = 1_700_000_000_000
@@ -118,10 +121,20 @@ class Truth:
     """What the test saw happen to ``a``, across all its lives."""
 
     accepted: set[str] = field(default_factory=set)
-    handed: list[str] = field(default_factory=list)
     transmitted_lamport: int = 0
     committed: dict[str, Any] = field(default_factory=dict)
     logged: set[str] = field(default_factory=set)  # what the committed steps put in the log
+    # Every event a committed step numbered, by number (the current life's numbering of
+    # events whose commit failed is forgotten with that life).
+    events: dict[int, Delivery] = field(default_factory=dict)
+    # The acknowledgement as of the last commit: what a restart starts from.
+    stored_ack: int = 0
+    # Every report to the application, in order, across lives.
+    reported: list[Delivery] = field(default_factory=list)
+    reported_seqs: set[int] = field(default_factory=set)
+    # The number each delivered message was reported under.
+    delivered_as: dict[str, int] = field(default_factory=dict)
+    reports_again: int = 0  # events reported in an earlier life too
 
 
 def fingerprint(peer: Peer) -> dict[str, Any]:
@@ -188,13 +201,20 @@ class World:
     # -------------------------------------------------------------- carrying out
 
     def run(self, peer: Peer, step: Step) -> None:
-        """Commit (for a), transmit, then hand deliveries to the application."""
+        """Number and commit (for a), transmit, then report the events to the application,
+        which acknowledges them (stored with the next commit)."""
         if peer.state is None:
             self._transmit(peer, step)
             return
-        deliveries = peer.state.commit(step)
+        state = peer.state
+        numbered = state.events.record(e for e in step.events if isinstance(e, DURABLE_EVENTS))
+        state.commit()
         truth = self.truth
         truth.committed = fingerprint(peer)
+        truth.stored_ack = state.events.acked_seq
+        for delivery in numbered:
+            assert delivery.seq is not None and delivery.seq not in truth.events
+            truth.events[delivery.seq] = delivery
         for event in step.events:
             if isinstance(event, MessageSent):
                 truth.accepted.add(event.message_id)  # send() would return now
@@ -202,13 +222,22 @@ class World:
             elif isinstance(event, MessageDelivered):
                 truth.logged.add(event.message_id)
         self._transmit(peer, step)
-        for d in deliveries:
-            if d.seq is not None:
-                self._hand(peer.state, d.seq, d.event.message_id)
+        self._report(state, numbered)
 
-    def _hand(self, state: ChannelState, seq: int, message_id: str) -> None:
-        state.handed_off(seq)
-        self.truth.handed.append(message_id)
+    def _report(self, state: ChannelState, deliveries: list[Delivery]) -> None:
+        truth = self.truth
+        for d in deliveries:
+            assert d.seq is not None
+            assert truth.events[d.seq] == d, "a number named two different events"
+            if d.seq in truth.reported_seqs:
+                truth.reports_again += 1
+            truth.reported_seqs.add(d.seq)
+            truth.reported.append(d)
+            if isinstance(d.event, MessageDelivered):
+                seq = truth.delivered_as.setdefault(d.event.message_id, d.seq)
+                assert seq == d.seq, "a message reported under two numbers"
+        if deliveries:
+            state.events.ack(deliveries[-1].seq or 0)  # may die: the acknowledgement reads
 
     def _transmit(self, peer: Peer, step: Step) -> None:
         for action in step.actions:
@@ -280,11 +309,18 @@ class World:
         self.check_restored()
         state = self.a.state
         assert state is not None
-        for d in state.pending:
-            assert d.seq is not None
-            self._hand(state, d.seq, d.event.message_id)
+        self._report(state, self.unacknowledged(state))
+
+    def unacknowledged(self, state: ChannelState) -> list[Delivery]:
+        out: list[Delivery] = []
+        after = state.events.acked_seq
+        while batch := state.events.read(after, 7):  # small pages: the paging is attacked too
+            out += batch
+            after = batch[-1].seq or after
+        return out
 
     def check_restored(self) -> None:
+        """Just reopened: the state is the last commit's, and so are the events."""
         truth = self.truth
         state = self.a.state
         assert state is not None
@@ -292,11 +328,14 @@ class World:
         log = stored_log(state)
         assert set(log) == truth.logged
         assert truth.accepted <= set(log)
-        assert set(truth.handed) <= set(log)
+        assert set(truth.delivered_as) <= set(log)
         assert self.a.channel.lamport_timestamp >= truth.transmitted_lamport
-        assert len(truth.handed) == len(set(truth.handed))
-        pending = [d.event.message_id for d in state.pending]
-        assert not set(pending) & set(truth.handed)
+        last = max(truth.events, default=0)
+        assert (state.events.last_seq, state.events.acked_seq) == (last, truth.stored_ack)
+        # Exactly the committed events not acknowledged in a commit, as they were numbered.
+        expected = [truth.events[seq] for seq in sorted(truth.events) if seq > truth.stored_ack]
+        assert self.unacknowledged(state) == expected
+        assert state.events.unacknowledged == len(expected)
 
     def settle(self) -> None:
         """No more loss or crashes: run until every buffer is empty and logs agree."""
@@ -332,8 +371,16 @@ def test_crashes_between_sql_statements_lose_nothing(tmp_path: Path, seed: int) 
         moves += 1
         assert moves < 100_000, "too few crashes: arm more often"
     world.settle()
+    truth = world.truth
+    state = world.a.state
+    assert state is not None and world.a.faulty is not None
+    world.a.faulty.close()  # one more death, with nothing in flight: the final state
+    world.a = open_a(world.path, world.now, world.lives + 1)
     world.check_restored()
-    # a's application saw every message of the others exactly once, across all its lives.
-    from_others = [mid for mid in world.truth.handed if mid in world.sent_by_others]
-    assert sorted(from_others) == sorted(world.sent_by_others)
-    assert len(world.truth.accepted) > 10  # a did send, despite dying again and again
+    # a's application heard of every message of the others, each under one number, and
+    # of every event any committed step numbered.
+    from_others = set(truth.delivered_as) & world.sent_by_others
+    assert from_others == world.sent_by_others
+    assert truth.reported_seqs == set(truth.events)
+    assert truth.reports_again > 0  # crashes did fall between a commit and its acknowledgement
+    assert len(truth.accepted) > 10  # a did send, despite dying again and again

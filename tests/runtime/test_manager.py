@@ -11,17 +11,19 @@ import gc
 import itertools
 import logging
 import random
+import sqlite3
 import threading
-from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
 
 from sdsync import ReliabilityManager as TopLevelManager
-from sdsync.core import BloomParams, ChannelConfig, LogEntry
+from sdsync.core import BloomParams, ChannelConfig, LogEntry, MessageDelivered
 from sdsync.errors import LocalProtocolError, RemoteProtocolError
-from sdsync.runtime import ChannelState, ReliabilityManager, RuntimeConfig, state_path
+from sdsync.runtime import Delivery, ReliabilityManager, RuntimeConfig, state_path
+from sdsync.runtime import manager as manager_module
+from sdsync.wire import decode
 
 CONFIG = ChannelConfig(
     bloom=BloomParams(1_000, 0.01), causal_history_size=2, own_log_policy="on_ack"
@@ -399,12 +401,16 @@ def test_lossy_group_converges_with_every_message_acknowledged(seed: int) -> Non
 # ----------------------------------------------------------------- callbacks
 
 
-def test_a_raising_callback_is_counted_and_logged_and_changes_nothing(
+def test_a_raising_callback_is_counted_logged_and_its_event_reported_again(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """A raising callback never undoes committed state; its event (and every later one on
+    the channel) waits and is reported again REDELIVER_MS later under the same number."""
     clock = Clock()
-    (alice, heard), (bob, _) = manager("alice", clock), manager("bob", clock)
+    (alice, heard), (bob, bob_heard) = manager("alice", clock), manager("bob", clock)
     bob.open_channel("c")
+    numbers: list[tuple[int | None, str, str]] = []
+    bob.on_event = lambda ch, d: numbers.append((d.seq, type(d.event).__name__, d.event.message_id))
 
     def boom(*_: object) -> None:
         raise RuntimeError("application bug")
@@ -416,18 +422,42 @@ def test_a_raising_callback_is_counted_and_logged_and_changes_nothing(
     result = bob.unwrap_received_message(first)
     assert result.payload == b"one" and bob.callback_errors == 1
     assert bob.channel("c").log_ids() == [result.message_id]  # delivered all the same
-    assert any("on_message_ready" in r.getMessage() for r in caplog.records)
+    failed = [r for r in caplog.records if "callback raised" in r.getMessage()]
+    assert failed and failed[0].exc_info is not None
+    assert isinstance(failed[0].exc_info[1], RuntimeError)
+    assert bob.event_positions("c") == (1, 0)  # numbered, not acknowledged
 
-    clock.now += 10 * RUNTIME.max_resend_interval_ms
-    alice.tick()  # a resend, whose on_transmit raises
-    assert alice.callback_errors == 1
-    bob.on_message_ready = lambda ch, mid: None
+    bob.on_message_ready = lambda ch, mid: bob_heard.ready.append(mid)
     second = bob.unwrap_received_message(alice.wrap_outgoing_message(b"two", "c"))
     assert second.payload == b"two"
+    assert bob_heard.ready == []  # "two" waits behind "one"
+    assert bob.event_positions("c") == (2, 0)
+    run_until([bob], clock, START + manager_module.REDELIVER_MS - 1)
+    assert bob_heard.ready == []  # ticks before the redelivery time: still nothing
+    run_until([bob], clock, START + manager_module.REDELIVER_MS)
+    assert bob_heard.ready == [result.message_id, second.message_id]
+    last, acked = bob.event_positions("c")
+    assert last == acked  # everything reported and acknowledged by now
+    one = (1, "MessageDelivered", result.message_id)
+    assert numbers[:3] == [one, one, (2, "MessageDelivered", second.message_id)]
+    assert [n[0] for n in numbers[2:]] == list(range(2, last + 1))
+    assert bob.callback_errors == 1
+
+    clock.now += 10 * RUNTIME.max_resend_interval_ms
+    alice.tick()  # resends, whose on_transmit raises
+    assert alice.callback_errors == 1
+    failed_at = clock.now
+    # alice's acknowledgements wait behind the transmission whose callback raised.
     sync = bob.build_sync_message("c")
     assert sync is not None
     alice.unwrap_received_message(sync)
+    assert heard.sent == []
+    alice.on_transmit = lambda ch, kind, mid, data: None
+    run_until([alice], clock, failed_at + manager_module.REDELIVER_MS - 1)
+    assert heard.sent == []
+    run_until([alice], clock, failed_at + manager_module.REDELIVER_MS)
     assert sorted(heard.sent) == sorted([result.message_id, second.message_id])
+    assert alice.callback_errors == 1
 
 
 @pytest.mark.parametrize("durable", [False, True])
@@ -460,12 +490,14 @@ def test_concurrent_callers_and_a_tick_thread(tmp_path: Path, durable: bool) -> 
 # ------------------------------------------------------------------ restart
 
 
-def test_restart_from_state_dir_restores_everything_and_delivers_nothing_twice(
+def test_restart_from_state_dir_restores_everything_and_reports_only_the_unacknowledged(
     tmp_path: Path,
 ) -> None:
     clock = Clock()
     runtime = replace(RUNTIME, resend_jitter=0.0)
     alice, alice_heard = manager("alice", clock, state_dir=tmp_path, runtime=runtime)
+    before: list[Delivery] = []
+    alice.on_event = lambda ch, d: before.append(d)
     bob, _ = manager("bob", clock, runtime=runtime)
     bob.open_channel("c")
     wires = [alice.wrap_outgoing_message(f"a{i}".encode(), "c") for i in range(3)]
@@ -480,14 +512,26 @@ def test_restart_from_state_dir_restores_everything_and_delivers_nothing_twice(
     assert len(alice_heard.ready) == 1 and len(alice_heard.sent) == 1
     log, outgoing = alice.channel("c").log_ids(), alice.channel("c").outgoing_ids()
     assert len(log) == 2 and len(outgoing) == 2
+    assert [d.seq for d in before] == list(range(1, len(before) + 1))
 
-    # kill -9: no close(); every step was committed when it happened.
+    # kill -9: no close(); every step was committed when it happened, and so was every
+    # acknowledgement but those of the last step's events (stored with the next commit).
     del alice
     gc.collect()
+    db = sqlite3.connect(state_path(tmp_path, "c"))
+    (stored_ack,) = db.execute("SELECT delivered_cursor FROM channel").fetchone()
+    db.close()
     clock.now += 300
     alice2, heard2 = manager("alice", clock, state_dir=tmp_path, runtime=runtime)
+    again: list[Delivery] = []
+    alice2.on_event = lambda ch, d: again.append(d)
     alice2.open_channel("c")
-    assert heard2.ready == []  # delivered before the crash: not again
+    # At least once: what was not acknowledged comes again, the same events under the
+    # same numbers (here the last step's: b2 ready, a0 acknowledged); nothing else.
+    assert again == [d for d in before if (d.seq or 0) > stored_ack]
+    assert {type(d.event) for d in again} >= {MessageDelivered}
+    assert heard2.ready == alice_heard.ready
+    assert alice2.event_positions("c") == (len(before), len(before))
     assert alice2.channel("c").log_ids() == log
     assert alice2.channel("c").outgoing_ids() == outgoing
     assert [r.content for r in alice2.history("c")] == [b"a0", b"b2"]
@@ -499,7 +543,15 @@ def test_restart_from_state_dir_restores_everything_and_delivers_nothing_twice(
         sent_at + runtime.resend_interval_ms
     }
     assert alice2.unwrap_received_message(wires[0]).payload is None  # own message, known
+    reported = [d.seq for d in again]
     alice2.close()
+    alice3, heard3 = manager("alice", clock, state_dir=tmp_path, runtime=runtime)
+    third: list[Delivery] = []
+    alice3.on_event = lambda ch, d: third.append(d)
+    alice3.open_channel("c")
+    assert third == [] and heard3 == Heard()  # acknowledged and closed: never again
+    assert len(reported) == len(set(reported))
+    alice3.close()
 
 
 def test_deliveries_committed_but_never_reported_are_reported_on_reopen(
@@ -509,22 +561,36 @@ def test_deliveries_committed_but_never_reported_are_reported_on_reopen(
     alice, _ = manager("alice", clock)
     bob, heard = manager("bob", clock, state_dir=tmp_path)
     bob.open_channel("c")
-    # The process dies between committing a step and reporting it.
-    monkeypatch.setattr(ChannelState, "handed_off", lambda self, seq: None)
-    mid = bob.unwrap_received_message(alice.wrap_outgoing_message(b"x", "c")).message_id
+    wire = alice.wrap_outgoing_message(b"x", "c")
+
+    class Died(BaseException):
+        """The process died at the crash point: after the commit, before any callback."""
+
+    def die(name: str) -> None:
+        raise Died(name)
+
+    monkeypatch.setattr(manager_module, "crash_point", die)
+    with pytest.raises(Died):
+        bob.unwrap_received_message(wire)
     del bob
     gc.collect()
     monkeypatch.undo()
+    assert heard.ready == []  # the first life never reported it
     bob2, heard2 = manager("bob", clock, state_dir=tmp_path)
+    seen: list[Delivery] = []
+    bob2.on_event = lambda ch, d: seen.append(d)
     bob2.open_channel("c")
-    assert heard2.ready == [mid]
+    [mid] = heard2.ready
+    assert [(d.seq, d.event) for d in seen] == [
+        (1, MessageDelivered(mid, "alice", decode(wire).lamport_timestamp or 0, b"x", None))
+    ]
+    assert bob2.unwrap_received_message(wire).duplicate  # committed before the death
     bob2.close()
     bob3, heard3 = manager("bob", clock, state_dir=tmp_path)
     bob3.open_channel("c")
-    assert heard3.ready == []  # reported once on reopen, never again
-    assert state_path(tmp_path, "c").exists()
+    assert heard3.ready == []  # acknowledged once reported, stored at close: never again
+    assert bob3.event_positions("c") == (1, 1)
     bob3.close()
-    assert Counter(heard.ready) == Counter([mid])  # the first process reported it too
 
 
 def test_state_dir_and_history_store_factory_are_exclusive(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from sdsync.core import (
     MessageChannel,
     MessageDelivered,
     MessageDeliveredEarly,
+    MessageMissing,
     RepairConfig,
     SyncStatus,
 )
@@ -27,7 +28,8 @@ from sdsync.runtime import (
     RuntimeConfig,
     Step,
 )
-from sdsync.runtime.state import Synchronous, state_path
+from sdsync.runtime.event_log import DURABLE_EVENTS, Delivery
+from sdsync.runtime.state import SCHEMA_VERSION, Synchronous, state_path
 from sdsync.transport import MemoryNetwork
 from sdsync.transport.memory import Faults
 
@@ -65,12 +67,22 @@ class Node:
         """Drop the database without storing anything more, as a killed process would."""
         self.state._db.close()
 
+    def record(self, step: Step) -> list[Delivery]:
+        """Number the step's durable events and commit them with it, as the owner does."""
+        numbered = self.state.events.record(e for e in step.events if isinstance(e, DURABLE_EVENTS))
+        self.state.commit()
+        return numbered
+
     def run(self, step: Step) -> list[bytes]:
-        deliveries = self.state.commit(step)
-        for d in deliveries:
-            if d.seq is not None:
-                self.state.handed_off(d.seq)
+        """Commit, then the application takes every event (acknowledged with the next
+        commit)."""
+        numbered = self.record(step)
+        if numbered:
+            self.state.events.ack(numbered[-1].seq or 0)
         return [a.data for a in step.actions if hasattr(a, "data")]
+
+    def unacknowledged(self) -> list[Delivery]:
+        return self.state.events.read(self.state.events.acked_seq, 1_000)
 
 
 def test_restart_restores_log_bloom_buffers_and_clock(tmp_path: Path) -> None:
@@ -153,54 +165,85 @@ def test_resends_continue_after_restart_with_their_attempts(tmp_path: Path) -> N
     assert a3.channel.outgoing_entry(mid).attempts == attempts + 1  # type: ignore[union-attr]
 
 
-def test_deliveries_not_taken_before_a_crash_are_handed_over_once(tmp_path: Path) -> None:
+EARLY = ChannelConfig(
+    bloom=CONFIG.bloom, causal_history_size=3, deliver_early=True, repair=CONFIG.repair
+)
+
+
+def test_events_not_acknowledged_before_a_crash_are_reported_again_under_their_numbers(
+    tmp_path: Path,
+) -> None:
     a = MessageChannel("chan", "a", now_ms=START, config=CONFIG)
     first = a.send(b"first", START)
     second = a.send(b"second", START + 1)
-    config = ChannelConfig(
-        bloom=CONFIG.bloom, causal_history_size=3, deliver_early=True, repair=CONFIG.repair
-    )
-    b = Node(tmp_path / "b.sqlite", "b", START, config)
-    # "second" arrives first: shown early; the app takes that event, then we crash
-    # after committing the delivery of "first" (and of "second") but before handing it over.
-    for d in b.state.commit(b.driver.receive(second.data, START)):
-        if d.seq is not None:
-            b.state.handed_off(d.seq)
-    taken = b.state.commit(b.driver.receive(first.data, START))
-    assert [type(d.event) for d in taken if d.seq is not None] == [MessageDelivered] * 2
-    b.crash()  # nothing handed off
-
-    b2 = Node(tmp_path / "b.sqlite", "b", START, config)
-    pending = b2.state.pending
-    assert [(type(d.event), d.event.message_id) for d in pending] == [
-        (MessageDelivered, first.message_id),
-        (MessageDelivered, second.message_id),
+    path = tmp_path / "b.sqlite"
+    b = Node(path, "b", START, EARLY)
+    # "second" arrives first: shown early, and the application takes that event (its
+    # acknowledgement is stored with the next commit). Then "first" arrives: both are
+    # delivered, committed, and the process dies before the application hears of them.
+    shown = b.record(b.driver.receive(second.data, START))
+    assert [(d.seq, type(d.event)) for d in shown] == [
+        (1, MessageMissing),  # "first", named by "second"
+        (2, MessageDeliveredEarly),
     ]
-    for d in pending:
-        b2.state.handed_off(d.seq)  # type: ignore[arg-type]
-    b2.state.close()
-    b3 = Node(tmp_path / "b.sqlite", "b", START, config)
-    assert b3.state.pending == []
+    b.state.events.ack(2)
+    taken = b.record(b.driver.receive(first.data, START))
+    assert [(d.seq, type(d.event)) for d in taken] == [(3, MessageDelivered), (4, MessageDelivered)]
+    b.crash()
+
+    expected = [
+        (3, MessageDelivered, first.message_id, b"first"),
+        (4, MessageDelivered, second.message_id, b"second"),
+    ]
+
+    def reported(node: Node) -> list[tuple[object, ...]]:
+        return [
+            (d.seq, type(d.event), d.event.message_id, getattr(d.event, "content", None))
+            for d in node.unacknowledged()
+        ]
+
+    b2 = Node(path, "b", START, EARLY)
+    assert reported(b2) == expected  # the early one was acknowledged: not again
+    b2.crash()  # nothing acknowledged: the same events, under the same numbers
+    b3 = Node(path, "b", START, EARLY)
+    assert reported(b3) == expected
+    b3.state.events.ack(3)  # "first" processed, then a clean close stores that
+    b3.state.close()
+    b4 = Node(path, "b", START, EARLY)
+    assert reported(b4) == expected[1:]
+    assert b4.state.events.last_seq == 4  # numbering continues where it stopped
+    b4.state.events.ack(4)
+    b4.state.close()
+    b5 = Node(path, "b", START, EARLY)
+    assert b5.unacknowledged() == []
+    assert (b5.state.events.last_seq, b5.state.events.acked_seq) == (4, 4)
 
 
-def test_early_delivery_is_re_offered_until_taken(tmp_path: Path) -> None:
+def test_early_delivery_is_re_offered_until_acknowledged(tmp_path: Path) -> None:
     a = MessageChannel("chan", "a", now_ms=START, config=CONFIG)
     a.send(b"first", START)
     second = a.send(b"second", START + 1)
-    config = ChannelConfig(
-        bloom=CONFIG.bloom, causal_history_size=3, deliver_early=True, repair=CONFIG.repair
-    )
-    b = Node(tmp_path / "b.sqlite", "b", START, config)
-    b.state.commit(b.driver.receive(second.data, START))
+    b = Node(tmp_path / "b.sqlite", "b", START, EARLY)
+    b.record(b.driver.receive(second.data, START))
     b.crash()
-    b2 = Node(tmp_path / "b.sqlite", "b", START, config)
-    [early] = [d.event for d in b2.state.pending]
-    assert isinstance(early, MessageDeliveredEarly)
+    b2 = Node(tmp_path / "b.sqlite", "b", START, EARLY)
+    missing, delivery = b2.unacknowledged()
+    assert isinstance(missing.event, MessageMissing) and missing.seq == 1
+    early = delivery.event
+    assert isinstance(early, MessageDeliveredEarly) and delivery.seq == 2
     assert (early.message_id, early.content, early.missing_dependencies) == (
         second.message_id,
         b"second",
         1,
     )
+    b2.state.events.ack(2)  # staged only: a crash before the next commit forgets it
+    b2.crash()
+    b3 = Node(tmp_path / "b.sqlite", "b", START, EARLY)
+    assert b3.unacknowledged() == [missing, delivery]
+    b3.state.events.ack(2)
+    b3.state.commit()  # stored now: the crash that follows changes nothing
+    b3.crash()
+    assert Node(tmp_path / "b.sqlite", "b", START, EARLY).unacknowledged() == []
 
 
 def test_participant_must_match_the_stored_one(tmp_path: Path) -> None:
@@ -323,21 +366,97 @@ def test_unacknowledged_wires_stay_on_disk_and_resend_unchanged(tmp_path: Path) 
     assert a2.channel.resend(mid, START + 300) == sent[2]
 
 
+def downgrade(path: Path, version: int) -> None:
+    """Make a closed schema-4 database look as schema ``version`` left it: schema 3 kept
+    delivery numbers in the log and incoming rows and had no events, wraps, participants
+    or closed flag; schema 2 had no caught-up time; schema 1 no hints, missing or peers."""
+    db = sqlite3.connect(path)
+    script = (
+        "DROP TABLE events; DROP TABLE wrapped;"
+        " ALTER TABLE channel DROP COLUMN participants; ALTER TABLE channel DROP COLUMN closed;"
+        " ALTER TABLE log ADD COLUMN delivered_seq INTEGER;"
+        " ALTER TABLE incoming ADD COLUMN early_seq INTEGER;"
+        " CREATE INDEX log_delivered ON log (delivered_seq) WHERE delivered_seq IS NOT NULL;"
+    )
+    if version <= 2:
+        script += " ALTER TABLE channel DROP COLUMN caught_up_ms;"
+    if version <= 1:
+        script += (
+            " ALTER TABLE outgoing DROP COLUMN retrieval_hint; DROP TABLE missing;"
+            " DROP TABLE peers;"
+        )
+    db.executescript(script + f" UPDATE channel SET schema_version = {version};")
+    db.close()
+
+
 def test_a_version_1_database_is_migrated(tmp_path: Path) -> None:
     path = tmp_path / "a.sqlite"
     a = Node(path, "a", START)
     a.run(a.driver.publish(b"kept", START + 1))
     a.state.close()
-    db = sqlite3.connect(path)
-    db.executescript(
-        "ALTER TABLE outgoing DROP COLUMN retrieval_hint; DROP TABLE missing; DROP TABLE peers;"
-        " ALTER TABLE channel DROP COLUMN caught_up_ms; UPDATE channel SET schema_version = 1;"
-    )
-    db.close()
+    downgrade(path, 1)
     a2 = Node(path, "a", START + 10)
     assert len(a2.channel.outgoing_ids()) == 1
     version = a2.state._db.execute("SELECT schema_version FROM channel").fetchone()[0]
-    assert version == 3
+    assert version == SCHEMA_VERSION == 4
+    assert a2.unacknowledged() == []
+    a2.state.close()
+    assert Node(path, "a", START + 20).channel.outgoing_ids() == a2.channel.outgoing_ids()
+
+
+def test_a_version_3_database_turns_deliveries_not_taken_into_events(tmp_path: Path) -> None:
+    """Schema 3 numbered deliveries in the log (and early ones in incoming) and kept a
+    cursor: those above it were never handed over and become events under their numbers;
+    those at or below it were, and do not come back."""
+    sender = MessageChannel("chan", "a", now_ms=START, config=CONFIG)
+    sent = [sender.send(f"m{i}".encode(), START + i) for i in range(4)]
+    held_back = sender.send(b"held back", START + 5)
+    waiting = sender.send(b"waits", START + 10)  # names held_back, which b lacks
+    path = tmp_path / "b.sqlite"
+    b = Node(path, "b", START, EARLY)
+    for out in sent:
+        b.record(b.driver.receive(out.data, START + 20))
+    b.record(b.driver.receive(waiting.data, START + 21))
+    assert b.channel.incoming_ids() == [waiting.message.message_id]
+    b.state.close()
+    downgrade(path, 3)
+    db = sqlite3.connect(path)
+    for seq, out in enumerate(sent, start=1):
+        db.execute(
+            "UPDATE log SET delivered_seq = ? WHERE message_id = ?", (seq, out.message.message_id)
+        )
+    db.execute("UPDATE incoming SET early_seq = 5")
+    db.execute("UPDATE channel SET event_seq = 5, delivered_cursor = 2")
+    db.commit()
+    db.close()
+
+    b2 = Node(path, "b", START + 30, EARLY)
+    assert b2.state._db.execute("SELECT schema_version FROM channel").fetchone()[0] == 4
+    assert (b2.state.events.last_seq, b2.state.events.acked_seq) == (5, 2)
+    reported = b2.unacknowledged()
+    assert [d.seq for d in reported] == [3, 4, 5]
+    for d, out in zip(reported[:2], sent[2:], strict=True):
+        assert d.event == MessageDelivered(
+            out.message.message_id,
+            "a",
+            out.message.lamport_timestamp or 0,
+            out.message.content or b"",
+            None,
+        )
+    early = reported[2].event
+    assert isinstance(early, MessageDeliveredEarly)
+    assert (early.message_id, early.sender_id, early.content) == (
+        waiting.message.message_id,
+        "a",
+        b"waits",
+    )
+    # New events are numbered after the migrated ones.
+    more = b2.record(b2.driver.receive(held_back.data, START + 40))
+    assert [d.seq for d in more] == list(range(6, 6 + len(more)))
+    assert {d.event.message_id for d in more if isinstance(d.event, MessageDelivered)} == {
+        held_back.message.message_id,
+        waiting.message.message_id,
+    }
 
 
 CATCHING_UP = RuntimeConfig(
@@ -382,15 +501,11 @@ def test_a_version_2_database_catches_up_the_whole_window(tmp_path: Path) -> Non
     a = Node(path, "a", START, runtime=CATCHING_UP)
     a.run(a.driver.publish(b"kept", START + 1))
     a.state.close()
-    db = sqlite3.connect(path)
-    db.executescript(
-        "ALTER TABLE channel DROP COLUMN caught_up_ms; UPDATE channel SET schema_version = 2;"
-    )
-    db.close()
+    downgrade(path, 2)
     back = START + 86_400_000
     a2 = Node(path, "a", back, runtime=CATCHING_UP)
     assert len(a2.channel.outgoing_ids()) == 1
-    assert a2.state._db.execute("SELECT schema_version FROM channel").fetchone()[0] == 3
+    assert a2.state._db.execute("SELECT schema_version FROM channel").fetchone()[0] == 4
     assert a2.driver.caught_up_ms is None  # unknown: how long it was away
     catch_up = next(x for x in a2.driver.tick(back).actions if isinstance(x, CatchUp))
     assert catch_up == CatchUp(back - 3_600_000, back)
@@ -413,9 +528,11 @@ def test_synchronous_full_is_applied_and_the_state_reopens_under_it(tmp_path: Pa
     a, state = open_state(path, "a", "FULL")
     assert (pragma(state, "synchronous"), pragma(state, "journal_mode")) == (2, "wal")  # FULL
     b = MessageChannel("chan", "b", now_ms=START, config=CONFIG)
-    state.commit(a.receive(b.send(b"from b", START + 1).data, START + 1))
+    a.receive(b.send(b"from b", START + 1).data, START + 1)
+    state.commit()
     for i in range(3):
-        state.commit(a.publish(f"from a {i}".encode(), START + 2 + i))
+        a.publish(f"from a {i}".encode(), START + 2 + i)
+        state.commit()
     log, outgoing = a.channel.log_ids(), a.channel.outgoing_ids()
     state.close()
 

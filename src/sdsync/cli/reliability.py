@@ -11,6 +11,11 @@ The protocol parameters are the ``--profile``'s, each flag given overriding its 
 for ``sdsync peer``; the message ids are the profile's scheme by default (sdsync's
 never-colliding one) rather than the peer's @waku/sds-compatible one.
 
+The server acknowledges events only when the application does (``AckEvents`` or an
+``Events`` resume point) and, with ``--state-dir``, reopens at start every channel stored
+there that the application did not close (``CloseChannel``); more than
+``--max-channels`` of them is an error at start.
+
 Without ``--participant`` the participant id is a random one, kept in
 ``<state-dir>/participant`` when there is a state directory, so that a restart from the
 same directory is the same participant.
@@ -55,6 +60,7 @@ from sdsync.cli.options import (
 from sdsync.cli.peer import peer_config
 from sdsync.core.config import MessageIdScheme
 from sdsync.errors import LocalProtocolError
+from sdsync.runtime.event_log import DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_EVENTS, EventLimits
 
 if TYPE_CHECKING:
     from sdsync.reliability import ReliabilityServer
@@ -150,6 +156,20 @@ def serve_command(
     resend_interval_ms: Annotated[int | None, typer.Option(min=1, help=NOT_GIVEN)] = None,
     max_attempts: Annotated[int | None, typer.Option(min=1, help=NOT_GIVEN)] = None,
     max_channels: Annotated[int, typer.Option(min=1, help="Open channels at most.")] = 1_000,
+    max_events: Annotated[
+        int,
+        typer.Option(
+            min=2,
+            help="Unacknowledged events kept per channel; beyond, the oldest are discarded"
+            " and an EventsDiscarded event says which.",
+        ),
+    ] = DEFAULT_MAX_EVENTS,
+    max_event_bytes: Annotated[
+        int,
+        typer.Option(
+            min=1, help="Bytes of unacknowledged events (payloads, transmits) kept per channel."
+        ),
+    ] = DEFAULT_MAX_EVENT_BYTES,
 ) -> None:
     """Serve one participant's reliability state over gRPC until SIGINT or SIGTERM."""
     from sdsync.reliability import ReliabilityServer
@@ -203,7 +223,10 @@ def serve_command(
             runtime=runtime,
             state_dir=state_dir,
             max_channels=max_channels,
+            acknowledge="explicit",
+            event_limits=EventLimits(max_events, max_event_bytes),
         )
+        manager.reopen_channels()
     except (OSError, LocalProtocolError) as exc:
         raise fail(str(exc)) from None
     try:

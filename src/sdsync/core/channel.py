@@ -49,7 +49,7 @@ import hashlib
 import heapq
 import logging
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sdsync.core.bloom import (
     Position,
@@ -90,7 +90,7 @@ from sdsync.core.outgoing import (
     WireStore,
 )
 from sdsync.core.repair import RepairState
-from sdsync.errors import LocalProtocolError, OutgoingBufferFullError
+from sdsync.errors import LocalProtocolError, MessageTooLargeError, OutgoingBufferFullError
 from sdsync.wire import (
     HistoryEntry,
     Message,
@@ -219,15 +219,18 @@ class MessageChannel:
     # ------------------------------------------------------------------ sending
 
     def send(self, payload: bytes, now_ms: int, *, message_id: str | None = None) -> Outgoing:
-        """Wrap ``payload`` in a content message and record it as handed to the transport."""
+        """Wrap ``payload`` in a content message and record it as handed to the transport.
+
+        Raises (state unchanged) when the id is used already, the outgoing buffer is full,
+        or the message would be larger than peers accept. Due SDS-R requests ride along
+        only when they fit; otherwise they wait for a later message.
+        """
         if not payload:
             raise LocalProtocolError("content messages need a non-empty payload")
         lamport = self._next_lamport(now_ms)
         if message_id is None:
             message_id = self._default_message_id(payload, lamport)
         self._check_sendable(message_id)
-        self.lamport_timestamp = lamport
-        events: list[Event] = []
         message = Message(
             sender_id=self.participant_id,
             message_id=message_id,
@@ -236,9 +239,26 @@ class MessageChannel:
             causal_history=self._causal_history(),
             bloom_filter=self._bloom.to_bytes(),
             content=bytes(payload),
-            repair_request=self._take_repair_requests(now_ms, message_id, events),
         )
         data = encode(message)
+        limit = self.config.limits.max_message_bytes
+        if len(data) > limit:
+            raise MessageTooLargeError(
+                f"a {len(payload)}-byte payload makes a {len(data)}-byte message, over the"
+                f" {limit}-byte limit peers accept (max_message_bytes)"
+            )
+        events: list[Event] = []
+        repairs = self._take_repair_requests(now_ms, message_id, events)
+        if repairs:
+            carrier = replace(message, repair_request=repairs)
+            carried = encode(carrier)
+            if len(carried) <= limit:
+                message, data = carrier, carried
+            else:  # they wait, due, for the next message
+                events.clear()
+                assert self._repair is not None  # it gave the requests
+                self._repair.put_back(repairs, now_ms)
+        self.lamport_timestamp = lamport
         positions = self.config.bloom.positions(message_id)
         entry = OutgoingEntry(
             message_id, lamport, message.content or b"", positions, now_ms, now_ms

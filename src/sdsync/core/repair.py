@@ -198,6 +198,12 @@ class RepairState:
             self.requests.add(entry, now_ms + self.config.t_max_ms)
         return due
 
+    def put_back(self, taken: Iterable[HistoryEntry], now_ms: int) -> None:
+        """Requests taken for a message that did not carry them: due now again."""
+        for entry in taken:
+            self.requests.remove(entry.message_id)
+            self.requests.add(entry, now_ms)
+
     def schedule_response(self, request: HistoryEntry, now_ms: int) -> bool:
         """Queue a rebroadcast if we are in the request's response group."""
         sender = request.sender_id

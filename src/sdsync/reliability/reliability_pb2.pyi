@@ -10,10 +10,22 @@ missing messages by itself. The service keeps the SDS state of one participant o
 many channels and runs the protocol's timers itself; what it decides (resends, syncs,
 repairs, acknowledgements) reaches the application as Events.
 
+Events are durable and numbered: each names its channel and carries `seq`, a number
+per channel that never repeats and never changes, stored in the same transaction as
+the state change that caused the event. The server keeps every event until the
+application acknowledges it (AckEvents, or the `resume` of its next Events call), and
+reports it again on every Events stream until then, across reconnects and restarts of
+either side. So delivery is at least once with a stable (channel_id, seq) key: an
+application that remembers the last seq it processed per channel processes each event
+exactly once. What the server keeps is bounded; at the bound the oldest unacknowledged
+events of a channel are discarded and EventsDiscarded says which (never silently).
+
 Errors are gRPC statuses with a message for people:
   INVALID_ARGUMENT    bytes that are not an SDS message, an empty channel id or payload,
-                      any other request the API refuses;
-  NOT_FOUND           MarkDependenciesMet on a channel that is not open;
+                      a payload whose SDS message would exceed what peers accept, a
+                      message id already used for another payload, any other request
+                      the API refuses;
+  NOT_FOUND           a call that needs an open channel names one that is not open;
   RESOURCE_EXHAUSTED  a request larger than the server accepts, too many open channels,
                       too many event subscribers, or a subscriber too slow to keep up;
   UNAUTHENTICATED     the server has a token and the call's `authorization` metadata is
@@ -60,12 +72,17 @@ Global___OpenChannelRequest: _TypeAlias = OpenChannelRequest  # noqa: Y015
 class OpenChannelResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    LAST_SEQ_FIELD_NUMBER: _builtins.int
+    last_seq: _builtins.int
+    """The channel's last event number so far (0: none yet)."""
     def __init__(
         self,
+        *,
+        last_seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["last_seq", b"last_seq"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -83,7 +100,11 @@ class WrapOutgoingMessageRequest(_message.Message):
     payload: _builtins.bytes
     """the application's content, non-empty"""
     message_id: _builtins.str
-    """The id to send it under; when absent the channel's message id scheme derives one."""
+    """The id to send it under; when absent the channel's message id scheme derives one.
+    A wrap repeated with the same explicit id and payload (say, after its answer was
+    lost) answers the bytes of the first, changing nothing; another payload under a used
+    id is INVALID_ARGUMENT.
+    """
     def __init__(
         self,
         *,
@@ -107,19 +128,23 @@ class WrapOutgoingMessageResponse(_message.Message):
 
     DATA_FIELD_NUMBER: _builtins.int
     MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    REPEATED_WRAP_FIELD_NUMBER: _builtins.int
     data: _builtins.bytes
     """the SDS message to encrypt and send"""
     message_id: _builtins.str
     """its id: later events about it name this id"""
+    repeated_wrap: _builtins.bool
+    """the same id and payload were wrapped before: these are its bytes"""
     def __init__(
         self,
         *,
         data: _builtins.bytes = ...,
         message_id: _builtins.str = ...,
+        repeated_wrap: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "message_id", b"message_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "message_id", b"message_id", "repeated_wrap", b"repeated_wrap"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -154,6 +179,7 @@ class UnwrapReceivedMessageResponse(_message.Message):
     CHANNEL_ID_FIELD_NUMBER: _builtins.int
     MESSAGE_ID_FIELD_NUMBER: _builtins.int
     CHANNEL_OPEN_FIELD_NUMBER: _builtins.int
+    DUPLICATE_FIELD_NUMBER: _builtins.int
     payload: _builtins.bytes
     """The content, when it is new for the application; absent for a duplicate, a sync
     message, our own message echoed back, or a channel that is not open. Returned even
@@ -167,6 +193,10 @@ class UnwrapReceivedMessageResponse(_message.Message):
     """False when the bytes name a channel that is not open: a normal answer, not an error
     (the bytes are well formed; they are simply not for us). Nothing was stored.
     """
+    duplicate: _builtins.bool
+    """The message was processed before (its content, if any, came or comes with its
+    MessageReady event: a duplicate answer never loses a payload).
+    """
     @_builtins.property
     def missing_dependencies(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """ids this message waits for"""
@@ -179,10 +209,11 @@ class UnwrapReceivedMessageResponse(_message.Message):
         channel_id: _builtins.str = ...,
         message_id: _builtins.str = ...,
         channel_open: _builtins.bool = ...,
+        duplicate: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_payload", b"_payload", "payload", b"payload"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_payload", b"_payload", "channel_id", b"channel_id", "channel_open", b"channel_open", "message_id", b"message_id", "missing_dependencies", b"missing_dependencies", "payload", b"payload"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_payload", b"_payload", "channel_id", b"channel_id", "channel_open", b"channel_open", "duplicate", b"duplicate", "message_id", b"message_id", "missing_dependencies", b"missing_dependencies", "payload", b"payload"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__payload: _TypeAlias = _typing.Literal["payload"]  # noqa: Y015
     _WhichOneofArgType__payload: _TypeAlias = _typing.Literal["_payload", b"_payload"]  # noqa: Y015
@@ -236,26 +267,558 @@ class EventsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CHANNEL_IDS_FIELD_NUMBER: _builtins.int
+    RESUME_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def channel_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Only events on these channels; empty for every channel."""
+
+    @_builtins.property
+    def resume(self) -> _containers.RepeatedCompositeFieldContainer[Global___EventPosition]:
+        """Where to resume, per channel: events up to `seq` are acknowledged (as AckEvents) and
+        the stream starts after them. A channel without one starts at its first event not
+        yet acknowledged.
+        """
 
     def __init__(
         self,
         *,
         channel_ids: _abc.Iterable[_builtins.str] | None = ...,
+        resume: _abc.Iterable[Global___EventPosition] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_ids", b"channel_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_ids", b"channel_ids", "resume", b"resume"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___EventsRequest: _TypeAlias = EventsRequest  # noqa: Y015
 
 @_typing.final
+class EventPosition(_message.Message):
+    """A place in one channel's events."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANNEL_ID_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    channel_id: _builtins.str
+    seq: _builtins.int
+    def __init__(
+        self,
+        *,
+        channel_id: _builtins.str = ...,
+        seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_id", b"channel_id", "seq", b"seq"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EventPosition: _TypeAlias = EventPosition  # noqa: Y015
+
+@_typing.final
+class AckEventsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACKS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def acks(self) -> _containers.RepeatedCompositeFieldContainer[Global___EventPosition]:
+        """per channel: processed up to and including seq"""
+
+    def __init__(
+        self,
+        *,
+        acks: _abc.Iterable[Global___EventPosition] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acks", b"acks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AckEventsRequest: _TypeAlias = AckEventsRequest  # noqa: Y015
+
+@_typing.final
+class AckEventsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AckEventsResponse: _TypeAlias = AckEventsResponse  # noqa: Y015
+
+@_typing.final
+class WrapOutgoingMessagesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___WrapOutgoingMessageRequest]: ...
+    def __init__(
+        self,
+        *,
+        messages: _abc.Iterable[Global___WrapOutgoingMessageRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WrapOutgoingMessagesRequest: _TypeAlias = WrapOutgoingMessagesRequest  # noqa: Y015
+
+@_typing.final
+class WrapOutgoingMessagesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___WrapResult]:
+        """one per request item, in order"""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___WrapResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WrapOutgoingMessagesResponse: _TypeAlias = WrapOutgoingMessagesResponse  # noqa: Y015
+
+@_typing.final
+class WrapResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WRAPPED_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def wrapped(self) -> Global___WrapOutgoingMessageResponse: ...
+    @_builtins.property
+    def refused(self) -> Global___Refusal: ...
+    def __init__(
+        self,
+        *,
+        wrapped: Global___WrapOutgoingMessageResponse | None = ...,
+        refused: Global___Refusal | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["refused", b"refused", "result", b"result", "wrapped", b"wrapped"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["refused", b"refused", "result", b"result", "wrapped", b"wrapped"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["wrapped", "refused"]  # noqa: Y015
+    _WhichOneofArgType_result: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_result) -> _WhichOneofReturnType_result | None: ...
+
+Global___WrapResult: _TypeAlias = WrapResult  # noqa: Y015
+
+@_typing.final
+class UnwrapReceivedMessagesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___UnwrapReceivedMessageRequest]: ...
+    def __init__(
+        self,
+        *,
+        messages: _abc.Iterable[Global___UnwrapReceivedMessageRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnwrapReceivedMessagesRequest: _TypeAlias = UnwrapReceivedMessagesRequest  # noqa: Y015
+
+@_typing.final
+class UnwrapReceivedMessagesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___UnwrapResult]:
+        """one per request item, in order"""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___UnwrapResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnwrapReceivedMessagesResponse: _TypeAlias = UnwrapReceivedMessagesResponse  # noqa: Y015
+
+@_typing.final
+class UnwrapResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    UNWRAPPED_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def unwrapped(self) -> Global___UnwrapReceivedMessageResponse: ...
+    @_builtins.property
+    def refused(self) -> Global___Refusal: ...
+    def __init__(
+        self,
+        *,
+        unwrapped: Global___UnwrapReceivedMessageResponse | None = ...,
+        refused: Global___Refusal | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["refused", b"refused", "result", b"result", "unwrapped", b"unwrapped"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["refused", b"refused", "result", b"result", "unwrapped", b"unwrapped"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["unwrapped", "refused"]  # noqa: Y015
+    _WhichOneofArgType_result: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_result) -> _WhichOneofReturnType_result | None: ...
+
+Global___UnwrapResult: _TypeAlias = UnwrapResult  # noqa: Y015
+
+@_typing.final
+class Refusal(_message.Message):
+    """Why one item of a batch was refused: the gRPC status code (as a number, e.g. 3 for
+    INVALID_ARGUMENT) and message the single call would have failed with. A refused item
+    changed no state.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    code: _builtins.int
+    message: _builtins.str
+    def __init__(
+        self,
+        *,
+        code: _builtins.int = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Refusal: _TypeAlias = Refusal  # noqa: Y015
+
+@_typing.final
+class CloseChannelRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANNEL_ID_FIELD_NUMBER: _builtins.int
+    channel_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        channel_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_id", b"channel_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CloseChannelRequest: _TypeAlias = CloseChannelRequest  # noqa: Y015
+
+@_typing.final
+class CloseChannelResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CloseChannelResponse: _TypeAlias = CloseChannelResponse  # noqa: Y015
+
+@_typing.final
+class ListChannelsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListChannelsRequest: _TypeAlias = ListChannelsRequest  # noqa: Y015
+
+@_typing.final
+class ListChannelsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANNELS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def channels(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChannelInfo]: ...
+    def __init__(
+        self,
+        *,
+        channels: _abc.Iterable[Global___ChannelInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channels", b"channels"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListChannelsResponse: _TypeAlias = ListChannelsResponse  # noqa: Y015
+
+@_typing.final
+class ChannelInfo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANNEL_ID_FIELD_NUMBER: _builtins.int
+    LAST_SEQ_FIELD_NUMBER: _builtins.int
+    ACKNOWLEDGED_SEQ_FIELD_NUMBER: _builtins.int
+    PARTICIPANTS_FIELD_NUMBER: _builtins.int
+    UNACKNOWLEDGED_FIELD_NUMBER: _builtins.int
+    WAITING_FIELD_NUMBER: _builtins.int
+    channel_id: _builtins.str
+    last_seq: _builtins.int
+    """the last event number so far"""
+    acknowledged_seq: _builtins.int
+    """events acknowledged up to this number"""
+    participants: _builtins.int
+    """as set by SetParticipantCount (0: never set)"""
+    unacknowledged: _builtins.int
+    """our messages awaiting acknowledgement"""
+    waiting: _builtins.int
+    """received messages waiting for dependencies"""
+    def __init__(
+        self,
+        *,
+        channel_id: _builtins.str = ...,
+        last_seq: _builtins.int = ...,
+        acknowledged_seq: _builtins.int = ...,
+        participants: _builtins.int = ...,
+        unacknowledged: _builtins.int = ...,
+        waiting: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acknowledged_seq", b"acknowledged_seq", "channel_id", b"channel_id", "last_seq", b"last_seq", "participants", b"participants", "unacknowledged", b"unacknowledged", "waiting", b"waiting"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChannelInfo: _TypeAlias = ChannelInfo  # noqa: Y015
+
+@_typing.final
+class SetParticipantCountRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANNEL_ID_FIELD_NUMBER: _builtins.int
+    PARTICIPANTS_FIELD_NUMBER: _builtins.int
+    channel_id: _builtins.str
+    participants: _builtins.int
+    """at least 1"""
+    def __init__(
+        self,
+        *,
+        channel_id: _builtins.str = ...,
+        participants: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_id", b"channel_id", "participants", b"participants"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetParticipantCountRequest: _TypeAlias = SetParticipantCountRequest  # noqa: Y015
+
+@_typing.final
+class SetParticipantCountResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetParticipantCountResponse: _TypeAlias = SetParticipantCountResponse  # noqa: Y015
+
+@_typing.final
+class ListUnacknowledgedRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANNEL_ID_FIELD_NUMBER: _builtins.int
+    channel_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        channel_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_id", b"channel_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListUnacknowledgedRequest: _TypeAlias = ListUnacknowledgedRequest  # noqa: Y015
+
+@_typing.final
+class ListUnacknowledgedResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___UnacknowledgedMessage]: ...
+    def __init__(
+        self,
+        *,
+        messages: _abc.Iterable[Global___UnacknowledgedMessage] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListUnacknowledgedResponse: _TypeAlias = ListUnacknowledgedResponse  # noqa: Y015
+
+@_typing.final
+class UnacknowledgedMessage(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    LAMPORT_TIMESTAMP_FIELD_NUMBER: _builtins.int
+    PAYLOAD_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    POSSIBLY_ACKNOWLEDGED_FIELD_NUMBER: _builtins.int
+    FIRST_SENT_MS_FIELD_NUMBER: _builtins.int
+    message_id: _builtins.str
+    lamport_timestamp: _builtins.int
+    payload: _builtins.bytes
+    attempts: _builtins.int
+    """transmissions so far"""
+    possibly_acknowledged: _builtins.int
+    """distinct peers whose bloom filters held it"""
+    first_sent_ms: _builtins.int
+    """Unix ms"""
+    def __init__(
+        self,
+        *,
+        message_id: _builtins.str = ...,
+        lamport_timestamp: _builtins.int = ...,
+        payload: _builtins.bytes = ...,
+        attempts: _builtins.int = ...,
+        possibly_acknowledged: _builtins.int = ...,
+        first_sent_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "first_sent_ms", b"first_sent_ms", "lamport_timestamp", b"lamport_timestamp", "message_id", b"message_id", "payload", b"payload", "possibly_acknowledged", b"possibly_acknowledged"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnacknowledgedMessage: _TypeAlias = UnacknowledgedMessage  # noqa: Y015
+
+@_typing.final
+class ListWaitingRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANNEL_ID_FIELD_NUMBER: _builtins.int
+    channel_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        channel_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_id", b"channel_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWaitingRequest: _TypeAlias = ListWaitingRequest  # noqa: Y015
+
+@_typing.final
+class ListWaitingResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___WaitingMessage]: ...
+    def __init__(
+        self,
+        *,
+        messages: _abc.Iterable[Global___WaitingMessage] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWaitingResponse: _TypeAlias = ListWaitingResponse  # noqa: Y015
+
+@_typing.final
+class WaitingMessage(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    SENDER_ID_FIELD_NUMBER: _builtins.int
+    LAMPORT_TIMESTAMP_FIELD_NUMBER: _builtins.int
+    PAYLOAD_FIELD_NUMBER: _builtins.int
+    MISSING_DEPENDENCIES_FIELD_NUMBER: _builtins.int
+    RECEIVED_MS_FIELD_NUMBER: _builtins.int
+    message_id: _builtins.str
+    sender_id: _builtins.str
+    lamport_timestamp: _builtins.int
+    payload: _builtins.bytes
+    received_ms: _builtins.int
+    """Unix ms"""
+    @_builtins.property
+    def missing_dependencies(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        message_id: _builtins.str = ...,
+        sender_id: _builtins.str = ...,
+        lamport_timestamp: _builtins.int = ...,
+        payload: _builtins.bytes = ...,
+        missing_dependencies: _abc.Iterable[_builtins.str] | None = ...,
+        received_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lamport_timestamp", b"lamport_timestamp", "message_id", b"message_id", "missing_dependencies", b"missing_dependencies", "payload", b"payload", "received_ms", b"received_ms", "sender_id", b"sender_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WaitingMessage: _TypeAlias = WaitingMessage  # noqa: Y015
+
+@_typing.final
 class Event(_message.Message):
-    """One thing the application should know or do. Each names its channel."""
+    """One thing the application should know or do. Each names its channel; every event but
+    Subscribed carries its channel's event number `seq` (also in `channel_id` here).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -267,6 +830,13 @@ class Event(_message.Message):
     SEND_FAILED_FIELD_NUMBER: _builtins.int
     TRANSMIT_FIELD_NUMBER: _builtins.int
     PERIODIC_SYNC_FIELD_NUMBER: _builtins.int
+    EVENTS_DISCARDED_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    CHANNEL_ID_FIELD_NUMBER: _builtins.int
+    seq: _builtins.int
+    """this channel's event number: 1, 2, 3, ... never reused"""
+    channel_id: _builtins.str
+    """the channel (empty for Subscribed)"""
     @_builtins.property
     def subscribed(self) -> Global___Subscribed: ...
     @_builtins.property
@@ -283,6 +853,8 @@ class Event(_message.Message):
     def transmit(self) -> Global___Transmit: ...
     @_builtins.property
     def periodic_sync(self) -> Global___PeriodicSync: ...
+    @_builtins.property
+    def events_discarded(self) -> Global___EventsDiscarded: ...
     def __init__(
         self,
         *,
@@ -294,12 +866,15 @@ class Event(_message.Message):
         send_failed: Global___SendFailed | None = ...,
         transmit: Global___Transmit | None = ...,
         periodic_sync: Global___PeriodicSync | None = ...,
+        events_discarded: Global___EventsDiscarded | None = ...,
+        seq: _builtins.int = ...,
+        channel_id: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "message_ready", b"message_ready", "message_sent", b"message_sent", "missing_dependencies", b"missing_dependencies", "periodic_sync", b"periodic_sync", "possibly_acknowledged", b"possibly_acknowledged", "send_failed", b"send_failed", "subscribed", b"subscribed", "transmit", b"transmit"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "events_discarded", b"events_discarded", "message_ready", b"message_ready", "message_sent", b"message_sent", "missing_dependencies", b"missing_dependencies", "periodic_sync", b"periodic_sync", "possibly_acknowledged", b"possibly_acknowledged", "send_failed", b"send_failed", "subscribed", b"subscribed", "transmit", b"transmit"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "message_ready", b"message_ready", "message_sent", b"message_sent", "missing_dependencies", b"missing_dependencies", "periodic_sync", b"periodic_sync", "possibly_acknowledged", b"possibly_acknowledged", "send_failed", b"send_failed", "subscribed", b"subscribed", "transmit", b"transmit"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_id", b"channel_id", "event", b"event", "events_discarded", b"events_discarded", "message_ready", b"message_ready", "message_sent", b"message_sent", "missing_dependencies", b"missing_dependencies", "periodic_sync", b"periodic_sync", "possibly_acknowledged", b"possibly_acknowledged", "send_failed", b"send_failed", "seq", b"seq", "subscribed", b"subscribed", "transmit", b"transmit"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["subscribed", "message_ready", "message_sent", "possibly_acknowledged", "missing_dependencies", "send_failed", "transmit", "periodic_sync"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["subscribed", "message_ready", "message_sent", "possibly_acknowledged", "missing_dependencies", "send_failed", "transmit", "periodic_sync", "events_discarded"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 
@@ -307,7 +882,9 @@ Global___Event: _TypeAlias = Event  # noqa: Y015
 
 @_typing.final
 class Subscribed(_message.Message):
-    """The stream is live: every event after this one reaches this subscriber."""
+    """The stream is open: what follows are the wanted channels' unacknowledged events after
+    the resume points, then new ones as they happen.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -324,23 +901,34 @@ Global___Subscribed: _TypeAlias = Subscribed  # noqa: Y015
 
 @_typing.final
 class MessageReady(_message.Message):
-    """A received message has all its dependencies: deliver it, in this order."""
+    """A received message has all its dependencies: deliver it, in this order. It carries
+    everything the application needs, so an unwrap answer that was lost loses nothing.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     CHANNEL_ID_FIELD_NUMBER: _builtins.int
     MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    PAYLOAD_FIELD_NUMBER: _builtins.int
+    SENDER_ID_FIELD_NUMBER: _builtins.int
+    LAMPORT_TIMESTAMP_FIELD_NUMBER: _builtins.int
     channel_id: _builtins.str
     message_id: _builtins.str
+    payload: _builtins.bytes
+    sender_id: _builtins.str
+    lamport_timestamp: _builtins.int
     def __init__(
         self,
         *,
         channel_id: _builtins.str = ...,
         message_id: _builtins.str = ...,
+        payload: _builtins.bytes = ...,
+        sender_id: _builtins.str = ...,
+        lamport_timestamp: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_id", b"channel_id", "message_id", b"message_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_id", b"channel_id", "lamport_timestamp", b"lamport_timestamp", "message_id", b"message_id", "payload", b"payload", "sender_id", b"sender_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -505,3 +1093,38 @@ class PeriodicSync(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PeriodicSync: _TypeAlias = PeriodicSync  # noqa: Y015
+
+@_typing.final
+class EventsDiscarded(_message.Message):
+    """The server held as many unacknowledged events of this channel as it keeps (or as many
+    bytes), and discarded the oldest: events first_seq..last_seq are gone, `ready` of them
+    MessageReady. Their messages are still in the channel's state; ListUnacknowledged and
+    ListWaiting tell where things stand. Acknowledge events as you process them to never
+    see this.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANNEL_ID_FIELD_NUMBER: _builtins.int
+    FIRST_SEQ_FIELD_NUMBER: _builtins.int
+    LAST_SEQ_FIELD_NUMBER: _builtins.int
+    READY_FIELD_NUMBER: _builtins.int
+    channel_id: _builtins.str
+    first_seq: _builtins.int
+    last_seq: _builtins.int
+    ready: _builtins.int
+    def __init__(
+        self,
+        *,
+        channel_id: _builtins.str = ...,
+        first_seq: _builtins.int = ...,
+        last_seq: _builtins.int = ...,
+        ready: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_id", b"channel_id", "first_seq", b"first_seq", "last_seq", b"last_seq", "ready", b"ready"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EventsDiscarded: _TypeAlias = EventsDiscarded  # noqa: Y015

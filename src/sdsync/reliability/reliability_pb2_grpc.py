@@ -60,6 +60,46 @@ class ReliabilityStub:
                 request_serializer=sdsync_dot_reliability_dot_reliability__pb2.EventsRequest.SerializeToString,
                 response_deserializer=sdsync_dot_reliability_dot_reliability__pb2.Event.FromString,
                 _registered_method=True)
+        self.AckEvents = channel.unary_unary(
+                '/sdsync.reliability.v1.Reliability/AckEvents',
+                request_serializer=sdsync_dot_reliability_dot_reliability__pb2.AckEventsRequest.SerializeToString,
+                response_deserializer=sdsync_dot_reliability_dot_reliability__pb2.AckEventsResponse.FromString,
+                _registered_method=True)
+        self.WrapOutgoingMessages = channel.unary_unary(
+                '/sdsync.reliability.v1.Reliability/WrapOutgoingMessages',
+                request_serializer=sdsync_dot_reliability_dot_reliability__pb2.WrapOutgoingMessagesRequest.SerializeToString,
+                response_deserializer=sdsync_dot_reliability_dot_reliability__pb2.WrapOutgoingMessagesResponse.FromString,
+                _registered_method=True)
+        self.UnwrapReceivedMessages = channel.unary_unary(
+                '/sdsync.reliability.v1.Reliability/UnwrapReceivedMessages',
+                request_serializer=sdsync_dot_reliability_dot_reliability__pb2.UnwrapReceivedMessagesRequest.SerializeToString,
+                response_deserializer=sdsync_dot_reliability_dot_reliability__pb2.UnwrapReceivedMessagesResponse.FromString,
+                _registered_method=True)
+        self.CloseChannel = channel.unary_unary(
+                '/sdsync.reliability.v1.Reliability/CloseChannel',
+                request_serializer=sdsync_dot_reliability_dot_reliability__pb2.CloseChannelRequest.SerializeToString,
+                response_deserializer=sdsync_dot_reliability_dot_reliability__pb2.CloseChannelResponse.FromString,
+                _registered_method=True)
+        self.ListChannels = channel.unary_unary(
+                '/sdsync.reliability.v1.Reliability/ListChannels',
+                request_serializer=sdsync_dot_reliability_dot_reliability__pb2.ListChannelsRequest.SerializeToString,
+                response_deserializer=sdsync_dot_reliability_dot_reliability__pb2.ListChannelsResponse.FromString,
+                _registered_method=True)
+        self.SetParticipantCount = channel.unary_unary(
+                '/sdsync.reliability.v1.Reliability/SetParticipantCount',
+                request_serializer=sdsync_dot_reliability_dot_reliability__pb2.SetParticipantCountRequest.SerializeToString,
+                response_deserializer=sdsync_dot_reliability_dot_reliability__pb2.SetParticipantCountResponse.FromString,
+                _registered_method=True)
+        self.ListUnacknowledged = channel.unary_unary(
+                '/sdsync.reliability.v1.Reliability/ListUnacknowledged',
+                request_serializer=sdsync_dot_reliability_dot_reliability__pb2.ListUnacknowledgedRequest.SerializeToString,
+                response_deserializer=sdsync_dot_reliability_dot_reliability__pb2.ListUnacknowledgedResponse.FromString,
+                _registered_method=True)
+        self.ListWaiting = channel.unary_unary(
+                '/sdsync.reliability.v1.Reliability/ListWaiting',
+                request_serializer=sdsync_dot_reliability_dot_reliability__pb2.ListWaitingRequest.SerializeToString,
+                response_deserializer=sdsync_dot_reliability_dot_reliability__pb2.ListWaitingResponse.FromString,
+                _registered_method=True)
 
 
 class ReliabilityServicer:
@@ -97,8 +137,67 @@ class ReliabilityServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Events(self, request, context):
-        """Every event from now on, until the client cancels. The first event is Subscribed.
-        Events are not kept for absent subscribers: subscribe before calling.
+        """Subscribed, then every unacknowledged event of the wanted channels after the resume
+        points, in order per channel, then every new event, until the client cancels.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AckEvents(self, request, context):
+        """The application processed these channels' events up to and including `seq`: they are
+        never reported again and the server forgets them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WrapOutgoingMessages(self, request, context):
+        """Many wraps in one call, answered in order; each item succeeds or fails on its own.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnwrapReceivedMessages(self, request, context):
+        """Many unwraps in one call, answered in order; each item succeeds or fails on its own.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CloseChannel(self, request, context):
+        """Close a channel: its state stays in the state directory, but it is no longer reopened
+        on restart until OpenChannel (or a wrap) opens it again. Idempotent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListChannels(self, request, context):
+        """The open channels (after a restart: every channel stored and not closed).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetParticipantCount(self, request, context):
+        """How many participants the group has: SDS-R's response groups and, in the lean
+        profile, the sync interval scale with it. Stored with the channel.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListUnacknowledged(self, request, context):
+        """Our messages not acknowledged yet (still resent), oldest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListWaiting(self, request, context):
+        """Received messages waiting for dependencies (not ready yet), and what each waits for.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -131,6 +230,46 @@ def add_ReliabilityServicer_to_server(servicer, server):
                     servicer.Events,
                     request_deserializer=sdsync_dot_reliability_dot_reliability__pb2.EventsRequest.FromString,
                     response_serializer=sdsync_dot_reliability_dot_reliability__pb2.Event.SerializeToString,
+            ),
+            'AckEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.AckEvents,
+                    request_deserializer=sdsync_dot_reliability_dot_reliability__pb2.AckEventsRequest.FromString,
+                    response_serializer=sdsync_dot_reliability_dot_reliability__pb2.AckEventsResponse.SerializeToString,
+            ),
+            'WrapOutgoingMessages': grpc.unary_unary_rpc_method_handler(
+                    servicer.WrapOutgoingMessages,
+                    request_deserializer=sdsync_dot_reliability_dot_reliability__pb2.WrapOutgoingMessagesRequest.FromString,
+                    response_serializer=sdsync_dot_reliability_dot_reliability__pb2.WrapOutgoingMessagesResponse.SerializeToString,
+            ),
+            'UnwrapReceivedMessages': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnwrapReceivedMessages,
+                    request_deserializer=sdsync_dot_reliability_dot_reliability__pb2.UnwrapReceivedMessagesRequest.FromString,
+                    response_serializer=sdsync_dot_reliability_dot_reliability__pb2.UnwrapReceivedMessagesResponse.SerializeToString,
+            ),
+            'CloseChannel': grpc.unary_unary_rpc_method_handler(
+                    servicer.CloseChannel,
+                    request_deserializer=sdsync_dot_reliability_dot_reliability__pb2.CloseChannelRequest.FromString,
+                    response_serializer=sdsync_dot_reliability_dot_reliability__pb2.CloseChannelResponse.SerializeToString,
+            ),
+            'ListChannels': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListChannels,
+                    request_deserializer=sdsync_dot_reliability_dot_reliability__pb2.ListChannelsRequest.FromString,
+                    response_serializer=sdsync_dot_reliability_dot_reliability__pb2.ListChannelsResponse.SerializeToString,
+            ),
+            'SetParticipantCount': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetParticipantCount,
+                    request_deserializer=sdsync_dot_reliability_dot_reliability__pb2.SetParticipantCountRequest.FromString,
+                    response_serializer=sdsync_dot_reliability_dot_reliability__pb2.SetParticipantCountResponse.SerializeToString,
+            ),
+            'ListUnacknowledged': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListUnacknowledged,
+                    request_deserializer=sdsync_dot_reliability_dot_reliability__pb2.ListUnacknowledgedRequest.FromString,
+                    response_serializer=sdsync_dot_reliability_dot_reliability__pb2.ListUnacknowledgedResponse.SerializeToString,
+            ),
+            'ListWaiting': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWaiting,
+                    request_deserializer=sdsync_dot_reliability_dot_reliability__pb2.ListWaitingRequest.FromString,
+                    response_serializer=sdsync_dot_reliability_dot_reliability__pb2.ListWaitingResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -269,6 +408,222 @@ class Reliability:
             '/sdsync.reliability.v1.Reliability/Events',
             sdsync_dot_reliability_dot_reliability__pb2.EventsRequest.SerializeToString,
             sdsync_dot_reliability_dot_reliability__pb2.Event.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AckEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sdsync.reliability.v1.Reliability/AckEvents',
+            sdsync_dot_reliability_dot_reliability__pb2.AckEventsRequest.SerializeToString,
+            sdsync_dot_reliability_dot_reliability__pb2.AckEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WrapOutgoingMessages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sdsync.reliability.v1.Reliability/WrapOutgoingMessages',
+            sdsync_dot_reliability_dot_reliability__pb2.WrapOutgoingMessagesRequest.SerializeToString,
+            sdsync_dot_reliability_dot_reliability__pb2.WrapOutgoingMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnwrapReceivedMessages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sdsync.reliability.v1.Reliability/UnwrapReceivedMessages',
+            sdsync_dot_reliability_dot_reliability__pb2.UnwrapReceivedMessagesRequest.SerializeToString,
+            sdsync_dot_reliability_dot_reliability__pb2.UnwrapReceivedMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CloseChannel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sdsync.reliability.v1.Reliability/CloseChannel',
+            sdsync_dot_reliability_dot_reliability__pb2.CloseChannelRequest.SerializeToString,
+            sdsync_dot_reliability_dot_reliability__pb2.CloseChannelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListChannels(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sdsync.reliability.v1.Reliability/ListChannels',
+            sdsync_dot_reliability_dot_reliability__pb2.ListChannelsRequest.SerializeToString,
+            sdsync_dot_reliability_dot_reliability__pb2.ListChannelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetParticipantCount(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sdsync.reliability.v1.Reliability/SetParticipantCount',
+            sdsync_dot_reliability_dot_reliability__pb2.SetParticipantCountRequest.SerializeToString,
+            sdsync_dot_reliability_dot_reliability__pb2.SetParticipantCountResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListUnacknowledged(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sdsync.reliability.v1.Reliability/ListUnacknowledged',
+            sdsync_dot_reliability_dot_reliability__pb2.ListUnacknowledgedRequest.SerializeToString,
+            sdsync_dot_reliability_dot_reliability__pb2.ListUnacknowledgedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWaiting(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sdsync.reliability.v1.Reliability/ListWaiting',
+            sdsync_dot_reliability_dot_reliability__pb2.ListWaitingRequest.SerializeToString,
+            sdsync_dot_reliability_dot_reliability__pb2.ListWaitingResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -10,10 +10,22 @@ missing messages by itself. The service keeps the SDS state of one participant o
 many channels and runs the protocol's timers itself; what it decides (resends, syncs,
 repairs, acknowledgements) reaches the application as Events.
 
+Events are durable and numbered: each names its channel and carries `seq`, a number
+per channel that never repeats and never changes, stored in the same transaction as
+the state change that caused the event. The server keeps every event until the
+application acknowledges it (AckEvents, or the `resume` of its next Events call), and
+reports it again on every Events stream until then, across reconnects and restarts of
+either side. So delivery is at least once with a stable (channel_id, seq) key: an
+application that remembers the last seq it processed per channel processes each event
+exactly once. What the server keeps is bounded; at the bound the oldest unacknowledged
+events of a channel are discarded and EventsDiscarded says which (never silently).
+
 Errors are gRPC statuses with a message for people:
   INVALID_ARGUMENT    bytes that are not an SDS message, an empty channel id or payload,
-                      any other request the API refuses;
-  NOT_FOUND           MarkDependenciesMet on a channel that is not open;
+                      a payload whose SDS message would exceed what peers accept, a
+                      message id already used for another payload, any other request
+                      the API refuses;
+  NOT_FOUND           a call that needs an open channel names one that is not open;
   RESOURCE_EXHAUSTED  a request larger than the server accepts, too many open channels,
                       too many event subscribers, or a subscriber too slow to keep up;
   UNAUTHENTICATED     the server has a token and the call's `authorization` metadata is
@@ -64,9 +76,31 @@ class ReliabilityStub:
     for them become ready.
     """
     Events: _grpc.UnaryStreamMultiCallable[_reliability_pb2.EventsRequest, _reliability_pb2.Event]
-    """Every event from now on, until the client cancels. The first event is Subscribed.
-    Events are not kept for absent subscribers: subscribe before calling.
+    """Subscribed, then every unacknowledged event of the wanted channels after the resume
+    points, in order per channel, then every new event, until the client cancels.
     """
+    AckEvents: _grpc.UnaryUnaryMultiCallable[_reliability_pb2.AckEventsRequest, _reliability_pb2.AckEventsResponse]
+    """The application processed these channels' events up to and including `seq`: they are
+    never reported again and the server forgets them.
+    """
+    WrapOutgoingMessages: _grpc.UnaryUnaryMultiCallable[_reliability_pb2.WrapOutgoingMessagesRequest, _reliability_pb2.WrapOutgoingMessagesResponse]
+    """Many wraps in one call, answered in order; each item succeeds or fails on its own."""
+    UnwrapReceivedMessages: _grpc.UnaryUnaryMultiCallable[_reliability_pb2.UnwrapReceivedMessagesRequest, _reliability_pb2.UnwrapReceivedMessagesResponse]
+    """Many unwraps in one call, answered in order; each item succeeds or fails on its own."""
+    CloseChannel: _grpc.UnaryUnaryMultiCallable[_reliability_pb2.CloseChannelRequest, _reliability_pb2.CloseChannelResponse]
+    """Close a channel: its state stays in the state directory, but it is no longer reopened
+    on restart until OpenChannel (or a wrap) opens it again. Idempotent.
+    """
+    ListChannels: _grpc.UnaryUnaryMultiCallable[_reliability_pb2.ListChannelsRequest, _reliability_pb2.ListChannelsResponse]
+    """The open channels (after a restart: every channel stored and not closed)."""
+    SetParticipantCount: _grpc.UnaryUnaryMultiCallable[_reliability_pb2.SetParticipantCountRequest, _reliability_pb2.SetParticipantCountResponse]
+    """How many participants the group has: SDS-R's response groups and, in the lean
+    profile, the sync interval scale with it. Stored with the channel.
+    """
+    ListUnacknowledged: _grpc.UnaryUnaryMultiCallable[_reliability_pb2.ListUnacknowledgedRequest, _reliability_pb2.ListUnacknowledgedResponse]
+    """Our messages not acknowledged yet (still resent), oldest first."""
+    ListWaiting: _grpc.UnaryUnaryMultiCallable[_reliability_pb2.ListWaitingRequest, _reliability_pb2.ListWaitingResponse]
+    """Received messages waiting for dependencies (not ready yet), and what each waits for."""
 
 @_typing.type_check_only
 class ReliabilityAsyncStub(ReliabilityStub):
@@ -86,9 +120,31 @@ class ReliabilityAsyncStub(ReliabilityStub):
     for them become ready.
     """
     Events: _aio.UnaryStreamMultiCallable[_reliability_pb2.EventsRequest, _reliability_pb2.Event]  # type: ignore[assignment]
-    """Every event from now on, until the client cancels. The first event is Subscribed.
-    Events are not kept for absent subscribers: subscribe before calling.
+    """Subscribed, then every unacknowledged event of the wanted channels after the resume
+    points, in order per channel, then every new event, until the client cancels.
     """
+    AckEvents: _aio.UnaryUnaryMultiCallable[_reliability_pb2.AckEventsRequest, _reliability_pb2.AckEventsResponse]  # type: ignore[assignment]
+    """The application processed these channels' events up to and including `seq`: they are
+    never reported again and the server forgets them.
+    """
+    WrapOutgoingMessages: _aio.UnaryUnaryMultiCallable[_reliability_pb2.WrapOutgoingMessagesRequest, _reliability_pb2.WrapOutgoingMessagesResponse]  # type: ignore[assignment]
+    """Many wraps in one call, answered in order; each item succeeds or fails on its own."""
+    UnwrapReceivedMessages: _aio.UnaryUnaryMultiCallable[_reliability_pb2.UnwrapReceivedMessagesRequest, _reliability_pb2.UnwrapReceivedMessagesResponse]  # type: ignore[assignment]
+    """Many unwraps in one call, answered in order; each item succeeds or fails on its own."""
+    CloseChannel: _aio.UnaryUnaryMultiCallable[_reliability_pb2.CloseChannelRequest, _reliability_pb2.CloseChannelResponse]  # type: ignore[assignment]
+    """Close a channel: its state stays in the state directory, but it is no longer reopened
+    on restart until OpenChannel (or a wrap) opens it again. Idempotent.
+    """
+    ListChannels: _aio.UnaryUnaryMultiCallable[_reliability_pb2.ListChannelsRequest, _reliability_pb2.ListChannelsResponse]  # type: ignore[assignment]
+    """The open channels (after a restart: every channel stored and not closed)."""
+    SetParticipantCount: _aio.UnaryUnaryMultiCallable[_reliability_pb2.SetParticipantCountRequest, _reliability_pb2.SetParticipantCountResponse]  # type: ignore[assignment]
+    """How many participants the group has: SDS-R's response groups and, in the lean
+    profile, the sync interval scale with it. Stored with the channel.
+    """
+    ListUnacknowledged: _aio.UnaryUnaryMultiCallable[_reliability_pb2.ListUnacknowledgedRequest, _reliability_pb2.ListUnacknowledgedResponse]  # type: ignore[assignment]
+    """Our messages not acknowledged yet (still resent), oldest first."""
+    ListWaiting: _aio.UnaryUnaryMultiCallable[_reliability_pb2.ListWaitingRequest, _reliability_pb2.ListWaitingResponse]  # type: ignore[assignment]
+    """Received messages waiting for dependencies (not ready yet), and what each waits for."""
 
 class ReliabilityServicer(metaclass=_abc_1.ABCMeta):
     """One participant's SDS state over many channels (seed 004's ReliabilityManager)."""
@@ -135,8 +191,78 @@ class ReliabilityServicer(metaclass=_abc_1.ABCMeta):
         request: _reliability_pb2.EventsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_reliability_pb2.Event], _abc.AsyncIterator[_reliability_pb2.Event]]:
-        """Every event from now on, until the client cancels. The first event is Subscribed.
-        Events are not kept for absent subscribers: subscribe before calling.
+        """Subscribed, then every unacknowledged event of the wanted channels after the resume
+        points, in order per channel, then every new event, until the client cancels.
         """
+
+    @_abc_1.abstractmethod
+    def AckEvents(
+        self,
+        request: _reliability_pb2.AckEventsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_reliability_pb2.AckEventsResponse, _abc.Awaitable[_reliability_pb2.AckEventsResponse]]:
+        """The application processed these channels' events up to and including `seq`: they are
+        never reported again and the server forgets them.
+        """
+
+    @_abc_1.abstractmethod
+    def WrapOutgoingMessages(
+        self,
+        request: _reliability_pb2.WrapOutgoingMessagesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_reliability_pb2.WrapOutgoingMessagesResponse, _abc.Awaitable[_reliability_pb2.WrapOutgoingMessagesResponse]]:
+        """Many wraps in one call, answered in order; each item succeeds or fails on its own."""
+
+    @_abc_1.abstractmethod
+    def UnwrapReceivedMessages(
+        self,
+        request: _reliability_pb2.UnwrapReceivedMessagesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_reliability_pb2.UnwrapReceivedMessagesResponse, _abc.Awaitable[_reliability_pb2.UnwrapReceivedMessagesResponse]]:
+        """Many unwraps in one call, answered in order; each item succeeds or fails on its own."""
+
+    @_abc_1.abstractmethod
+    def CloseChannel(
+        self,
+        request: _reliability_pb2.CloseChannelRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_reliability_pb2.CloseChannelResponse, _abc.Awaitable[_reliability_pb2.CloseChannelResponse]]:
+        """Close a channel: its state stays in the state directory, but it is no longer reopened
+        on restart until OpenChannel (or a wrap) opens it again. Idempotent.
+        """
+
+    @_abc_1.abstractmethod
+    def ListChannels(
+        self,
+        request: _reliability_pb2.ListChannelsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_reliability_pb2.ListChannelsResponse, _abc.Awaitable[_reliability_pb2.ListChannelsResponse]]:
+        """The open channels (after a restart: every channel stored and not closed)."""
+
+    @_abc_1.abstractmethod
+    def SetParticipantCount(
+        self,
+        request: _reliability_pb2.SetParticipantCountRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_reliability_pb2.SetParticipantCountResponse, _abc.Awaitable[_reliability_pb2.SetParticipantCountResponse]]:
+        """How many participants the group has: SDS-R's response groups and, in the lean
+        profile, the sync interval scale with it. Stored with the channel.
+        """
+
+    @_abc_1.abstractmethod
+    def ListUnacknowledged(
+        self,
+        request: _reliability_pb2.ListUnacknowledgedRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_reliability_pb2.ListUnacknowledgedResponse, _abc.Awaitable[_reliability_pb2.ListUnacknowledgedResponse]]:
+        """Our messages not acknowledged yet (still resent), oldest first."""
+
+    @_abc_1.abstractmethod
+    def ListWaiting(
+        self,
+        request: _reliability_pb2.ListWaitingRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_reliability_pb2.ListWaitingResponse, _abc.Awaitable[_reliability_pb2.ListWaitingResponse]]:
+        """Received messages waiting for dependencies (not ready yet), and what each waits for."""
 
 def add_ReliabilityServicer_to_server(servicer: ReliabilityServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

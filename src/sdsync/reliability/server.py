@@ -3,34 +3,38 @@
 Theory of operation
 -------------------
 One :class:`ReliabilityService` holds one :class:`~sdsync.runtime.manager.ReliabilityManager`
-(one participant, many channels) and answers the four calls of the API by calling the
-manager's methods of the same names, on whichever of the server's threads the call came
-in: the manager takes its own lock, and its SQLite state may be used from any thread. The
-service closes the manager (:meth:`ReliabilityService.close`) once no call can reach it
-any more: it is the service's.
+(one participant, many channels) in ``explicit`` acknowledgement mode, and answers each
+call by calling the manager's method of the same meaning, on whichever of the server's
+threads the call came in: the manager takes its own lock, and its SQLite state may be
+used from any thread. The batch calls answer item by item, each as the single call would
+(a refused item is a ``Refusal`` and changes nothing; the others go ahead), inside one
+:meth:`~sdsync.runtime.manager.ReliabilityManager.batch`: one commit per channel for the
+whole call, made before the answer is sent. A wrap batch's answer stays under
+:data:`ANSWER_LIMIT` (the items that might not fit are refused, unwrapped). The service
+closes the manager (:meth:`ReliabilityService.close`) once no call can reach it any more.
 
 Ticking is the server's job, so that a client in any language only wraps, unwraps and
 reacts to events: a thread calls ``manager.tick()`` when ``manager.next_due()`` says work
 is due, never more often than every :data:`MIN_TICK_MS` and at least every
 :data:`IDLE_TICK_MS` (a call that schedules something sooner is served by then).
 
-The manager's callbacks run on the thread whose call caused them, holding the manager's
-lock. Each turns into an ``Event`` put onto every subscriber's bounded queue without
-waiting (:class:`EventHub`): a subscriber whose queue is full is dropped with a warning and
-its ``Events`` stream ends with ``RESOURCE_EXHAUSTED``, so a slow reader never holds up the
-manager, the other subscribers or the protocol's timers. Events are not kept for absent
-subscribers; the first event of every stream, ``Subscribed``, tells the client that from
-then on it misses nothing.
+Events are the manager's numbered, kept events (:mod:`sdsync.runtime.event_log`): an
+``Events`` stream reads each wanted channel's events after its resume point straight from
+them, and waits on the :class:`EventHub` (which the manager's ``on_event`` callback wakes)
+when it has sent everything. A stream therefore never drops anything and never holds up
+the manager: a slow reader is simply behind, and what the manager keeps for it is bounded
+by the manager's ``EventLimits``. Events are forgotten only when acknowledged
+(``AckEvents``, or the ``resume`` point of an ``Events`` call).
 
 Every refusal is a gRPC status with a message, never a crash and never a state change:
-bytes that do not decode and requests the manager refuses are ``INVALID_ARGUMENT``;
-``MarkDependenciesMet`` on a channel that is not open is ``NOT_FOUND``; opening a channel
-beyond the manager's ``max_channels``, too many subscribers or a request larger than
-:func:`request_limit` is ``RESOURCE_EXHAUSTED`` (the last checked by gRPC itself, before
-any of our code runs). Bytes for a channel that is not open are a normal answer with
-``channel_open`` false, as the manager reports them: well-formed, simply not ours. With a
-token, a call without ``authorization: Bearer <token>`` metadata is ``UNAUTHENTICATED``
-(:class:`TokenCheck`, before the call's handler).
+bytes that do not decode and requests the manager refuses are ``INVALID_ARGUMENT``; a call
+that needs an open channel and names another is ``NOT_FOUND``; opening a channel beyond
+the manager's ``max_channels``, too many subscribers, a batch of more than
+:data:`MAX_BATCH` items or a request larger than :func:`request_limit` is
+``RESOURCE_EXHAUSTED`` (the last checked by gRPC itself, before any of our code runs).
+Bytes for a channel that is not open are a normal answer with ``channel_open`` false.
+With a token, a call without ``authorization: Bearer <token>`` metadata is
+``UNAUTHENTICATED`` (:class:`TokenCheck`, before the call's handler).
 """
 
 from __future__ import annotations
@@ -39,114 +43,197 @@ import contextlib
 import dataclasses
 import hmac
 import logging
-import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 
-from sdsync.core import system_clock_ms
+from sdsync.core import (
+    MessageAcknowledged,
+    MessageDelivered,
+    MessageMissing,
+    MessagePossiblyAcknowledged,
+    SendFailed,
+    system_clock_ms,
+)
 from sdsync.errors import LocalProtocolError, RemoteProtocolError
 from sdsync.reliability import reliability_pb2 as pb
 from sdsync.reliability import reliability_pb2_grpc as pb_grpc
+from sdsync.runtime import Delivery, EventsDiscarded, PeriodicSync, Transmit
+from sdsync.runtime.crash import crash_point
 from sdsync.runtime.manager import ReliabilityManager
-from sdsync.wire import WireLimits, decode
+from sdsync.wire import WireLimits
 
 logger = logging.getLogger("sdsync.reliability")
 
 MIN_TICK_MS = 100
 IDLE_TICK_MS = 1_000
-#: Events a subscriber may have unread before it is dropped.
-EVENT_QUEUE = 4_096
-#: Besides a request's SDS message (at most the channel's max_message_bytes): field tags,
-#: the channel id, the message id.
+#: Besides a request's SDS messages: field tags, channel ids, message ids.
 REQUEST_MARGIN = 64 * 1024
+#: The SDS messages of one request (a batch, or one message if peers accept larger ones).
+#: Unwrap answers are smaller than their requests and wrap answers are kept under
+#: :data:`ANSWER_LIMIT`, so no answer reaches gRPC's default 4 MiB receive limit.
+BATCH_BYTES = 3 << 20
+#: A WrapOutgoingMessages answer stays under this: the items that might not fit are
+#: refused, unwrapped, with RESOURCE_EXHAUSTED (send them again in another call).
+ANSWER_LIMIT = 3 << 20
+#: Items in one WrapOutgoingMessages or UnwrapReceivedMessages call, at most.
+MAX_BATCH = 4_096
+#: Events read from a channel at a time by an Events stream.
+_READ = 256
 #: How long an Events stream waits for an event before it looks whether its client left.
 _POLL_S = 0.25
 
+Request = TypeVar("Request")
+Answer = TypeVar("Answer")
+Result = TypeVar("Result")
+
 
 def request_limit(limits: WireLimits) -> int:
-    """The largest request the server accepts: one SDS message as large as peers accept."""
-    return limits.max_message_bytes + REQUEST_MARGIN
+    """The largest request the server accepts: a batch of :data:`BATCH_BYTES`, or one SDS
+    message as large as peers accept."""
+    return max(BATCH_BYTES, limits.max_message_bytes) + REQUEST_MARGIN
 
 
-class _Subscriber:
-    def __init__(self, channels: frozenset[str], capacity: int) -> None:
-        self.channels = channels
-        self.queue: queue.Queue[pb.Event] = queue.Queue(capacity)
-        self.dropped = False
+class _AnswerRoom:
+    """Keeps a wrap batch's answer under :data:`ANSWER_LIMIT`.
 
-    def wants(self, channel_id: str) -> bool:
-        return not self.channels or channel_id in self.channels
+    A wrapped message is its payload plus the channel's overhead (bloom filter, causal
+    history, ids), which barely changes from one message to the next: an item is refused
+    before it is wrapped when its payload plus the largest overhead seen so far in the
+    batch could overflow. The first item always fits (it is at most one message).
+    """
+
+    _SLACK = 64 * 1024  # a few more causal history ids or repair requests than last time
+
+    def __init__(self) -> None:
+        self.used = 0
+        self.overhead = 0
+
+    def admit(self, payload: bytes) -> None:
+        if self.used and self.used + len(payload) + self.overhead + self._SLACK > ANSWER_LIMIT:
+            raise _RefusedError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the answer would exceed {ANSWER_LIMIT} bytes; wrap this item in another call",
+            )
+
+    def spend(self, payload: bytes, answer: pb.WrapOutgoingMessageResponse) -> None:
+        self.used += answer.ByteSize()
+        self.overhead = max(self.overhead, len(answer.data) - len(payload))
 
 
 class EventHub:
-    """Fans events out to subscribers without ever waiting for one."""
+    """Counts the event subscribers and wakes them when events are recorded."""
 
-    def __init__(self, *, capacity: int = EVENT_QUEUE, max_subscribers: int = 8) -> None:
-        self.capacity = capacity
+    def __init__(self, *, max_subscribers: int = 8) -> None:
         self.max_subscribers = max_subscribers
-        self._subscribers: list[_Subscriber] = []
-        self._lock = threading.Lock()
+        self._subscribers = 0
+        self._generation = 0
+        self._changed = threading.Condition()
 
-    def subscribe(self, channels: frozenset[str]) -> _Subscriber | None:
-        """A new subscriber; None when there are ``max_subscribers`` already."""
-        with self._lock:
-            if len(self._subscribers) >= self.max_subscribers:
-                return None
-            subscriber = _Subscriber(channels, self.capacity)
-            self._subscribers.append(subscriber)
-            return subscriber
+    def subscribe(self) -> bool:
+        """Room for one more subscriber (False: ``max_subscribers`` already)."""
+        with self._changed:
+            if self._subscribers >= self.max_subscribers:
+                return False
+            self._subscribers += 1
+            return True
 
-    def unsubscribe(self, subscriber: _Subscriber) -> None:
-        with self._lock, contextlib.suppress(ValueError):
-            self._subscribers.remove(subscriber)
+    def unsubscribe(self) -> None:
+        with self._changed:
+            self._subscribers -= 1
 
-    def publish(self, channel_id: str, event: pb.Event) -> None:
-        with self._lock:
-            subscribers = list(self._subscribers)
-        for subscriber in subscribers:
-            if not subscriber.wants(channel_id):
-                continue
-            try:
-                subscriber.queue.put_nowait(event)
-            except queue.Full:
-                self._drop(subscriber)
+    @property
+    def generation(self) -> int:
+        """Changes whenever events were recorded since."""
+        return self._generation
 
-    def _drop(self, subscriber: _Subscriber) -> None:
-        self.unsubscribe(subscriber)
-        if not subscriber.dropped:
-            subscriber.dropped = True
-            logger.warning(
-                "event subscriber dropped: %d events unread (it reads too slowly); "
-                "its stream ends with RESOURCE_EXHAUSTED and it must subscribe again",
-                self.capacity,
-            )
+    def notify(self) -> None:
+        with self._changed:
+            self._generation += 1
+            self._changed.notify_all()
+
+    def wait(self, generation: int, timeout_s: float) -> None:
+        """Until events are recorded after ``generation`` was read, or ``timeout_s``."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._generation != generation, timeout_s)
+
+
+class _RefusedError(Exception):
+    """A call (or one item of a batch) refused with a status and a message for people."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
 
 
 @contextlib.contextmanager
-def _refusals(context: grpc.ServicerContext) -> Iterator[None]:
-    """The manager's errors as gRPC statuses; anything else is logged and INTERNAL."""
+def _refusals() -> Iterator[None]:
+    """The manager's errors as refusals; anything unexpected is logged and INTERNAL."""
     try:
         yield
+    except _RefusedError:
+        raise
     except RemoteProtocolError as exc:
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"not an SDS message: {exc}")
+        raise _RefusedError(
+            grpc.StatusCode.INVALID_ARGUMENT, f"not an SDS message: {exc}"
+        ) from None
     except LocalProtocolError as exc:
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        raise _RefusedError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
     except Exception:
         logger.exception("reliability call failed")
-        context.abort(grpc.StatusCode.INTERNAL, "internal error (logged by the server)")
+        raise _RefusedError(
+            grpc.StatusCode.INTERNAL, "internal error (logged by the server)"
+        ) from None
 
 
-def _require_channel_id(context: grpc.ServicerContext, channel_id: str) -> None:
+def _answer(
+    context: grpc.ServicerContext, handle: Callable[[Request], Answer], request: Request
+) -> Answer:
+    """One call: its answer, or its refusal as the call's status."""
+    try:
+        with _refusals():
+            answer = handle(request)
+    except _RefusedError as refused:
+        context.abort(refused.code, refused.message)
+    crash_point("answer")
+    return answer
+
+
+def _each(
+    items: Sequence[Request],
+    handle: Callable[[Request], Answer],
+    result: Callable[..., Result],
+    field: str,
+) -> list[Result]:
+    """A batch's items handled one by one: each answer, or its refusal, as a ``result``
+    with the answer in ``field`` (or the refusal in ``refused``)."""
+    if len(items) > MAX_BATCH:
+        raise _RefusedError(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"{len(items)} items in one batch; at most {MAX_BATCH}",
+        )
+    results = []
+    for item in items:
+        try:
+            with _refusals():
+                results.append(result(**{field: handle(item)}))
+        except _RefusedError as refused:
+            refusal = pb.Refusal(code=refused.code.value[0], message=refused.message)
+            results.append(result(refused=refusal))
+    return results
+
+
+def _require_channel_id(channel_id: str) -> None:
     if not channel_id:
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, "channel_id must be non-empty")
+        raise _RefusedError(grpc.StatusCode.INVALID_ARGUMENT, "channel_id must be non-empty")
 
 
 class ReliabilityService(pb_grpc.ReliabilityServicer):
-    """The servicer: the manager's API as RPCs, its callbacks as events, its ticks."""
+    """The servicer: the manager's API as RPCs, its events as streams, its ticks."""
 
     def __init__(
         self,
@@ -155,6 +242,8 @@ class ReliabilityService(pb_grpc.ReliabilityServicer):
         hub: EventHub | None = None,
         clock: Callable[[], int] = system_clock_ms,
     ) -> None:
+        if manager.acknowledge != "explicit":
+            raise LocalProtocolError("the service needs a manager with acknowledge='explicit'")
         self.manager = manager
         self.hub = hub if hub is not None else EventHub()
         self._clock = clock
@@ -162,7 +251,7 @@ class ReliabilityService(pb_grpc.ReliabilityServicer):
         self._ticker = threading.Thread(
             target=self._tick_loop, name="sdsync-reliability-tick", daemon=True
         )
-        self._subscribe_callbacks()
+        manager.on_event = lambda _channel_id, _delivery: self.hub.notify()
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -172,6 +261,7 @@ class ReliabilityService(pb_grpc.ReliabilityServicer):
     def stop(self) -> None:
         """Stop ticking and end the event streams."""
         self._stopping.set()
+        self.hub.notify()
         if self._ticker.is_alive():
             self._ticker.join()
 
@@ -192,157 +282,281 @@ class ReliabilityService(pb_grpc.ReliabilityServicer):
             wait = IDLE_TICK_MS if due is None else due - self._clock()
             delay_ms = min(max(wait, MIN_TICK_MS), IDLE_TICK_MS)
 
-    # ------------------------------------------------------------------ events
-
-    def _subscribe_callbacks(self) -> None:
-        manager, publish = self.manager, self.hub.publish
-
-        def ready(channel_id: str, message_id: str) -> None:
-            publish(
-                channel_id,
-                pb.Event(
-                    message_ready=pb.MessageReady(channel_id=channel_id, message_id=message_id)
-                ),
-            )
-
-        def sent(channel_id: str, message_id: str) -> None:
-            publish(
-                channel_id,
-                pb.Event(message_sent=pb.MessageSent(channel_id=channel_id, message_id=message_id)),
-            )
-
-        def possibly(channel_id: str, message_id: str, count: int) -> None:
-            publish(
-                channel_id,
-                pb.Event(
-                    possibly_acknowledged=pb.PossiblyAcknowledged(
-                        channel_id=channel_id, message_id=message_id, count=count
-                    )
-                ),
-            )
-
-        def missing(channel_id: str, message_ids: list[str]) -> None:
-            publish(
-                channel_id,
-                pb.Event(
-                    missing_dependencies=pb.MissingDependencies(
-                        channel_id=channel_id, message_ids=message_ids
-                    )
-                ),
-            )
-
-        def failed(channel_id: str, message_id: str) -> None:
-            publish(
-                channel_id,
-                pb.Event(send_failed=pb.SendFailed(channel_id=channel_id, message_id=message_id)),
-            )
-
-        def transmit(channel_id: str, kind: str, message_id: str, data: bytes) -> None:
-            publish(
-                channel_id,
-                pb.Event(
-                    transmit=pb.Transmit(
-                        channel_id=channel_id, kind=kind, message_id=message_id, data=data
-                    )
-                ),
-            )
-
-        def periodic(channel_id: str) -> None:
-            publish(channel_id, pb.Event(periodic_sync=pb.PeriodicSync(channel_id=channel_id)))
-
-        manager.on_message_ready = ready
-        manager.on_message_sent = sent
-        manager.on_possibly_acknowledged = possibly
-        manager.on_missing_dependencies = missing
-        manager.on_send_failed = failed
-        manager.on_transmit = transmit
-        manager.on_periodic_sync = periodic
-
-    # --------------------------------------------------------------------- RPCs
+    # ------------------------------------------------------------ single calls
 
     def OpenChannel(  # noqa: N802 (the .proto's names)
         self, request: pb.OpenChannelRequest, context: grpc.ServicerContext
     ) -> pb.OpenChannelResponse:
-        _require_channel_id(context, request.channel_id)
-        self._check_room(context, request.channel_id)
-        with _refusals(context):
-            self.manager.open_channel(request.channel_id)
-        return pb.OpenChannelResponse()
+        return _answer(context, self._open, request)
 
     def WrapOutgoingMessage(  # noqa: N802 (the .proto's names)
         self, request: pb.WrapOutgoingMessageRequest, context: grpc.ServicerContext
     ) -> pb.WrapOutgoingMessageResponse:
-        _require_channel_id(context, request.channel_id)
-        if not request.payload:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "payload must be non-empty")
-        self._check_room(context, request.channel_id)
-        given_id = request.message_id if request.HasField("message_id") else None
-        with _refusals(context):
-            data = self.manager.wrap_outgoing_message(request.payload, request.channel_id, given_id)
-        return pb.WrapOutgoingMessageResponse(data=data, message_id=_message_id(data))
+        return _answer(context, self._wrap, request)
 
     def UnwrapReceivedMessage(  # noqa: N802 (the .proto's names)
         self, request: pb.UnwrapReceivedMessageRequest, context: grpc.ServicerContext
     ) -> pb.UnwrapReceivedMessageResponse:
-        with _refusals(context):
-            result = self.manager.unwrap_received_message(request.data)
+        return _answer(context, self._unwrap, request)
+
+    def MarkDependenciesMet(  # noqa: N802 (the .proto's names)
+        self, request: pb.MarkDependenciesMetRequest, context: grpc.ServicerContext
+    ) -> pb.MarkDependenciesMetResponse:
+        def mark(request: pb.MarkDependenciesMetRequest) -> pb.MarkDependenciesMetResponse:
+            self._require_open(request.channel_id)
+            self.manager.mark_dependencies_met(list(request.message_ids), request.channel_id)
+            return pb.MarkDependenciesMetResponse()
+
+        return _answer(context, mark, request)
+
+    def AckEvents(  # noqa: N802 (the .proto's names)
+        self, request: pb.AckEventsRequest, context: grpc.ServicerContext
+    ) -> pb.AckEventsResponse:
+        def ack(request: pb.AckEventsRequest) -> pb.AckEventsResponse:
+            for position in request.acks:
+                self._require_open(position.channel_id)
+            for position in request.acks:
+                self.manager.ack_events(position.channel_id, position.seq)
+            return pb.AckEventsResponse()
+
+        return _answer(context, ack, request)
+
+    def CloseChannel(  # noqa: N802 (the .proto's names)
+        self, request: pb.CloseChannelRequest, context: grpc.ServicerContext
+    ) -> pb.CloseChannelResponse:
+        def close(request: pb.CloseChannelRequest) -> pb.CloseChannelResponse:
+            _require_channel_id(request.channel_id)
+            self.manager.close_channel(request.channel_id)
+            return pb.CloseChannelResponse()
+
+        return _answer(context, close, request)
+
+    def ListChannels(  # noqa: N802 (the .proto's names)
+        self, request: pb.ListChannelsRequest, context: grpc.ServicerContext
+    ) -> pb.ListChannelsResponse:
+        return _answer(context, lambda _: pb.ListChannelsResponse(channels=self._infos()), request)
+
+    def SetParticipantCount(  # noqa: N802 (the .proto's names)
+        self, request: pb.SetParticipantCountRequest, context: grpc.ServicerContext
+    ) -> pb.SetParticipantCountResponse:
+        def set_count(request: pb.SetParticipantCountRequest) -> pb.SetParticipantCountResponse:
+            self._require_open(request.channel_id)
+            self.manager.set_participant_count(request.channel_id, request.participants)
+            return pb.SetParticipantCountResponse()
+
+        return _answer(context, set_count, request)
+
+    def ListUnacknowledged(  # noqa: N802 (the .proto's names)
+        self, request: pb.ListUnacknowledgedRequest, context: grpc.ServicerContext
+    ) -> pb.ListUnacknowledgedResponse:
+        def unacknowledged(request: pb.ListUnacknowledgedRequest) -> pb.ListUnacknowledgedResponse:
+            self._require_open(request.channel_id)
+            messages = self.manager.unacknowledged(request.channel_id)
+            return pb.ListUnacknowledgedResponse(
+                messages=[pb.UnacknowledgedMessage(**dataclasses.asdict(m)) for m in messages]
+            )
+
+        return _answer(context, unacknowledged, request)
+
+    def ListWaiting(  # noqa: N802 (the .proto's names)
+        self, request: pb.ListWaitingRequest, context: grpc.ServicerContext
+    ) -> pb.ListWaitingResponse:
+        def waiting(request: pb.ListWaitingRequest) -> pb.ListWaitingResponse:
+            self._require_open(request.channel_id)
+            messages = self.manager.waiting(request.channel_id)
+            return pb.ListWaitingResponse(
+                messages=[pb.WaitingMessage(**dataclasses.asdict(m)) for m in messages]
+            )
+
+        return _answer(context, waiting, request)
+
+    # ------------------------------------------------------------------ batches
+
+    def WrapOutgoingMessages(  # noqa: N802 (the .proto's names)
+        self, request: pb.WrapOutgoingMessagesRequest, context: grpc.ServicerContext
+    ) -> pb.WrapOutgoingMessagesResponse:
+        def wrap_all(request: pb.WrapOutgoingMessagesRequest) -> pb.WrapOutgoingMessagesResponse:
+            room = _AnswerRoom()
+
+            def wrap(item: pb.WrapOutgoingMessageRequest) -> pb.WrapOutgoingMessageResponse:
+                room.admit(item.payload)
+                answer = self._wrap(item)
+                room.spend(item.payload, answer)
+                return answer
+
+            with self.manager.batch():
+                results = _each(request.messages, wrap, pb.WrapResult, "wrapped")
+            return pb.WrapOutgoingMessagesResponse(results=results)
+
+        return _answer(context, wrap_all, request)
+
+    def UnwrapReceivedMessages(  # noqa: N802 (the .proto's names)
+        self, request: pb.UnwrapReceivedMessagesRequest, context: grpc.ServicerContext
+    ) -> pb.UnwrapReceivedMessagesResponse:
+        def unwrap_all(
+            request: pb.UnwrapReceivedMessagesRequest,
+        ) -> pb.UnwrapReceivedMessagesResponse:
+            with self.manager.batch():
+                results = _each(request.messages, self._unwrap, pb.UnwrapResult, "unwrapped")
+            return pb.UnwrapReceivedMessagesResponse(results=results)
+
+        return _answer(context, unwrap_all, request)
+
+    # ------------------------------------------------------------------- events
+
+    def Events(  # noqa: N802 (the .proto's names)
+        self, request: pb.EventsRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.Event]:
+        if not self.hub.subscribe():
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"already {self.hub.max_subscribers} event subscribers",
+            )
+        try:
+            wanted = frozenset(request.channel_ids)
+            # Resume points not yet applied (their channels may open later).
+            to_ack = {p.channel_id: p.seq for p in request.resume}
+            read_to = dict(to_ack)
+            yield pb.Event(subscribed=pb.Subscribed())
+            while context.is_active() and not self._stopping.is_set():
+                generation = self.hub.generation
+                sent = False
+                for channel_id in self.manager.channels():
+                    if wanted and channel_id not in wanted:
+                        continue
+                    for event in self._read(channel_id, to_ack, read_to):
+                        sent = True
+                        yield event
+                        crash_point("event")
+                if not sent:
+                    self.hub.wait(generation, _POLL_S)
+        finally:
+            self.hub.unsubscribe()
+
+    def _read(
+        self, channel_id: str, to_ack: dict[str, int], read_to: dict[str, int]
+    ) -> list[pb.Event]:
+        """The channel's next events for one stream (none if it closed meanwhile)."""
+        try:
+            if channel_id in to_ack:
+                self.manager.ack_events(channel_id, to_ack.pop(channel_id))
+            batch = self.manager.read_events(channel_id, read_to.get(channel_id, 0), _READ)
+        except LocalProtocolError:
+            return []  # closed since manager.channels() listed it
+        if batch:
+            read_to[channel_id] = batch[-1].seq or 0
+        return [_event(channel_id, d) for d in batch]
+
+    # ------------------------------------------------------------------ helpers
+
+    def _open(self, request: pb.OpenChannelRequest) -> pb.OpenChannelResponse:
+        _require_channel_id(request.channel_id)
+        self._check_room(request.channel_id)
+        self.manager.open_channel(request.channel_id)
+        last, _ = self.manager.event_positions(request.channel_id)
+        return pb.OpenChannelResponse(last_seq=last)
+
+    def _wrap(self, request: pb.WrapOutgoingMessageRequest) -> pb.WrapOutgoingMessageResponse:
+        _require_channel_id(request.channel_id)
+        if not request.payload:
+            raise _RefusedError(grpc.StatusCode.INVALID_ARGUMENT, "payload must be non-empty")
+        self._check_room(request.channel_id)
+        given_id = request.message_id if request.HasField("message_id") else None
+        wrapped = self.manager.wrap(request.payload, request.channel_id, given_id)
+        return pb.WrapOutgoingMessageResponse(
+            data=wrapped.data, message_id=wrapped.message_id, repeated_wrap=wrapped.repeated
+        )
+
+    def _unwrap(self, request: pb.UnwrapReceivedMessageRequest) -> pb.UnwrapReceivedMessageResponse:
+        result = self.manager.unwrap_received_message(request.data)
         return pb.UnwrapReceivedMessageResponse(
             payload=result.payload,
             missing_dependencies=result.missing_dependencies,
             channel_id=result.channel_id,
             message_id=result.message_id,
             channel_open=result.channel_open,
+            duplicate=result.duplicate,
         )
 
-    def MarkDependenciesMet(  # noqa: N802 (the .proto's names)
-        self, request: pb.MarkDependenciesMetRequest, context: grpc.ServicerContext
-    ) -> pb.MarkDependenciesMetResponse:
-        _require_channel_id(context, request.channel_id)
-        if request.channel_id not in self.manager.channels():
-            context.abort(grpc.StatusCode.NOT_FOUND, f"channel {request.channel_id!r} is not open")
-        with _refusals(context):
-            self.manager.mark_dependencies_met(list(request.message_ids), request.channel_id)
-        return pb.MarkDependenciesMetResponse()
-
-    def Events(  # noqa: N802 (the .proto's names)
-        self, request: pb.EventsRequest, context: grpc.ServicerContext
-    ) -> Iterator[pb.Event]:
-        subscriber = self.hub.subscribe(frozenset(request.channel_ids))
-        if subscriber is None:
-            context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"already {self.hub.max_subscribers} event subscribers",
-            )
-        try:
-            yield pb.Event(subscribed=pb.Subscribed())
-            while context.is_active() and not self._stopping.is_set():
-                if subscriber.dropped:
-                    context.abort(
-                        grpc.StatusCode.RESOURCE_EXHAUSTED,
-                        f"too slow: {self.hub.capacity} events unread; subscribe again",
+    def _infos(self) -> list[pb.ChannelInfo]:
+        manager = self.manager
+        infos = []
+        for channel_id in manager.channels():
+            with contextlib.suppress(LocalProtocolError):  # closed meanwhile
+                last, acked = manager.event_positions(channel_id)
+                waiting, unacknowledged = manager.channel(channel_id).buffer_sizes()
+                infos.append(
+                    pb.ChannelInfo(
+                        channel_id=channel_id,
+                        last_seq=last,
+                        acknowledged_seq=acked,
+                        participants=manager.participant_count(channel_id) or 0,
+                        unacknowledged=unacknowledged,
+                        waiting=waiting,
                     )
-                try:
-                    yield subscriber.queue.get(timeout=_POLL_S)
-                except queue.Empty:
-                    continue
-        finally:
-            self.hub.unsubscribe(subscriber)
+                )
+        return infos
 
-    def _check_room(self, context: grpc.ServicerContext, channel_id: str) -> None:
+    def _require_open(self, channel_id: str) -> None:
+        _require_channel_id(channel_id)
+        if channel_id not in self.manager.channels():
+            raise _RefusedError(grpc.StatusCode.NOT_FOUND, f"channel {channel_id!r} is not open")
+
+    def _check_room(self, channel_id: str) -> None:
         """RESOURCE_EXHAUSTED rather than the manager's generic refusal at max_channels."""
         manager = self.manager
         channels = manager.channels()
         if channel_id not in channels and len(channels) >= manager.max_channels:
-            context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"already {manager.max_channels} channels open",
+            raise _RefusedError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, f"already {manager.max_channels} channels open"
             )
 
 
-def _message_id(data: bytes) -> str:
-    """The id in our own wrapped bytes (the manager returns the bytes only)."""
-    limits = dataclasses.replace(WireLimits(), max_message_bytes=max(len(data), 1))
-    return decode(data, limits).message_id
+def _event(channel_id: str, delivery: Delivery) -> pb.Event:
+    """A numbered event as the .proto's Event."""
+    seq, event = delivery.seq or 0, delivery.event
+    mid = event.message_id
+    match event:
+        case MessageDelivered():
+            ready = pb.MessageReady(
+                channel_id=channel_id,
+                message_id=mid,
+                payload=event.content,
+                sender_id=event.sender_id,
+                lamport_timestamp=event.lamport_timestamp,
+            )
+            return pb.Event(message_ready=ready, seq=seq, channel_id=channel_id)
+        case MessageAcknowledged():
+            sent = pb.MessageSent(channel_id=channel_id, message_id=mid)
+            return pb.Event(message_sent=sent, seq=seq, channel_id=channel_id)
+        case MessagePossiblyAcknowledged():
+            possibly = pb.PossiblyAcknowledged(
+                channel_id=channel_id, message_id=mid, count=event.count
+            )
+            return pb.Event(possibly_acknowledged=possibly, seq=seq, channel_id=channel_id)
+        case MessageMissing():
+            missing = pb.MissingDependencies(channel_id=channel_id, message_ids=[mid])
+            return pb.Event(missing_dependencies=missing, seq=seq, channel_id=channel_id)
+        case SendFailed():
+            failed = pb.SendFailed(channel_id=channel_id, message_id=mid)
+            return pb.Event(send_failed=failed, seq=seq, channel_id=channel_id)
+        case Transmit():
+            transmit = pb.Transmit(
+                channel_id=channel_id, kind=event.kind, message_id=mid, data=event.data
+            )
+            return pb.Event(transmit=transmit, seq=seq, channel_id=channel_id)
+        case PeriodicSync():
+            periodic = pb.PeriodicSync(channel_id=channel_id)
+            return pb.Event(periodic_sync=periodic, seq=seq, channel_id=channel_id)
+        case EventsDiscarded():
+            discarded = pb.EventsDiscarded(
+                channel_id=channel_id,
+                first_seq=event.first_seq,
+                last_seq=event.last_seq,
+                ready=event.ready,
+            )
+            return pb.Event(events_discarded=discarded, seq=seq, channel_id=channel_id)
+    raise LocalProtocolError(f"no .proto event for {type(event).__name__}")
 
 
 class TokenCheck(grpc.ServerInterceptor):

@@ -2,13 +2,20 @@
 the ReliabilityManager facade (the reliability API over many channels)."""
 
 from sdsync.runtime.driver import CatchUp, ChannelDriver, QueryStore, Step, Transmit
+from sdsync.runtime.event_log import Delivery, EventLimits, EventsDiscarded, PeriodicSync
 from sdsync.runtime.history import SqliteHistoryStore
-from sdsync.runtime.manager import ReliabilityManager, UnwrapResult
+from sdsync.runtime.manager import (
+    OwnMessage,
+    ReliabilityManager,
+    UnwrapResult,
+    WaitingMessage,
+    Wrapped,
+)
 from sdsync.runtime.memory_store import MemoryStore
 from sdsync.runtime.policy import RuntimeConfig
 from sdsync.runtime.profiles import PROFILES, Profile, profile
 from sdsync.runtime.reliable import ReliableChannel, StoreClient
-from sdsync.runtime.state import ChannelState, Delivery, LogRecord, state_path
+from sdsync.runtime.state import ChannelState, LogRecord, state_path
 
 __all__ = [
     "PROFILES",
@@ -16,8 +23,12 @@ __all__ = [
     "ChannelDriver",
     "ChannelState",
     "Delivery",
+    "EventLimits",
+    "EventsDiscarded",
     "LogRecord",
     "MemoryStore",
+    "OwnMessage",
+    "PeriodicSync",
     "Profile",
     "QueryStore",
     "ReliabilityManager",
@@ -28,6 +39,8 @@ __all__ = [
     "StoreClient",
     "Transmit",
     "UnwrapResult",
+    "WaitingMessage",
+    "Wrapped",
     "profile",
     "state_path",
 ]

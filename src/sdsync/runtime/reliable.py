@@ -25,9 +25,11 @@ receive path), and the driver hears that the window is done — or, when the sto
 unavailable or answered nonsense, that it failed and is asked again an interval later
 (what earlier pages brought stays, and is seen, so not fetched again). A transport that
 regained its peers after losing them all says so with :meth:`back_online`: the next
-catch-up is due at once. Application events arrive on :meth:`events`,
-each delivery exactly once even across a kill -9. Data flows one way: transport → wire
-decode → core → (state) → events → app.
+catch-up is due at once. Application events arrive on :meth:`numbered_events` (or
+:meth:`events`): those it must act on are numbered and stored with their step, and
+reported until acknowledged — at least once, under the same number, even across a
+kill -9 (:mod:`sdsync.runtime.event_log`). Data flows one way: transport → wire decode →
+core → (state) → events → app.
 
 A step that cannot be committed, or any other unexpected error in a loop, stops the
 channel: memory would be ahead of the stored state, so the application gets the error
@@ -56,8 +58,9 @@ from sdsync.core import (
 from sdsync.errors import LocalProtocolError, RemoteProtocolError
 from sdsync.lifecycle import AsyncLifecycle
 from sdsync.runtime.driver import CatchUp, ChannelDriver, QueryStore, Step, Transmit
+from sdsync.runtime.event_log import DURABLE_EVENTS, Delivery, EventLog
 from sdsync.runtime.policy import RuntimeConfig
-from sdsync.runtime.state import ChannelState, Delivery, LogRecord, Synchronous, state_path
+from sdsync.runtime.state import ChannelState, LogRecord, Synchronous, state_path
 from sdsync.transport.base import Received, Transport, default_content_topic
 from sdsync.wire import HistoryEntry, decode
 
@@ -133,10 +136,15 @@ class ReliableChannel(AsyncLifecycle):
         self.store = store
         # Bad frames dropped, by reason: a RejectReason, or a DropReason that is bad input.
         self.rejected: Counter[str] = Counter()
+        # Numbered events until acknowledged (stored with the state, if any).
+        self.event_log = self.state.events if self.state is not None else EventLog()
         # None wakes a reader to report self._failure.
         self._events: asyncio.Queue[Delivery | None] = asyncio.Queue()
-        for delivery in self.state.pending if self.state is not None else ():
-            self._events.put_nowait(delivery)
+        after = self.event_log.acked_seq
+        while unacknowledged := self.event_log.read(after, 1_024):
+            for delivery in unacknowledged:  # a crash left them unacknowledged
+                self._events.put_nowait(delivery)
+            after = unacknowledged[-1].seq or after
         self._failure: BaseException | None = None
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
@@ -225,13 +233,34 @@ class ReliableChannel(AsyncLifecycle):
     # ---------------------------------------------------------------- events
 
     async def events(self) -> AsyncIterator[Event]:
-        """Application events, in the order they happened (after a restart: first the
-        deliveries that were committed but not taken before the process died)."""
+        """Application events, in the order they happened: :meth:`numbered_events`
+        without the numbers."""
+        async for delivery in self.numbered_events():
+            yield _event(delivery)
+
+    async def numbered_events(self) -> AsyncIterator[Delivery]:
+        """Application events in order, each with its number (None for live-only ones:
+        see :data:`~sdsync.runtime.event_log.DURABLE_EVENTS`).
+
+        A numbered event is acknowledged when the loop asks for the next one, so one
+        whose processing a crash interrupted is reported again after a restart (first,
+        before anything new), under the same number: at least once, exactly once for an
+        application that skips numbers it has processed already.
+        """
         while True:
-            yield self._take(await self._events.get())
+            delivery = self._take(await self._events.get())
+            yield delivery
+            if delivery.seq is not None:
+                self.ack(delivery.seq)
+
+    def ack(self, seq: int) -> None:
+        """Numbered events up to ``seq`` are processed: never report them again (stored
+        with the next commit or at close)."""
+        if self.event_log.ack(seq):
+            self._wake.set()  # the timer loop stores it, if nothing else does first
 
     def pending_events(self) -> list[Event]:
-        """Events not consumed yet, without waiting (all handed over at once)."""
+        """Events not consumed yet, without waiting (all handed over and acknowledged)."""
         taken: list[Delivery] = []
         while not self._events.empty():
             delivery = self._events.get_nowait()
@@ -240,19 +269,17 @@ class ReliableChannel(AsyncLifecycle):
                 break
             taken.append(delivery)
         numbers = [d.seq for d in taken if d.seq is not None]
-        if numbers and self.state is not None:
-            self.state.handed_off(numbers[-1])
+        if numbers:
+            self.ack(numbers[-1])
         if not taken and self._failure is not None:
             raise self._stopped() from self._failure
-        return [d.event for d in taken]
+        return [_event(d) for d in taken]
 
-    def _take(self, delivery: Delivery | None) -> Event:
+    def _take(self, delivery: Delivery | None) -> Delivery:
         if delivery is None:
             self._events.put_nowait(None)  # every later reader learns it too
             raise self._stopped() from self._failure
-        if delivery.seq is not None and self.state is not None:
-            self.state.handed_off(delivery.seq)
-        return delivery.event
+        return delivery
 
     # ----------------------------------------------------------------- loops
 
@@ -316,20 +343,21 @@ class ReliableChannel(AsyncLifecycle):
                     now = self._clock()
                     if self.driver.next_due() <= now:
                         await self._carry_out(self.driver.tick(now))
+                    elif self.state is not None and self.state.events.dirty:
+                        self.state.commit()  # acknowledgements
         except Exception as exc:  # fail-stop: reported through events()
             self._fail(exc)
 
     async def _carry_out(self, step: Step) -> None:
+        numbered = iter(self.event_log.record(e for e in step.events if _durable(e)))
         if self.state is not None:
             try:
-                deliveries = self.state.commit(step)  # stored before anyone hears of it
+                self.state.commit()  # stored, with its events, before anyone hears of it
             except Exception as exc:
                 self._fail(exc)
                 raise
-        else:
-            deliveries = [Delivery(None, event) for event in step.events]
-        for delivery in deliveries:
-            self._events.put_nowait(delivery)
+        for event in step.events:
+            self._events.put_nowait(next(numbered) if _durable(event) else Delivery(None, event))
         for action in step.actions:
             if isinstance(action, Transmit):
                 await self._transmit(action)
@@ -398,3 +426,13 @@ class ReliableChannel(AsyncLifecycle):
             self._fail(exc)
         finally:
             self._wake.set()
+
+
+def _durable(event: Event) -> bool:
+    return isinstance(event, DURABLE_EVENTS)
+
+
+def _event(delivery: Delivery) -> Event:
+    event = delivery.event
+    assert isinstance(event, Event)  # a channel numbers core events only
+    return event

@@ -23,13 +23,14 @@ the wire bytes of the outgoing buffer stay in its rows, read back only for a res
 :mod:`sdsync.core.outgoing`): a long run of unacknowledged messages costs memory per
 message, not per byte.
 
-Deliveries reach the application exactly once. Each :class:`MessageDelivered` and
-:class:`MessageDeliveredEarly` gets a number in the step that creates it; the *delivered
-cursor* is the highest number handed to the application, stored before the event is
-handed over (:meth:`handed_off`). On open, deliveries above the cursor — committed but not
-yet taken when the process died — are handed over again, in order. Other events (sent,
-acknowledged, missing, ...) report state that can be read back after a restart and are
-not replayed.
+What the application must hear of (deliveries, acknowledgements, ...: see
+:mod:`sdsync.runtime.event_log`) is numbered by its owner before the commit and written
+by the commit, in the same transaction as the change that caused it, into the ``events``
+table; it stays there until the application acknowledges it (:class:`StoredEventLog`), so
+after a restart every event not acknowledged is reported again under its number. The
+channel row keeps the last number (``event_seq``) and the acknowledged one
+(``delivered_cursor``). Wraps under an id the application chose keep their bytes
+(``wrapped``, the newest :data:`WRAPS_KEPT`) so a retried wrap can answer them again.
 
 The caught-up time moves in the step that ends a catch-up, after every message the store
 found was committed by its own receive step: a crash in between asks the same window
@@ -46,7 +47,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -54,7 +55,6 @@ from urllib.parse import quote
 
 from sdsync.core import (
     ChannelSnapshot,
-    Event,
     LogEntry,
     MessageDelivered,
     MessageDeliveredEarly,
@@ -63,16 +63,31 @@ from sdsync.core import (
     StoredOutgoing,
 )
 from sdsync.errors import LocalProtocolError
-from sdsync.runtime.driver import ChannelDriver, Step
+from sdsync.runtime.driver import ChannelDriver
+from sdsync.runtime.event_log import (
+    Delivery,
+    EventLimits,
+    EventLog,
+    Reported,
+    from_row,
+    to_row,
+)
 from sdsync.wire import HistoryEntry, decode
 
 Synchronous = Literal["NORMAL", "FULL"]
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
+#: Events held in memory besides the database, per channel (the newest).
+HELD_EVENTS = 4_096
+#: Wraps under an explicit message id whose bytes are kept for a retried wrap, per channel.
+WRAPS_KEPT = 10_000
 # What each older schema needs to become the next one (new tables are created by
-# _SCHEMA itself).
+# _SCHEMA itself; schema 3's deliveries not yet taken become events in _events_from_v3).
 _MIGRATIONS = {
     1: "ALTER TABLE outgoing ADD COLUMN retrieval_hint BLOB;",
     2: "ALTER TABLE channel ADD COLUMN caught_up_ms INTEGER;",  # NULL: unknown
+    3: "ALTER TABLE channel ADD COLUMN participants INTEGER;"
+    " ALTER TABLE channel ADD COLUMN closed INTEGER NOT NULL DEFAULT 0;"
+    " DROP INDEX IF EXISTS log_delivered;",
 }
 
 _SCHEMA = """
@@ -83,21 +98,36 @@ CREATE TABLE IF NOT EXISTS channel (
     participant_id TEXT NOT NULL,
     lamport INTEGER NOT NULL,
     bloom_total INTEGER NOT NULL,
-    event_seq INTEGER NOT NULL,
-    delivered_cursor INTEGER NOT NULL,
-    caught_up_ms INTEGER
+    event_seq INTEGER NOT NULL,         -- the last event number
+    delivered_cursor INTEGER NOT NULL,  -- events acknowledged up to this number
+    caught_up_ms INTEGER,
+    participants INTEGER,
+    closed INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS log (
     message_id TEXT PRIMARY KEY,
     lamport INTEGER NOT NULL,
     sender_id TEXT NOT NULL,
     retrieval_hint BLOB,
-    content BLOB,
-    delivered_seq INTEGER  -- NULL for our own messages
+    content BLOB
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS log_order ON log (lamport, message_id);
-CREATE INDEX IF NOT EXISTS log_delivered ON log (delivered_seq)
-    WHERE delivered_seq IS NOT NULL;
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY,
+    kind TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    sender_id TEXT,
+    number INTEGER,
+    flag INTEGER,
+    text TEXT,
+    data BLOB,
+    hint BLOB
+);
+CREATE TABLE IF NOT EXISTS wrapped (
+    seq INTEGER PRIMARY KEY,
+    message_id TEXT NOT NULL UNIQUE,
+    data BLOB NOT NULL
+);
 CREATE TABLE IF NOT EXISTS bloom (seq INTEGER PRIMARY KEY, message_id TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS wire (
     seq INTEGER PRIMARY KEY,
@@ -120,8 +150,7 @@ CREATE TABLE IF NOT EXISTS incoming (
     message_id TEXT NOT NULL UNIQUE,
     data BLOB NOT NULL,
     retrieval_hint BLOB,
-    received_ms INTEGER NOT NULL,
-    early_seq INTEGER
+    received_ms INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS lost (message_id TEXT PRIMARY KEY) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS met_elsewhere (message_id TEXT PRIMARY KEY) WITHOUT ROWID;
@@ -158,14 +187,6 @@ WHERE message_id = ?
 def state_path(state_dir: Path, channel_id: str) -> Path:
     """``<state_dir>/<channel_id>.sqlite``, the id percent-encoded to a safe file name."""
     return state_dir / f"{quote(channel_id, safe='')}.sqlite"
-
-
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """An event for the application; deliveries carry their place in the cursor order."""
-
-    seq: int | None
-    event: Event
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,7 +274,12 @@ class ChannelState:
     """The stored state of ``driver``'s channel; restores it on open."""
 
     def __init__(
-        self, path: Path, driver: ChannelDriver, *, synchronous: Synchronous = "NORMAL"
+        self,
+        path: Path,
+        driver: ChannelDriver,
+        *,
+        synchronous: Synchronous = "NORMAL",
+        event_limits: EventLimits | None = None,
     ) -> None:
         if synchronous not in ("NORMAL", "FULL"):
             raise LocalProtocolError(f"synchronous must be NORMAL or FULL, not {synchronous!r}")
@@ -263,14 +289,14 @@ class ChannelState:
         self._db = _connect(path, synchronous)
         self._broken = False
         try:
-            self._open()
+            self._open(event_limits)
         except BaseException:
             self._db.close()
             raise
 
     # ------------------------------------------------------------------ open
 
-    def _open(self) -> None:
+    def _open(self, event_limits: EventLimits | None) -> None:
         db = self._db
         db.executescript(_SCHEMA)
         row = db.execute(
@@ -282,19 +308,25 @@ class ChannelState:
             row = (SCHEMA_VERSION, channel.channel_id, channel.participant_id)
             row += (channel.lamport_timestamp, 0, 0, 0)
             db.execute(
-                "INSERT INTO channel VALUES (0, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO channel (id, schema_version, channel_id, participant_id, lamport,"
+                " bloom_total, event_seq, delivered_cursor, caught_up_ms)"
+                " VALUES (0, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (*row, self.driver.caught_up_ms),
             )
         version, channel_id, participant_id, lamport, bloom_total, event_seq, cursor = row
         self._migrate(version)
-        (self._caught_up,) = db.execute("SELECT caught_up_ms FROM channel").fetchone()
+        self._caught_up, participants, closed = db.execute(
+            "SELECT caught_up_ms, participants, closed FROM channel"
+        ).fetchone()
         if (channel_id, participant_id) != (channel.channel_id, channel.participant_id):
             raise LocalProtocolError(
                 f"{self.path} holds channel {channel_id!r} of participant {participant_id!r},"
                 f" not {channel.channel_id!r} of {channel.participant_id!r}"
             )
-        self._event_seq: int = event_seq
-        self._cursor: int = cursor
+        self.events = StoredEventLog(db, event_limits, last_seq=event_seq, acked_seq=cursor)
+        self.participants: int | None = participants
+        self.closed = bool(closed)
+        self._wraps: dict[str, bytes] = {}  # wrapped in this step, kept by the commit
         self._lamport: int = lamport
         log_total = db.execute("SELECT count(*) FROM log").fetchone()[0]
         window = channel.config.max_log_entries
@@ -310,7 +342,8 @@ class ChannelState:
         )
         self.driver.take_rescheduled()  # what was restored is stored already
         self.driver.restore_caught_up(self._caught_up)
-        self.pending = self._undelivered()
+        if participants is not None:
+            self.driver.set_participant_count(participants)
 
     def _migrate(self, version: int) -> None:
         if version == SCHEMA_VERSION:
@@ -320,7 +353,9 @@ class ChannelState:
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         for step in range(version, SCHEMA_VERSION):
-            db.execute(_MIGRATIONS[step])
+            for statement in _MIGRATIONS[step].split(";"):
+                db.execute(statement)
+        self._events_from_v3()
         db.execute("UPDATE channel SET schema_version = ?", (SCHEMA_VERSION,))
         db.execute("COMMIT")
 
@@ -383,54 +418,65 @@ class ChannelState:
         )
         return [(HistoryEntry(mid, hint, sender), due) for mid, hint, sender, due in rows]
 
-    def _undelivered(self) -> list[Delivery]:
-        """Deliveries committed but never handed to the application, in order."""
-        cursor = self._cursor
-        out: list[Delivery] = [
-            Delivery(seq, MessageDelivered(mid, sender, ts, content or b"", hint))
-            for seq, mid, sender, ts, content, hint in self._db.execute(
-                "SELECT delivered_seq, message_id, sender_id, lamport, content, retrieval_hint"
-                " FROM log WHERE delivered_seq > ?",
-                (cursor,),
-            )
-        ]
+    def _events_from_v3(self) -> None:
+        """Schema 3 numbered deliveries only, in the log and incoming rows; those not taken
+        yet (above the cursor) become events."""
+        db = self._db
+        (cursor,) = db.execute("SELECT delivered_cursor FROM channel").fetchone()
+        db.execute(
+            "INSERT INTO events (seq, kind, message_id, sender_id, number, data, hint)"
+            " SELECT delivered_seq, ?, message_id, sender_id, lamport, content, retrieval_hint"
+            " FROM log WHERE delivered_seq > ?",
+            (MessageDelivered.type, cursor),
+        )
         limits = self.channel.config.limits
-        for seq, data, hint in self._db.execute(
+        for seq, data, hint in db.execute(
             "SELECT early_seq, data, retrieval_hint FROM incoming WHERE early_seq > ?", (cursor,)
-        ):
+        ).fetchall():
             message = decode(data, limits)
-            event = MessageDeliveredEarly(
+            early = MessageDeliveredEarly(
                 message.message_id,
                 message.sender_id,
                 message.lamport_timestamp or 0,
                 message.content or b"",
                 hint,
-                len(self.channel.unmet_dependencies(message.message_id)),
+                0,
             )
-            out.append(Delivery(seq, event))
-        out.sort(key=lambda d: d.seq or 0)
-        return out
+            db.execute(
+                "INSERT INTO events (seq, kind, message_id, sender_id, number, flag, text, data,"
+                " hint) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (seq, *to_row(early)),
+            )
 
     # ---------------------------------------------------------------- commit
 
-    def commit(self, step: Step) -> list[Delivery]:
-        """Store what ``step`` changed, in one transaction; its events, numbered."""
+    def commit(self) -> None:
+        """Store what the steps since the last commit changed (the journal's keys, the
+        rescheduled resends), the events numbered for them and the acknowledgements, in
+        one transaction."""
         if self._broken:
             raise LocalProtocolError(f"{self.path}: an earlier commit failed; reopen the channel")
-        deliveries, delivered, early = self._number(step.events)
         rescheduled = self.driver.take_rescheduled()
         lamport = self.channel.lamport_timestamp
         caught_up = self.driver.caught_up_ms
         changed = self._changed(rescheduled, lamport) or caught_up != self._caught_up
-        if not (delivered or early or changed):
-            return deliveries
+        if not (changed or self.events.dirty):
+            return
         db = self._db
         try:
             db.execute("BEGIN IMMEDIATE")
-            self._write(delivered, early, rescheduled)
+            self._write(rescheduled)
+            self.events.write()
             db.execute(
-                "UPDATE channel SET lamport = ?, bloom_total = ?, event_seq = ?, caught_up_ms = ?",
-                (lamport, self.channel.bloom_inserted(), self._event_seq, caught_up),
+                "UPDATE channel SET lamport = ?, bloom_total = ?, event_seq = ?,"
+                " delivered_cursor = ?, caught_up_ms = ?",
+                (
+                    lamport,
+                    self.channel.bloom_inserted(),
+                    self.events.last_seq,
+                    self.events.acked_seq,
+                    caught_up,
+                ),
             )
             db.execute("COMMIT")
         except BaseException:
@@ -442,32 +488,19 @@ class ChannelState:
         self._journal.clear()
         self._history.committed()
         self._wires.committed()
+        self.events.committed()
+        self._wraps.clear()
         self._lamport = lamport
         self._caught_up = caught_up
-        return deliveries
 
     def _changed(self, rescheduled: set[str], lamport: int) -> bool:
-        return bool(rescheduled) or lamport != self._lamport or not self._journal.is_empty()
+        return (
+            bool(rescheduled or self._wraps)
+            or lamport != self._lamport
+            or not self._journal.is_empty()
+        )
 
-    def _number(
-        self, events: Iterable[Event]
-    ) -> tuple[list[Delivery], dict[str, int], dict[str, int]]:
-        deliveries: list[Delivery] = []
-        delivered: dict[str, int] = {}
-        early: dict[str, int] = {}
-        for event in events:
-            seq = None
-            if isinstance(event, MessageDelivered | MessageDeliveredEarly):
-                self._event_seq += 1
-                seq = self._event_seq
-                target = delivered if isinstance(event, MessageDelivered) else early
-                target[event.message_id] = seq
-            deliveries.append(Delivery(seq, event))
-        return deliveries, delivered, early
-
-    def _write(
-        self, delivered: dict[str, int], early: dict[str, int], rescheduled: set[str]
-    ) -> None:
+    def _write(self, rescheduled: set[str]) -> None:
         db = self._db
         journal = self._journal
         channel = self.channel
@@ -484,16 +517,10 @@ class ChannelState:
                 db.execute("DELETE FROM bloom WHERE seq <= ?", (total - keep,))
         if journal.log:
             db.executemany(
-                "INSERT INTO log VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO log (message_id, lamport, sender_id, retrieval_hint, content)"
+                " VALUES (?, ?, ?, ?, ?)",
                 (
-                    (
-                        e.message_id,
-                        e.lamport_timestamp,
-                        e.sender_id,
-                        e.retrieval_hint,
-                        content,
-                        delivered.get(e.message_id),
-                    )
+                    (e.message_id, e.lamport_timestamp, e.sender_id, e.retrieval_hint, content)
                     for e, content in journal.log
                 ),
             )
@@ -508,7 +535,7 @@ class ChannelState:
             else:
                 db.execute("INSERT INTO wire (message_id, data) VALUES (?, ?)", (mid, data))
         self._write_outgoing(journal.outgoing | rescheduled)
-        self._write_incoming(journal.incoming, early)
+        self._write_incoming(journal.incoming)
         for mid, lost in journal.lost.items():
             if lost:
                 db.execute("INSERT OR IGNORE INTO lost VALUES (?)", (mid,))
@@ -526,6 +553,8 @@ class ChannelState:
             db.executemany(
                 "INSERT OR IGNORE INTO peers VALUES (?)", ((pid,) for pid in journal.peers)
             )
+        if self._wraps:
+            self._write_wraps()
 
     def _write_outgoing(self, ids: set[str]) -> None:
         db = self._db
@@ -571,7 +600,7 @@ class ChannelState:
                 (mid, entry.retrieval_hint, entry.sender_id, known.named_by, known.first_seen_ms),
             )
 
-    def _write_incoming(self, ids: set[str], early: dict[str, int]) -> None:
+    def _write_incoming(self, ids: set[str]) -> None:
         db = self._db
         for mid in ids:
             waiting = self.channel.stored_incoming(mid)
@@ -580,15 +609,16 @@ class ChannelState:
             else:
                 db.execute(
                     "INSERT OR IGNORE INTO incoming (message_id, data, retrieval_hint,"
-                    " received_ms, early_seq) VALUES (?, ?, ?, ?, ?)",
-                    (
-                        mid,
-                        waiting.data,
-                        waiting.retrieval_hint,
-                        waiting.received_ms,
-                        early.get(mid),
-                    ),
+                    " received_ms) VALUES (?, ?, ?, ?)",
+                    (mid, waiting.data, waiting.retrieval_hint, waiting.received_ms),
                 )
+
+    def _write_wraps(self) -> None:
+        db = self._db
+        db.executemany("INSERT INTO wrapped (message_id, data) VALUES (?, ?)", self._wraps.items())
+        (newest,) = db.execute("SELECT max(seq) FROM wrapped").fetchone()
+        if newest % 1_000 < len(self._wraps):  # prune about once per thousand wraps
+            db.execute("DELETE FROM wrapped WHERE seq <= ?", (newest - WRAPS_KEPT,))
 
     def _write_repairs(self, kind: str, ids: set[str], which: int) -> None:
         db = self._db
@@ -603,24 +633,33 @@ class ChannelState:
                 (kind, mid, entry.retrieval_hint, entry.sender_id, due),
             )
 
-    # ---------------------------------------------------------------- cursor
+    # -------------------------------------------------- what the application set
 
-    def handed_off(self, seq: int) -> None:
-        """The application has taken delivery ``seq``: never hand it (or earlier) over again."""
-        if seq <= self._cursor:
-            return
-        self._db.execute("UPDATE channel SET delivered_cursor = ?", (seq,))
-        self._cursor = seq
+    def keep_wrap(self, message_id: str, data: bytes) -> None:
+        """Keep the bytes of a wrap under an explicit id, with the step's commit."""
+        self._wraps[message_id] = data
 
-    @property
-    def delivered_cursor(self) -> int:
-        """The number of the last delivery handed to the application."""
-        return self._cursor
+    def wrapped(self, message_id: str) -> bytes | None:
+        """The bytes of an earlier wrap under ``message_id``, if still kept."""
+        if message_id in self._wraps:
+            return self._wraps[message_id]
+        row = self._db.execute("SELECT data FROM wrapped WHERE message_id = ?", (message_id,))
+        found = row.fetchone()
+        return None if found is None else bytes(found[0])
 
-    @property
-    def last_delivery(self) -> int:
-        """The number of the last delivery committed (handed over or not)."""
-        return self._event_seq
+    def set_participants(self, participants: int) -> None:
+        self._update("participants", participants)
+        self.participants = participants
+
+    def set_closed(self, closed: bool) -> None:
+        """Whether the application closed the channel (a restart does not reopen it)."""
+        self._update("closed", int(closed))
+        self.closed = closed
+
+    def _update(self, column: str, value: int) -> None:
+        if self._broken:
+            raise LocalProtocolError(f"{self.path}: an earlier commit failed; reopen the channel")
+        self._db.execute(f"UPDATE channel SET {column} = ?", (value,))
 
     # ---------------------------------------------------------------- reading
 
@@ -635,10 +674,103 @@ class ChannelState:
         return [LogRecord(*row) for row in rows]
 
     def close(self) -> None:
-        """Store what is still only in memory (e.g. retrieval hints), then close."""
+        """Store what is still only in memory (retrieval hints, acknowledgements), then
+        close."""
         if not self._broken:
-            self.commit(Step())
+            self.commit()
         self._db.close()
+
+
+class StoredEventLog(EventLog):
+    """A channel's events in its database: numbered events are written by the commit of
+    their step, acknowledgements and discards with the next commit (:meth:`write`).
+
+    The events numbered since the channel was opened are held in memory as well, the
+    newest :data:`HELD_EVENTS` of them once committed, so reading just-committed events
+    costs no query.
+    """
+
+    def __init__(
+        self,
+        db: sqlite3.Connection,
+        limits: EventLimits | None,
+        *,
+        last_seq: int,
+        acked_seq: int,
+    ) -> None:
+        super().__init__(limits, last_seq=last_seq, acked_seq=acked_seq)
+        self._db = db
+        self._held_from = last_seq  # nothing earlier is held
+        self._count, self._bytes = self._totals(acked_seq, last_seq)
+        self._new: list[Delivery] = []
+        self._discarded: Delivery | None = None
+        self._stored_ack = acked_seq
+
+    @property
+    def dirty(self) -> bool:
+        """Something to write with the next commit."""
+        return bool(self._new) or self._discarded is not None or self._stored_ack != self._acked
+
+    def write(self) -> None:
+        """Inside the commit's transaction: new events, discards, acknowledgements."""
+        db = self._db
+        if self._new:
+            db.executemany(
+                "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                ((d.seq, *to_row(d.event)) for d in self._new),
+            )
+        marker = self._discarded
+        if marker is not None and marker.seq is not None:
+            db.execute("DELETE FROM events WHERE seq <= ?", (marker.seq,))
+            db.execute(
+                "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (marker.seq, *to_row(marker.event)),
+            )
+        if self._stored_ack != self._acked:
+            db.execute("DELETE FROM events WHERE seq <= ?", (self._acked,))
+
+    def committed(self) -> None:
+        self._new.clear()
+        self._discarded = None
+        self._stored_ack = self._acked
+        if len(self._held) > HELD_EVENTS:  # hold the newest only; the store has them all
+            while len(self._held) > HELD_EVENTS // 2:
+                gone = self._held.popleft()
+                self._held_from = gone.seq or self._held_from
+
+    def _stored(self, numbered: list[Delivery]) -> None:
+        self._new.extend(numbered)
+
+    def _oldest(self) -> Iterator[tuple[int, Reported]]:
+        for row in self._db.execute(
+            "SELECT seq, kind, message_id, sender_id, number, flag, text, data, hint"
+            " FROM events WHERE seq > ? AND seq <= ? ORDER BY seq",
+            (self._acked, self._held_from),
+        ):
+            delivery = from_row(row[0], row[1:])
+            yield row[0], delivery.event
+        yield from super()._oldest()
+
+    def _discard(self, through: int, marker: Delivery) -> None:
+        self._discarded = marker
+
+    def _read_stored(self, after: int, limit: int) -> list[Delivery]:
+        rows = self._db.execute(
+            "SELECT seq, kind, message_id, sender_id, number, flag, text, data, hint"
+            " FROM events WHERE seq > ? ORDER BY seq LIMIT ?",
+            (after, limit),
+        )
+        return [from_row(row[0], row[1:]) for row in rows]
+
+    def _forget_stored(self, through: int, unheld: int) -> tuple[int, int]:
+        return self._totals(self._acked, unheld) if unheld > self._acked else (0, 0)
+
+    def _totals(self, after: int, through: int) -> tuple[int, int]:
+        count, size = self._db.execute(
+            "SELECT count(*), total(length(data)) FROM events WHERE seq > ? AND seq <= ?",
+            (after, through),
+        ).fetchone()
+        return int(count), int(size)
 
 
 def _connect(path: Path, synchronous: Synchronous) -> sqlite3.Connection:
