@@ -26,8 +26,9 @@ would otherwise decide every ratio.
 
 Events are handled as an application would: in-process by an ``on_event`` callback
 (``acknowledge="on_return"``: an event is acknowledged when the callback returns); over
-gRPC by one ``Events`` subscriber per server, reading on a thread of its own, with a
-second thread acknowledging what was read (``AckEvents``, every :data:`ACK_EVERY_S`), so
+gRPC by one ``Events`` subscriber per server (``EventBatches``, several events to a
+stream message, for the batch rows), reading on a thread of its own, with a second
+thread acknowledging what was read (``AckEvents``, every :data:`ACK_EVERY_S`), so
 the servers' event logs stay short. After the measured part the run waits for every
 ``MessageReady`` and acknowledges it; ``left`` counts the events the servers still keep
 after that (``ListChannels``: last minus acknowledged), which should be 0.
@@ -231,12 +232,14 @@ def on_event(check: EventCheck) -> Callable[[str, Delivery], None]:
 
 
 class Subscriber:
-    """An ``Events`` stream read on one thread, acknowledged from another."""
+    """An ``Events`` stream (``EventBatches`` when ``batched``) read on one thread,
+    acknowledged from another."""
 
-    def __init__(self, stub: pb_grpc.ReliabilityStub, check: EventCheck) -> None:
+    def __init__(self, stub: pb_grpc.ReliabilityStub, check: EventCheck, batched: bool) -> None:
         self._stub = stub
         self.check = check
-        self._stream = stub.Events(pb.EventsRequest())
+        self._batches = stub.EventBatches(pb.EventsRequest()) if batched else None
+        self._single = None if batched else stub.Events(pb.EventsRequest())
         self._read_to: dict[str, int] = {}
         self._acked: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -246,13 +249,13 @@ class Subscriber:
         self._acker = threading.Thread(target=self._ack_loop, daemon=True)
         self._reader.start()
         if not self._subscribed.wait(DEADLINE_S):
-            self._stream.cancel()
+            self._cancel()
             raise BenchError(f"{check.name}: no Subscribed event")
         self._acker.start()
 
     def _read(self) -> None:
         try:
-            for event in self._stream:
+            for event in self._events():
                 kind = event.WhichOneof("event") or ""
                 if kind == "subscribed":
                     self._subscribed.set()
@@ -265,6 +268,17 @@ class Subscriber:
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.CANCELLED:
                 self.check.errors.append(f"{self.check.name}: events stream ended: {exc}")
+
+    def _events(self) -> Iterator[pb.Event]:
+        if self._single is not None:
+            yield from self._single
+        for batch in self._batches or ():
+            yield from batch.events
+
+    def _cancel(self) -> None:
+        for stream in (self._single, self._batches):
+            if stream is not None:
+                stream.cancel()
 
     def _ack_loop(self) -> None:
         while not self._done.wait(ACK_EVERY_S):
@@ -288,7 +302,7 @@ class Subscriber:
         self._acker.join(DEADLINE_S)
         with suppress(grpc.RpcError):  # the server is gone: an error on its way already
             self.ack()
-        self._stream.cancel()
+        self._cancel()
         self._reader.join(DEADLINE_S)
 
 
@@ -549,7 +563,7 @@ def over_grpc(way: str, threads: int, batch: int, messages: int, root: Path, sta
             options = [("grpc.max_receive_message_length", -1)]
             connection = stack.enter_context(grpc.insecure_channel(address, options=options))
             stub = pb_grpc.ReliabilityStub(connection)
-            subscribers.append(Subscriber(stub, check))
+            subscribers.append(Subscriber(stub, check, batched=way == "grpc-batch"))
             stack.callback(subscribers[-1].stop)
             stubs.append(stub)
         alice, bob = stubs

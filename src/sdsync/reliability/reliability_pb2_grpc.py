@@ -60,6 +60,11 @@ class ReliabilityStub:
                 request_serializer=sdsync_dot_reliability_dot_reliability__pb2.EventsRequest.SerializeToString,
                 response_deserializer=sdsync_dot_reliability_dot_reliability__pb2.Event.FromString,
                 _registered_method=True)
+        self.EventBatches = channel.unary_stream(
+                '/sdsync.reliability.v1.Reliability/EventBatches',
+                request_serializer=sdsync_dot_reliability_dot_reliability__pb2.EventsRequest.SerializeToString,
+                response_deserializer=sdsync_dot_reliability_dot_reliability__pb2.EventBatch.FromString,
+                _registered_method=True)
         self.AckEvents = channel.unary_unary(
                 '/sdsync.reliability.v1.Reliability/AckEvents',
                 request_serializer=sdsync_dot_reliability_dot_reliability__pb2.AckEventsRequest.SerializeToString,
@@ -139,6 +144,14 @@ class ReliabilityServicer:
     def Events(self, request, context):
         """Subscribed, then every unacknowledged event of the wanted channels after the resume
         points, in order per channel, then every new event, until the client cancels.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EventBatches(self, request, context):
+        """Events as above, several to a stream message (those read at once, of one channel):
+        fewer messages for a busy application. The first batch holds Subscribed alone.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -230,6 +243,11 @@ def add_ReliabilityServicer_to_server(servicer, server):
                     servicer.Events,
                     request_deserializer=sdsync_dot_reliability_dot_reliability__pb2.EventsRequest.FromString,
                     response_serializer=sdsync_dot_reliability_dot_reliability__pb2.Event.SerializeToString,
+            ),
+            'EventBatches': grpc.unary_stream_rpc_method_handler(
+                    servicer.EventBatches,
+                    request_deserializer=sdsync_dot_reliability_dot_reliability__pb2.EventsRequest.FromString,
+                    response_serializer=sdsync_dot_reliability_dot_reliability__pb2.EventBatch.SerializeToString,
             ),
             'AckEvents': grpc.unary_unary_rpc_method_handler(
                     servicer.AckEvents,
@@ -408,6 +426,33 @@ class Reliability:
             '/sdsync.reliability.v1.Reliability/Events',
             sdsync_dot_reliability_dot_reliability__pb2.EventsRequest.SerializeToString,
             sdsync_dot_reliability_dot_reliability__pb2.Event.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EventBatches(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/sdsync.reliability.v1.Reliability/EventBatches',
+            sdsync_dot_reliability_dot_reliability__pb2.EventsRequest.SerializeToString,
+            sdsync_dot_reliability_dot_reliability__pb2.EventBatch.FromString,
             options,
             channel_credentials,
             insecure,

@@ -79,6 +79,10 @@ class ReliabilityStub:
     """Subscribed, then every unacknowledged event of the wanted channels after the resume
     points, in order per channel, then every new event, until the client cancels.
     """
+    EventBatches: _grpc.UnaryStreamMultiCallable[_reliability_pb2.EventsRequest, _reliability_pb2.EventBatch]
+    """Events as above, several to a stream message (those read at once, of one channel):
+    fewer messages for a busy application. The first batch holds Subscribed alone.
+    """
     AckEvents: _grpc.UnaryUnaryMultiCallable[_reliability_pb2.AckEventsRequest, _reliability_pb2.AckEventsResponse]
     """The application processed these channels' events up to and including `seq`: they are
     never reported again and the server forgets them.
@@ -122,6 +126,10 @@ class ReliabilityAsyncStub(ReliabilityStub):
     Events: _aio.UnaryStreamMultiCallable[_reliability_pb2.EventsRequest, _reliability_pb2.Event]  # type: ignore[assignment]
     """Subscribed, then every unacknowledged event of the wanted channels after the resume
     points, in order per channel, then every new event, until the client cancels.
+    """
+    EventBatches: _aio.UnaryStreamMultiCallable[_reliability_pb2.EventsRequest, _reliability_pb2.EventBatch]  # type: ignore[assignment]
+    """Events as above, several to a stream message (those read at once, of one channel):
+    fewer messages for a busy application. The first batch holds Subscribed alone.
     """
     AckEvents: _aio.UnaryUnaryMultiCallable[_reliability_pb2.AckEventsRequest, _reliability_pb2.AckEventsResponse]  # type: ignore[assignment]
     """The application processed these channels' events up to and including `seq`: they are
@@ -193,6 +201,16 @@ class ReliabilityServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_reliability_pb2.Event], _abc.AsyncIterator[_reliability_pb2.Event]]:
         """Subscribed, then every unacknowledged event of the wanted channels after the resume
         points, in order per channel, then every new event, until the client cancels.
+        """
+
+    @_abc_1.abstractmethod
+    def EventBatches(
+        self,
+        request: _reliability_pb2.EventsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_reliability_pb2.EventBatch], _abc.AsyncIterator[_reliability_pb2.EventBatch]]:
+        """Events as above, several to a stream message (those read at once, of one channel):
+        fewer messages for a busy application. The first batch holds Subscribed alone.
         """
 
     @_abc_1.abstractmethod

@@ -407,31 +407,54 @@ class ReliabilityService(pb_grpc.ReliabilityServicer):
     def Events(  # noqa: N802 (the .proto's names)
         self, request: pb.EventsRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.Event]:
+        with self._subscription(context):
+            yield pb.Event(subscribed=pb.Subscribed())
+            for batch in self._follow(request, context):
+                for event in batch:
+                    yield event
+                    crash_point("event")
+
+    def EventBatches(  # noqa: N802 (the .proto's names)
+        self, request: pb.EventsRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.EventBatch]:
+        with self._subscription(context):
+            yield pb.EventBatch(events=[pb.Event(subscribed=pb.Subscribed())])
+            for batch in self._follow(request, context):
+                yield pb.EventBatch(events=batch)
+                crash_point("event")
+
+    @contextlib.contextmanager
+    def _subscription(self, context: grpc.ServicerContext) -> Iterator[None]:
         if not self.hub.subscribe():
             context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"already {self.hub.max_subscribers} event subscribers",
             )
         try:
-            wanted = frozenset(request.channel_ids)
-            # Resume points not yet applied (their channels may open later).
-            to_ack = {p.channel_id: p.seq for p in request.resume}
-            read_to = dict(to_ack)
-            yield pb.Event(subscribed=pb.Subscribed())
-            while context.is_active() and not self._stopping.is_set():
-                generation = self.hub.generation
-                sent = False
-                for channel_id in self.manager.channels():
-                    if wanted and channel_id not in wanted:
-                        continue
-                    for event in self._read(channel_id, to_ack, read_to):
-                        sent = True
-                        yield event
-                        crash_point("event")
-                if not sent:
-                    self.hub.wait(generation, _POLL_S)
+            yield
         finally:
             self.hub.unsubscribe()
+
+    def _follow(
+        self, request: pb.EventsRequest, context: grpc.ServicerContext
+    ) -> Iterator[list[pb.Event]]:
+        """One stream's events, a channel's read at a time, until the client leaves."""
+        wanted = frozenset(request.channel_ids)
+        # Resume points not yet applied (their channels may open later).
+        to_ack = {p.channel_id: p.seq for p in request.resume}
+        read_to = dict(to_ack)
+        while context.is_active() and not self._stopping.is_set():
+            generation = self.hub.generation
+            sent = False
+            for channel_id in self.manager.channels():
+                if wanted and channel_id not in wanted:
+                    continue
+                batch = self._read(channel_id, to_ack, read_to)
+                if batch:
+                    sent = True
+                    yield batch
+            if not sent:
+                self.hub.wait(generation, _POLL_S)
 
     def _read(
         self, channel_id: str, to_ack: dict[str, int], read_to: dict[str, int]
