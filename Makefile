@@ -13,7 +13,7 @@ NODE_JS_DIRS := tests/interop/waku_relay tests/interop/waku_light tests/interop/
 NODESTAMPS := $(NODE_JS_DIRS:%=%/node_modules/.installed-stamp)
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint typecheck proto bench bench-memory bench-reconcile bench-sim bench-reliability fuzz clean postgres
+.PHONY: demo test soak lint typecheck proto bench bench-memory bench-reconcile bench-sim bench-reliability fuzz clean postgres
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,11 @@ typecheck: $(STAMP)
 
 test: $(STAMP) $(JSSTAMP) $(NODESTAMPS) postgres lint typecheck
 	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
+
+# The reliability service's kill -9 harness at 500 seeds instead of make test's 50
+# (tests/reliability/test_crash_harness.py); SDSYNC_CRASH_REPORT=file.json keeps the table.
+soak: $(STAMP)
+	SDSYNC_SOAK=1 $(PY) -m pytest -n 2 $(PYTEST_ARGS) tests/reliability/test_crash_harness.py
 
 proto: $(STAMP)
 	cd src && PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(CURDIR)/$(PY) -m grpc_tools.protoc -I. \

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import grpc
@@ -11,34 +12,36 @@ from typer.testing import CliRunner
 
 from sdsync.cli.main import app
 from sdsync.cli.reliability import is_loopback, participant_id, split_listen
+from sdsync.errors import LocalProtocolError
 from sdsync.reliability import EventHub, ReliabilityServer
 from sdsync.reliability import reliability_pb2 as pb
 from sdsync.reliability import reliability_pb2_grpc as pb_grpc
 from sdsync.runtime.manager import ReliabilityManager
 
 
-def _sync(channel_id: str) -> pb.Event:
-    return pb.Event(periodic_sync=pb.PeriodicSync(channel_id=channel_id))
+def test_the_hub_bounds_subscribers_and_wakes_waiters_on_new_events() -> None:
+    hub = EventHub(max_subscribers=2)
+    assert hub.subscribe() and hub.subscribe()
+    assert not hub.subscribe()  # max_subscribers
+    hub.unsubscribe()
+    assert hub.subscribe()  # the place is free again
+    before = hub.generation
+    woke = threading.Event()
+
+    def waiter() -> None:
+        hub.wait(before, 60.0)
+        woke.set()
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    hub.notify()
+    thread.join(60.0)
+    assert woke.is_set() and hub.generation != before
 
 
-def test_a_slow_subscriber_is_dropped_and_the_others_keep_their_events(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    hub = EventHub(capacity=3, max_subscribers=3)
-    slow = hub.subscribe(frozenset())
-    reader = hub.subscribe(frozenset())
-    only_b = hub.subscribe(frozenset({"b"}))
-    assert slow is not None and reader is not None and only_b is not None
-    assert hub.subscribe(frozenset()) is None  # max_subscribers
-    for n in range(6):
-        hub.publish("a" if n % 2 else "b", _sync(str(n)))
-        reader.queue.get_nowait()  # this one keeps up
-    assert slow.dropped
-    assert slow.queue.qsize() == 3  # what it had; nothing more was waited for
-    assert not reader.dropped
-    assert [only_b.queue.get_nowait().periodic_sync.channel_id for _ in range(3)] == ["0", "2", "4"]
-    assert "event subscriber dropped" in caplog.text
-    assert hub.subscribe(frozenset()) is not None  # the dropped one's place is free
+def test_the_service_needs_explicit_acknowledgements() -> None:
+    with pytest.raises(LocalProtocolError, match="explicit"):
+        ReliabilityServer(ReliabilityManager("alice"), "127.0.0.1:0")
 
 
 def test_listen_addresses() -> None:
@@ -68,7 +71,7 @@ def test_the_participant_id_is_kept_in_the_state_dir(tmp_path: Path) -> None:
 
 
 def test_subscribers_are_bounded_and_stop_ends_streams_and_closes_the_manager() -> None:
-    manager = ReliabilityManager("alice")
+    manager = ReliabilityManager("alice", acknowledge="explicit")
     server = ReliabilityServer(manager, "127.0.0.1:0", max_workers=4, max_subscribers=1)
     server.start()
     channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
