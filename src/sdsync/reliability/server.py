@@ -350,10 +350,9 @@ class ReliabilityService(pb_grpc.ReliabilityServicer):
         self, request: pb.ListUnacknowledgedRequest, context: grpc.ServicerContext
     ) -> pb.ListUnacknowledgedResponse:
         def unacknowledged(request: pb.ListUnacknowledgedRequest) -> pb.ListUnacknowledgedResponse:
-            self._require_open(request.channel_id)
-            messages = self.manager.unacknowledged(request.channel_id)
+            found = self._listed(request.channel_id, self.manager.unacknowledged)
             return pb.ListUnacknowledgedResponse(
-                messages=[pb.UnacknowledgedMessage(**dataclasses.asdict(m)) for m in messages]
+                messages=[pb.UnacknowledgedMessage(**m) for m in found]
             )
 
         return _answer(context, unacknowledged, request)
@@ -362,13 +361,18 @@ class ReliabilityService(pb_grpc.ReliabilityServicer):
         self, request: pb.ListWaitingRequest, context: grpc.ServicerContext
     ) -> pb.ListWaitingResponse:
         def waiting(request: pb.ListWaitingRequest) -> pb.ListWaitingResponse:
-            self._require_open(request.channel_id)
-            messages = self.manager.waiting(request.channel_id)
-            return pb.ListWaitingResponse(
-                messages=[pb.WaitingMessage(**dataclasses.asdict(m)) for m in messages]
-            )
+            found = self._listed(request.channel_id, self.manager.waiting)
+            return pb.ListWaitingResponse(messages=[pb.WaitingMessage(**m) for m in found])
 
         return _answer(context, waiting, request)
+
+    def _listed(
+        self, channel_id: str, read: Callable[[str], Sequence[object]]
+    ) -> list[dict[str, Any]]:
+        """What ``read`` lists of an open channel, as the fields of its .proto message
+        (the dataclasses' fields are named as the .proto's)."""
+        self._require_open(channel_id)
+        return [dataclasses.asdict(m) for m in read(channel_id)]  # type: ignore[call-overload]
 
     # ------------------------------------------------------------------ batches
 

@@ -60,6 +60,8 @@ message would exceed the wire limit peers accept is refused at wrap
 
 :meth:`close_channel` records that the application closed the channel;
 :meth:`reopen_channels` opens every channel of the state directory it did not close.
+Inside :meth:`batch`, calls share one commit per channel, made (and only then heard of)
+when the batch ends: many wraps or unwraps for the price of one transaction.
 
 Threads: every public method takes one re-entrant lock, so any number of threads (and a
 tick thread) may call in. Callbacks run on the thread whose call caused them, *while the
