@@ -532,6 +532,8 @@ class ReliabilityManager:
                     continue  # closed by a callback of an earlier channel
                 if opened.driver.next_due() <= now:
                     self._carry_out(channel_id, opened, opened.driver.tick(now))
+                    if self._channels.get(channel_id) is not opened:
+                        continue  # closed by one of its own callbacks
                 if opened.retry_at is not None and opened.retry_at <= now:
                     self._report(channel_id, opened, now)
                 elif opened.state is not None and opened.state.events.dirty:
