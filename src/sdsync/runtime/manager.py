@@ -628,7 +628,8 @@ class ReliabilityManager:
             raise failure
 
     def _carry_out(self, channel_id: str, opened: _Open, step: Step) -> None:
-        numbered = opened.events.record(_reported(step))
+        reported = _reported(step)
+        numbered = opened.events.record(reported) if reported else []
         if self._batch is not None:
             self._batch.setdefault(channel_id, (opened, []))[1].extend(numbered)
             return
@@ -669,14 +670,17 @@ class ReliabilityManager:
         try:
             events = opened.events
             while batch := events.read(events.acked_seq, _BATCH):
-                for delivery in batch:
-                    try:
+                done = events.acked_seq
+                try:
+                    for delivery in batch:
                         self._call_back(channel_id, delivery)
-                    except Exception:
-                        self._count_error()
-                        opened.retry_at = now + REDELIVER_MS
-                        return
-                    events.ack(delivery.seq or 0)
+                        done = delivery.seq or done
+                except Exception:
+                    self._count_error()
+                    opened.retry_at = now + REDELIVER_MS
+                    return
+                finally:
+                    events.ack(done)  # those whose callbacks returned
             opened.retry_at = None
         finally:
             opened.reporting = False
