@@ -266,9 +266,29 @@ def test_unknown_fields_are_skipped() -> None:
     assert rpc.WakuMetadata.from_bytes(data) == rpc.WakuMetadata(1, (2,))
 
 
-def test_packed_shards_are_read_too() -> None:
-    """js-waku writes one tag per shard; the protobuf default, packed, reads the same."""
-    assert rpc.WakuMetadata.from_bytes(bytes.fromhex("080112040102ac02")).shards == (1, 2, 300)
+def test_metadata_writes_the_shards_unpacked_in_field_2_then_packed_in_field_3() -> None:
+    """As nwaku writes them: js-waku reads field 2 (one tag each), go-waku field 3 only."""
+    value = rpc.WakuMetadata(cluster_id=1, shards=(0, 7, 300))
+    assert value.to_bytes().hex() == "0801" + "1000" + "1007" + "10ac02" + "1a04" + "0007ac02"
+    assert rpc.WakuMetadata(cluster_id=1).to_bytes().hex() == "0801"
+    assert rpc.WakuMetadata().to_bytes() == b""
+
+
+@pytest.mark.parametrize(
+    ("data", "shards"),
+    [
+        # nwaku: field 2 one tag per shard, then field 3 packed.
+        pytest.param("0801" + "1001100710ac02" + "1a040107ac02", (1, 7, 300), id="nwaku"),
+        pytest.param("0801" + "12040107ac02", (1, 7, 300), id="packed 2 only"),
+        pytest.param("0801" + "1001100710ac02", (1, 7, 300), id="unpacked 2 only (js-waku)"),
+        pytest.param("0801" + "1a040107ac02", (1, 7, 300), id="3 only"),
+        pytest.param("0801" + "1001" + "1a0107", (7,), id="field 3 wins over 2"),
+        pytest.param("0801" + "1001" + "1a00", (1,), id="an empty field 3 gives way to 2"),
+    ],
+)
+def test_metadata_reads_field_3_else_field_2_packed_or_not(data: str, shards: Any) -> None:
+    """As nwaku reads them: field 3 when it holds a shard, else field 2 in either encoding."""
+    assert rpc.WakuMetadata.from_bytes(bytes.fromhex(data)) == rpc.WakuMetadata(1, shards)
 
 
 @pytest.mark.parametrize(
@@ -493,25 +513,54 @@ def _js_types(value: Any) -> list[str]:
     return [f"{name}Request", f"{name}Response"] if name == "WakuMetadata" else [name]
 
 
+def _byte_identical(value: Any) -> bool:
+    """Whether @waku/proto writes ``value``'s very bytes: all but metadata with shards,
+    which we also write packed in field 3, a field @waku/proto does not know."""
+    return not (isinstance(value, rpc.WakuMetadata) and value.shards)
+
+
 @pytest.mark.interop
 @pytest.mark.parametrize("value", CASES, ids=_case_id)
 def test_identical_bytes_both_ways(js: ProcessPeer, value: Any) -> None:
     ours = value.to_bytes()
     for js_type in _js_types(value):
         theirs = bytes.fromhex(js.ok("encode", type=js_type, fields=to_js(value))["bytes"])
-        assert ours == theirs
+        if _byte_identical(value):
+            assert ours == theirs
         assert js.ok("decode", type=js_type, bytes=ours.hex())["fields"] == to_js(value)
         assert type(value).from_bytes(theirs) == value
 
 
+@pytest.mark.interop
+def test_metadata_with_shards_is_read_both_ways_though_bytes_differ(js: ProcessPeer) -> None:
+    """@waku/proto writes the shards in field 2 only; we add field 3. Each reads the other's
+    cluster and shards."""
+    value = rpc.WakuMetadata(cluster_id=1, shards=(0, 7, 300))
+    ours = value.to_bytes()
+    for js_type in _js_types(value):
+        theirs = bytes.fromhex(js.ok("encode", type=js_type, fields=to_js(value))["bytes"])
+        assert theirs.hex() == "0801" + "1000" + "1007" + "10ac02"  # field 2, one tag each
+        assert ours == theirs + bytes.fromhex("1a04" + "0007ac02")
+        assert js.ok("decode", type=js_type, bytes=ours.hex())["fields"] == {
+            "clusterId": 1,
+            "shards": [0, 7, 300],
+        }
+        assert rpc.WakuMetadata.from_bytes(theirs) == value
+
+
 def _protons_miswrites(fields: Any) -> bool:
-    """Whether ``fields`` hold a sint64 that protons-runtime 5.6 (under @waku/proto) writes
-    wrongly: one of at most -2**53 whose low 32 bits are zero (its two's complement of a
-    bigint drops the carry out of the low word)."""
+    """Whether ``fields`` hold a number that protons-runtime 5.6 (under @waku/proto) writes
+    wrongly: a sint64 of at most -2**53 whose low 32 bits are zero (its two's complement of
+    a bigint drops the carry out of the low word), or a uint64 pagination limit in
+    [2**31, 2**32) (its varint writer takes them for negative 32-bit numbers: 2**31 comes
+    out as five zero bytes)."""
     if isinstance(fields, dict):
         if "bigint" in fields:
             value = int(fields["bigint"])
             return value <= -(1 << 53) and value % (1 << 32) == 0
+        limit = fields.get("paginationLimit")
+        if isinstance(limit, dict) and (1 << 31) <= int(limit["bigint"]) < (1 << 32):
+            return True
         return any(map(_protons_miswrites, fields.values()))
     return isinstance(fields, list) and any(map(_protons_miswrites, fields))
 
@@ -523,8 +572,13 @@ def test_js_reads_what_we_write(js: ProcessPeer, value: Any) -> None:
     fields = to_js(value)
     for js_type in _js_types(value):
         assert js.ok("decode", type=js_type, bytes=ours.hex())["fields"] == fields
-        if not _protons_miswrites(fields):
-            assert js.ok("encode", type=js_type, fields=fields)["bytes"] == ours.hex()
+        if _protons_miswrites(fields):
+            continue
+        theirs = js.ok("encode", type=js_type, fields=fields)["bytes"]
+        if _byte_identical(value):
+            assert theirs == ours.hex()
+        else:
+            assert type(value).from_bytes(bytes.fromhex(theirs)) == value
 
 
 @pytest.mark.interop
@@ -538,6 +592,28 @@ def test_protons_miswrites_some_negative_int64s_but_reads_them(js: ProcessPeer) 
     fields = to_js(value)
     assert js.ok("encode", type="StoreQueryRequest", fields=fields)["bytes"] != ours
     assert js.ok("decode", type="StoreQueryRequest", bytes=ours)["fields"] == fields
+
+
+@pytest.mark.interop
+def test_protons_miswrites_pagination_limits_from_2_31_to_2_32_but_reads_ours(
+    js: ProcessPeer,
+) -> None:
+    """The other difference ``_protons_miswrites`` names (hypothesis found it): we write
+    the uint64 varint, protons five zero bytes; it reads ours right."""
+    for limit in (1 << 31, (1 << 32) - 1):
+        value = rpc.StoreQueryRequest("", pagination_limit=limit)
+        ours = value.to_bytes().hex()
+        fields = to_js(value)
+        assert _protons_miswrites(fields)
+        assert js.ok("encode", type="StoreQueryRequest", fields=fields)["bytes"] != ours
+        assert js.ok("decode", type="StoreQueryRequest", bytes=ours)["fields"] == fields
+    for limit in ((1 << 31) - 1, 1 << 32):  # either side of the range: identical
+        value = rpc.StoreQueryRequest("", pagination_limit=limit)
+        fields = to_js(value)
+        assert not _protons_miswrites(fields)
+        assert js.ok("encode", type="StoreQueryRequest", fields=fields)["bytes"] == (
+            value.to_bytes().hex()
+        )
 
 
 # Lone surrogates (category Cs) have no UTF-8 form: such a topic is refused (below).

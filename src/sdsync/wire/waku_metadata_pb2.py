@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fsdsync/wire/waku_metadata.proto\x12\x0bsdsync.waku\"J\n\x0cWakuMetadata\x12\x17\n\ncluster_id\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x12\n\x06shards\x18\x02 \x03(\rB\x02\x10\x00\x42\r\n\x0b_cluster_idb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fsdsync/wire/waku_metadata.proto\x12\x0bsdsync.waku\"e\n\x0cWakuMetadata\x12\x17\n\ncluster_id\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x12\n\x06shards\x18\x02 \x03(\rB\x02\x10\x00\x12\x19\n\rshards_packed\x18\x03 \x03(\rB\x02\x10\x01\x42\r\n\x0b_cluster_idb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,6 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_WAKUMETADATA'].fields_by_name['shards']._loaded_options = None
   _globals['_WAKUMETADATA'].fields_by_name['shards']._serialized_options = b'\020\000'
+  _globals['_WAKUMETADATA'].fields_by_name['shards_packed']._loaded_options = None
+  _globals['_WAKUMETADATA'].fields_by_name['shards_packed']._serialized_options = b'\020\001'
   _globals['_WAKUMETADATA']._serialized_start=48
-  _globals['_WAKUMETADATA']._serialized_end=122
+  _globals['_WAKUMETADATA']._serialized_end=149
 # @@protoc_insertion_point(module_scope)

@@ -5,16 +5,17 @@ Theory of operation
 A Waku node serves each protocol under its own libp2p protocol id (the ``*_PROTOCOL``
 constants). On a stream, each side writes its RPCs as *frames*: an unsigned varint (LEB128)
 length prefix, then that many bytes of protobuf. The schemas are the ``waku_*.proto`` files
-beside this module, field for field those of @waku/proto 0.0.15.
+beside this module, field for field those of @waku/proto 0.0.15 (but for metadata's
+field 3, which nwaku and go-waku use and @waku/proto does not know).
 
 Each dataclass here mirrors one protobuf message: a proto3 ``optional`` field or an
 embedded message is ``None`` when absent; every other field has proto3's default. Equal
 values give equal bytes, the bytes js-waku's encoder writes (but for a sint64 of at most
--2**53 with its low 32 bits zero, which protons-runtime 5.6 miswrites; js-waku reads ours
-right). ``to_bytes`` writes a value and ``from_bytes`` parses a peer's. An embedded
-WakuMessage travels as its serialized bytes (the schemas declare it ``bytes``: same
-encoding), so the envelope's own decoder :func:`~sdsync.wire.waku.decode_waku_message`
-bounds and checks it.
+-2**53 with its low 32 bits zero, which protons-runtime 5.6 miswrites, and for metadata's
+shards, which we write a second time in field 3: js-waku reads ours right either way).
+``to_bytes`` writes a value and ``from_bytes`` parses a peer's. An embedded WakuMessage
+travels as its serialized bytes (the schemas declare it ``bytes``: same encoding), so the
+envelope's own decoder :func:`~sdsync.wire.waku.decode_waku_message` bounds and checks it.
 
 Whose fault: a value that cannot be encoded (a number out of its field's range, a hash
 that is not 32 bytes) raises :class:`~sdsync.errors.LocalProtocolError` from ``to_bytes``
@@ -538,7 +539,13 @@ class MessagePush(_Rpc[filter_pb.MessagePush]):
 
 @dataclass(frozen=True, slots=True)
 class WakuMetadata(_Rpc[metadata_pb.WakuMetadata]):
-    """The metadata protocol's request and its response alike: a cluster and its shards."""
+    """The metadata protocol's request and its response alike: a cluster and its shards.
+
+    Written as nwaku writes it: the shards twice, in field 2 one tag each (what js-waku
+    reads) and in field 3 packed (what go-waku reads, and all it reads). Read as nwaku
+    reads it: field 3 when it holds any shard, else field 2, packed or not. So these are
+    not @waku/proto's bytes when there are shards (it writes field 2 only), though each
+    side reads the other's."""
 
     _pb_type = metadata_pb.WakuMetadata
 
@@ -546,13 +553,15 @@ class WakuMetadata(_Rpc[metadata_pb.WakuMetadata]):
     shards: tuple[int, ...] = ()
 
     def _to_pb(self) -> metadata_pb.WakuMetadata:
-        return metadata_pb.WakuMetadata(cluster_id=self.cluster_id, shards=self.shards)
+        return metadata_pb.WakuMetadata(
+            cluster_id=self.cluster_id, shards=self.shards, shards_packed=self.shards
+        )
 
     @classmethod
     def _from_pb(cls, parsed: metadata_pb.WakuMetadata) -> WakuMetadata:
         return cls(
             cluster_id=_optional(parsed, "cluster_id"),
-            shards=tuple(parsed.shards),
+            shards=tuple(parsed.shards_packed or parsed.shards),
         )
 
 
