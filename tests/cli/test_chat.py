@@ -16,11 +16,16 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from chatprocess import PATIENCE_S, ChatProcess, assert_same_logs, sends, wait_for
 from typer.testing import CliRunner
 
 from sdsync.chat import load_identity
 from sdsync.cli.main import app
+
+# Never beside the reliability crash harness (its six server processes and bursts on four
+# threads): CI saw a group of chat processes starved past their patience while it ran.
+pytestmark = pytest.mark.xdist_group("many-processes")
 
 FAST = [
     "--sync-interval-ms",

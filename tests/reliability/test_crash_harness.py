@@ -21,6 +21,9 @@ from typing import Any
 import pytest
 from crash_harness import as_dicts, run_seeds, summary, table
 
+# With the chat process tests, in one worker: see tests/cli/test_chat.py.
+pytestmark = pytest.mark.xdist_group("many-processes")
+
 SOAK = os.environ.get("SDSYNC_SOAK") == "1"
 SEEDS = int(os.environ.get("SDSYNC_CRASH_SEEDS", "500" if SOAK else "50"))
 FIRST_SEED = int(os.environ.get("SDSYNC_CRASH_FIRST_SEED", "0"))
