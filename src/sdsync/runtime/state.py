@@ -172,6 +172,11 @@ CREATE TABLE IF NOT EXISTS repair (
 ) WITHOUT ROWID;
 """
 
+# One event row: its number, then the columns of event_log.to_row.
+_INSERT_EVENT = """
+INSERT INTO events (seq, kind, message_id, sender_id, number, flag, text, data, hint)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+"""
 _INSERT_OUTGOING = """
 INSERT INTO outgoing (first_sent_ms, last_sent_ms, attempts, possible_ackers, next_due_ms,
                       retrieval_hint, message_id, data)
@@ -443,8 +448,7 @@ class ChannelState:
                 0,
             )
             db.execute(
-                "INSERT INTO events (seq, kind, message_id, sender_id, number, flag, text, data,"
-                " hint) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                _INSERT_EVENT,
                 (seq, *to_row(early)),
             )
 
@@ -716,14 +720,14 @@ class StoredEventLog(EventLog):
         db = self._db
         if self._new:
             db.executemany(
-                "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                _INSERT_EVENT,
                 ((d.seq, *to_row(d.event)) for d in self._new),
             )
         marker = self._discarded
         if marker is not None and marker.seq is not None:
             db.execute("DELETE FROM events WHERE seq <= ?", (marker.seq,))
             db.execute(
-                "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                _INSERT_EVENT,
                 (marker.seq, *to_row(marker.event)),
             )
         if self._stored_ack != self._acked:
