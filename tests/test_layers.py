@@ -1,7 +1,7 @@
 """Imports point down the layers only (docs/architecture.md, the house rules).
 
-cli → demo → pipeline → sim / chat / peer / reliability → store / runtime → transport / reconcile →
-core → wire → errors / lifecycle.
+cli / testing → demo → pipeline → sim / chat / peer / reliability → store / runtime →
+transport / reconcile → core → wire → errors / lifecycle.
 Every ``sdsync.<component>`` import in the source, including those inside functions and
 ``TYPE_CHECKING`` blocks, must name the importing component itself or one below it;
 components that share a layer do not import each other.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "sdsync"
 LAYERS = (
-    ("cli",),
+    ("cli", "testing"),
     ("demo",),
     ("pipeline",),
     ("sim", "chat", "peer", "reliability"),
