@@ -16,7 +16,9 @@ A third family is nobody's fault and not an :class:`SdsError`: something we depe
 (:class:`sdsync.store.client.StoreUnavailableError`, an ``OSError``), a store node with
 too many queries in flight (:class:`sdsync.store.host.QueriesBusy`), a database that
 fails (:class:`sdsync.store.archive.ArchiveUnavailable`, the driver's error as its
-cause). Retry later; what was done before the failure stays done.
+cause). Retry later; what was done before the failure stays done. A peer that is
+reachable but does not speak a protocol at all is a :class:`ProtocolNotSupportedError`
+(a ``ConnectionError`` too): asking it again will not help, asking another peer may.
 
 Code that decodes untrusted input lets nothing but :class:`RemoteProtocolError` escape.
 """
@@ -134,3 +136,17 @@ class InputError(SdsError):
         super().__init__(message)
         self.path = path
         self.column = column
+
+
+class ProtocolNotSupportedError(ConnectionError):
+    """``peer`` is reachable but refused ``protocol_id`` (multistream-select answered
+    "na"): neither our fault nor a malformed answer, and retrying that peer will not help.
+
+    Distinct from a peer that cannot be reached (a plain ``ConnectionError``) and from one
+    that does not answer in time (``TimeoutError``).
+    """
+
+    def __init__(self, peer: str, protocol_id: str) -> None:
+        super().__init__(f"{peer} does not speak {protocol_id}")
+        self.peer = peer
+        self.protocol_id = protocol_id

@@ -71,10 +71,10 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 
-from sdsync.errors import LocalProtocolError, RemoteProtocolError
+from sdsync.errors import LocalProtocolError, ProtocolNotSupportedError, RemoteProtocolError
 from sdsync.lifecycle import AsyncLifecycle
 from sdsync.transport.base import Envelope, Received, default_content_topic
-from sdsync.transport.libp2p_host import Handler, TrioHost, run_host
+from sdsync.transport.libp2p_host import Handler, PushHandler, TrioHost, run_host
 from sdsync.wire.waku import MAX_WAKU_MESSAGE_BYTES, WakuMessage
 from sdsync.wire.waku_protocols import (
     MAX_RPC_BYTES,
@@ -158,7 +158,10 @@ class Libp2pTransport(AsyncLifecycle):
         max_message_bytes: int = MAX_WAKU_MESSAGE_BYTES,
         gossip: GossipParams | None = None,
         waku: WakuRelayConfig = _THE_WAKU_NETWORK,
+        announce_shards: Sequence[int] = (),
     ) -> None:
+        if any(shard < 0 for shard in announce_shards):
+            raise LocalProtocolError(f"no shard among {list(announce_shards)}")
         if not 0.0 <= drop_rate <= 1.0:
             raise LocalProtocolError("drop_rate must be a probability")
         if key is not None and len(key) != KEY_SIZE:
@@ -172,14 +175,26 @@ class Libp2pTransport(AsyncLifecycle):
         self.max_message_bytes = max_message_bytes
         self.gossip = gossip if gossip is not None else GossipParams()
         self.waku = waku
+        # Shards our metadata names besides those we relay: a light client relays none,
+        # yet a node on its cluster (go-waku) drops a peer that names no shard.
+        self.announce_shards = tuple(sorted(set(announce_shards)))
         self._rng = random.Random(seed)
         # Written on the trio thread; plain counters, read for reporting.
         self.rejected: Counter[str] = Counter()
         # Request/response streams that timed out, or broke, by protocol id.
         self.stream_timeouts: Counter[str] = Counter()
         self.stream_failures: Counter[str] = Counter()
+        # Inbound streams reset because their peer held too many of that protocol open.
+        self.streams_refused: Counter[str] = Counter()
+        # Push lanes, by protocol id: streams opened (a lane's, or one per push to a
+        # one-frame reader), pushes written again on a fresh stream after the lane's
+        # failed, and pushes sent again after a one-frame reader dropped them unread.
+        self.push_streams: Counter[str] = Counter()
+        self.push_retries: Counter[str] = Counter()
+        self.pushes_resent: Counter[str] = Counter()
         # protocol id -> (handler, max request bytes, timeout), for a host yet to start.
         self._served: dict[str, tuple[Handler, int, float]] = {}
+        self._push_served: dict[str, tuple[PushHandler, int]] = {}
         self.received = 0
         self.randomly_dropped = 0
         self.listen_addrs: list[str] = []
@@ -370,9 +385,11 @@ class Libp2pTransport(AsyncLifecycle):
 
         A request above ``max_request_bytes``, a truncated one, or an exchange not done
         within ``timeout_s`` (a peer that never sends or never reads) is refused: the
-        stream is reset, and the refusal logged and counted (:attr:`rejected` by reason,
-        :attr:`stream_timeouts` by protocol). An exception from ``handler`` resets the
-        stream too (:attr:`stream_failures`).
+        stream is reset, and the refusal counted (:attr:`rejected` by reason,
+        :attr:`stream_timeouts` by protocol) and logged in a summary at most once a
+        minute per protocol and reason. An exception from ``handler`` resets the stream
+        too (:attr:`stream_failures`). A peer holding too many streams of the protocol
+        open has the extra ones reset (:attr:`streams_refused`).
         """
         if self._closed:
             raise LocalProtocolError("transport is closed")
@@ -394,6 +411,40 @@ class Libp2pTransport(AsyncLifecycle):
 
         await self._call(register)
 
+    async def serve_pushes(
+        self, protocol_id: str, handler: PushHandler, *, max_frame_bytes: int = MAX_RPC_BYTES
+    ) -> None:
+        """Take ``protocol_id`` push streams (the receiving end of :meth:`push`): each may
+        carry many frames, and each frame goes to ``await handler(peer_id, frame)`` on this
+        loop, in order; a stream stays open until its peer closes or resets it.
+
+        A frame above ``max_frame_bytes`` or truncated, or a RemoteProtocolError from
+        ``handler``, resets that stream only (counted in :attr:`rejected`); any other
+        exception from ``handler`` is logged and the stream read on. A peer holding too
+        many streams of the protocol open has the extra ones reset
+        (:attr:`streams_refused`).
+        """
+        if self._closed:
+            raise LocalProtocolError("transport is closed")
+
+        async def logged(peer: str, frame: bytes) -> None:
+            try:
+                await handler(peer, frame)
+            except RemoteProtocolError:
+                raise
+            except Exception:
+                logger.exception("%s handler failed on a push from %s", protocol_id, peer)
+
+        self._push_served[protocol_id] = (logged, max_frame_bytes)
+        trio_side = self._trio
+        if trio_side is None:
+            return  # the host takes them when it starts
+
+        async def register() -> None:
+            trio_side.serve_pushes(protocol_id, trio_side.on_loop(logged), max_frame_bytes)
+
+        await self._call(register)
+
     async def request(
         self,
         peer: str,
@@ -409,7 +460,8 @@ class Libp2pTransport(AsyncLifecycle):
 
         Raises TimeoutError if the exchange takes longer than ``timeout_s``,
         RemoteProtocolError if the answer is above ``max_response_bytes``, truncated or
-        missing, and ConnectionError if the peer cannot be reached on that protocol.
+        missing, :class:`~sdsync.errors.ProtocolNotSupportedError` if the peer does not
+        speak ``protocol_id``, and ConnectionError if it cannot be reached.
         """
         peer_id = await self._reach(peer)
         trio_side = self._running()
@@ -423,7 +475,11 @@ class Libp2pTransport(AsyncLifecycle):
         self, peer: str, protocol_id: str, payload: bytes, *, timeout_s: float = _STREAM_TIMEOUT_S
     ) -> None:
         """Send ``payload`` as one frame to ``peer`` on ``protocol_id``, expecting no
-        answer (Filter's MessagePush). Raises as :meth:`request` does."""
+        answer (Filter's MessagePush), on the push lane to that peer and protocol: one
+        long-lived stream, reopened when the remote ends it, a push whose write fails
+        written once more on a fresh stream; to a peer that reads one frame per stream
+        (go-waku's Filter client), a stream per push (:mod:`~sdsync.transport.libp2p_host`).
+        Returns once the frame is written. Raises as :meth:`request` does."""
         peer_id = await self._reach(peer)
         trio_side = self._running()
         await self._stream_call(
@@ -463,7 +519,12 @@ class Libp2pTransport(AsyncLifecycle):
             return await self._call(work)
         except trio.TooSlowError:
             raise TimeoutError(f"{peer} did not complete {protocol_id} in time") from None
-        except (RemoteProtocolError, LocalProtocolError, asyncio.CancelledError):
+        except (
+            RemoteProtocolError,
+            LocalProtocolError,
+            ProtocolNotSupportedError,
+            asyncio.CancelledError,
+        ):
             raise
         except Exception as exc:
             raise ConnectionError(f"{protocol_id} with {peer} failed: {exc!r}") from exc

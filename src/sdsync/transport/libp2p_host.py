@@ -28,14 +28,48 @@ sha256(data) as js-waku's. Inbound frames are checked as a gossipsub topic valid
 (unsigned, and the 14/WAKU2-MESSAGE checks), so a bad frame is neither delivered nor
 relayed. ``/vac/waku/metadata/1.0.0`` is answered with our cluster and shards.
 
-Request/response streams (:meth:`TrioHost.serve`, :meth:`TrioHost.request`,
-:meth:`TrioHost.push`) carry one uvarint-length-prefixed frame each way
-(:func:`~sdsync.wire.waku_protocols.read_frame`), all within one deadline. A served
-request goes to its handler on the asyncio loop (:meth:`TrioHost._on_loop`: the trio task
-awaits a trio event that the asyncio side sets through the token, so neither loop
-blocks); the answer comes back as a frame, then the stream is closed. A frame above the
+Request/response streams (:meth:`TrioHost.serve`, :meth:`TrioHost.request`) carry one
+uvarint-length-prefixed frame each way (:func:`~sdsync.wire.waku_protocols.read_frame`),
+all within one deadline. A served request goes to its handler on the asyncio loop
+(:meth:`TrioHost._on_loop`: the trio task awaits a trio event that the asyncio side sets
+through the token, so neither loop blocks); the answer comes back as a frame, then the
+stream is closed. A multistream "na" is a :class:`~sdsync.errors.ProtocolNotSupportedError`.
+
+Inbound streams of a served protocol are bounded per peer (``_MAX_INBOUND_STREAMS``
+open at once; more are reset and counted in ``streams_refused``). A frame above the
 limit, a truncated one, or a peer that never sends or never reads costs that stream only:
-it is reset, logged and counted (``rejected`` by reason, ``stream_timeouts`` by protocol).
+it is reset and counted (``rejected`` by reason, ``stream_timeouts`` by protocol), and
+logged as a summary at most once a minute per protocol and reason
+(:class:`_StreamTroubles`): a peer opening streams it never uses is not worth a warning
+a stream.
+
+Push lanes (:meth:`TrioHost.push`, and :meth:`TrioHost.serve_pushes` receiving them).
+A Filter service pushes every message to every subscriber unanswered. A stream per push
+fails against js-waku, which never closes its side of a push stream and refuses a peer's
+101st inbound stream of a protocol (and then drops the whole connection). So all pushes
+to one (peer, protocol) are written, one at a time, on one long-lived stream, the *lane*.
+A watcher task reads the lane (nothing ever comes back) to notice at once when the
+remote closes or resets it; the next push then opens a fresh stream. A push whose write
+fails on a stream it did not open is written once more on a fresh stream
+(``push_retries``) before it fails; a deadline mid-write resets the stream, since half a
+frame would corrupt the rest of the lane.
+
+go-waku 0.9.0's Filter client reads exactly one MessagePush per stream and closes it;
+frames written after that are dropped unread by its muxer, without a reset. That must be
+learnt per (peer, protocol) without losing a push while learning. The race: we cannot
+tell "reads one frame and closes" from "keeps the stream" until the close arrives, and
+anything written before it arrives is lost. Decision: the first frame on a lane whose
+reader is unknown is a *probe*: the push waits (under the lane's lock, so nothing else is
+written on the stream meanwhile) up to ``_PROBE_S`` for the remote to close it. Closed
+(or answered: a request/response protocol) → a one-frame reader: that frame was read, and
+from then on every push goes on a stream of its own, closed by us. Still open → the lane
+is kept and reused. A one-frame reader slower to close than the probe (a long round
+trip) is still caught: the lane remembers the frames after the first that it carried
+while younger than ``_RECALL_S``, and if the remote closes it that young, the peer is
+relearnt as a one-frame reader and those frames are pushed again on streams of their own
+(``pushes_resent``). A reader that really read them all and then closed soon after gets
+them twice (at least once over lost; a Waku message's hash identifies a duplicate). The
+probe costs a lane reader one wait of ``_PROBE_S`` per peer, once.
 """
 
 from __future__ import annotations
@@ -43,24 +77,34 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import enum
 import hashlib
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sized
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 import trio
 from libp2p import new_host
 from libp2p.abc import IHost, INetStream
 from libp2p.custom_types import TProtocol
-from libp2p.network.stream.exceptions import StreamEOF
+from libp2p.host.exceptions import StreamFailure
+from libp2p.network.stream.exceptions import StreamEOF, StreamReset
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
+from libp2p.protocol_muxer.exceptions import MultiselectClientError
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.tools.anyio_service import background_trio_service
 
-from sdsync.errors import LocalProtocolError, RejectReason, RemoteProtocolError
+from sdsync.errors import (
+    LocalProtocolError,
+    ProtocolNotSupportedError,
+    RejectReason,
+    RemoteProtocolError,
+)
 from sdsync.transport.base import Envelope, Received
 from sdsync.transport.libp2p_patches import PEER_QUEUE_RPCS, DeliveringPubsub, WakuGossipSub
 from sdsync.wire.waku import WakuMessage, decode_waku_message
@@ -93,6 +137,25 @@ _METADATA_TIMEOUT_S = 10.0
 #: trio thread, a Handler (the transport's user's) on the asyncio loop.
 Responder = Callable[[str, bytes], Awaitable[bytes | None]]
 Handler = Callable[[str, bytes], Awaitable[bytes | None]]
+#: ``(peer_id, frame) -> None``: where the frames of served push streams go; a Receiver
+#: runs on the trio thread, a PushHandler (the transport's user's) on the asyncio loop.
+Receiver = Callable[[str, bytes], Awaitable[object]]
+PushHandler = Callable[[str, bytes], Awaitable[None]]
+#: Streams of one protocol one peer may hold open with us at once; more are reset. A
+#: js-waku or go-waku peer holds one or two; our own push lanes one.
+_MAX_INBOUND_STREAMS = 16
+#: Stream troubles are logged at most this often per (protocol, reason), as a summary.
+_SUMMARY_S = 60.0
+#: How long a push lane's first frame waits for the reader to close the stream (a
+#: one-frame reader, go-waku's Filter client) before the lane is taken as reusable.
+_PROBE_S = 0.5
+#: A lane stream the remote closes this young, after more than one frame, was a
+#: one-frame reader's: the frames after the first are pushed again (at most this many).
+_RECALL_S = 10.0
+_RECALL_FRAMES = 256
+_RESEND_TIMEOUT_S = 10.0
+_LANES_BEFORE_PRUNING = 512
+_RESET_S = 2.0
 
 
 def run_host(transport: Libp2pTransport, ready: concurrent.futures.Future[TrioHost]) -> None:
@@ -140,6 +203,9 @@ class TrioHost:
         self._joined: set[str] = set()
         self._drain = _DrainWatch(_QUEUE_HIGH_WATER, _STALL_S)
         self._dropped: set[ID] = set()  # stuck peers we disconnected
+        self._lanes: dict[tuple[ID, str], _PushLane] = {}
+        self._inbound: Counter[tuple[str, str]] = Counter()  # open streams by (protocol, peer)
+        self._troubles = _StreamTroubles(transport.peer_id[-8:], _SUMMARY_S)
         # Unbounded here: the asyncio side bounds what it puts in (its _OUTBOX_LIMIT).
         self._outbox_in, self._outbox_out = trio.open_memory_channel[tuple[str, bytes]](math.inf)
 
@@ -164,6 +230,8 @@ class TrioHost:
                 await self._join(topic)
             for protocol, (handler, max_bytes, timeout_s) in self.transport._served.items():
                 self.serve(protocol, self.on_loop(handler), max_bytes, timeout_s)
+            for protocol, (push_handler, max_bytes) in self.transport._push_served.items():
+                self.serve_pushes(protocol, self.on_loop(push_handler), max_bytes)
             self.serve(METADATA_PROTOCOL, self._answer_metadata, 1024, _METADATA_TIMEOUT_S)
             nursery.start_soon(self._redial_forever)
             nursery.start_soon(self._send_forever)
@@ -213,15 +281,15 @@ class TrioHost:
     # Trio side proper.
 
     def shards(self) -> tuple[int, ...]:
-        """The shards of our cluster whose pubsub topics we relay."""
+        """The shards of our cluster whose pubsub topics we relay, and those the
+        transport announces besides (a light client's)."""
         prefix = f"{SHARD_TOPIC_PREFIX}{self.transport.waku.cluster_id}/"
-        return tuple(
-            sorted(
-                int(t[len(prefix) :])
-                for t in self._joined
-                if t.startswith(prefix) and t[len(prefix) :].isdigit()
-            )
-        )
+        relayed = {
+            int(t[len(prefix) :])
+            for t in self._joined
+            if t.startswith(prefix) and t[len(prefix) :].isdigit()
+        }
+        return tuple(sorted(relayed | set(self.transport.announce_shards)))
 
     async def _join(self, topic: str) -> None:
         pubsub_topic = self.transport._route(topic)[0]
@@ -358,25 +426,58 @@ class TrioHost:
         with trio.fail_after(self.transport.gossip.dial_timeout_s):
             await self.host.connect(info)
 
-    # Request/response streams.
+    # Request/response streams, and push lanes.
 
     def serve(self, protocol: str, responder: Responder, max_bytes: int, timeout_s: float) -> None:
         """Answer ``protocol``: one request frame in, ``responder``'s frame (if any) out."""
 
         async def handle(stream: INetStream) -> None:
-            await self._answer(stream, protocol, responder, max_bytes, timeout_s)
+            async with self._admitted(stream, protocol) as peer:
+                if peer is not None:
+                    await self._answer(stream, peer, protocol, responder, max_bytes, timeout_s)
 
         self.host.set_stream_handler(TProtocol(protocol), handle)
+
+    def serve_pushes(self, protocol: str, receiver: Receiver, max_bytes: int) -> None:
+        """Take ``protocol`` push streams: every frame of each goes to ``receiver`` in
+        order, until the remote ends the stream."""
+
+        async def handle(stream: INetStream) -> None:
+            async with self._admitted(stream, protocol) as peer:
+                if peer is not None:
+                    await self._take_pushes(stream, peer, protocol, receiver, max_bytes)
+
+        self.host.set_stream_handler(TProtocol(protocol), handle)
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self, stream: INetStream, protocol: str) -> AsyncIterator[str | None]:
+        """The remote peer's id, or None (and the stream reset) if it already has
+        ``_MAX_INBOUND_STREAMS`` streams of ``protocol`` open with us."""
+        peer = stream.muxed_conn.peer_id.to_base58()
+        key = (protocol, peer)
+        if self._inbound[key] >= _MAX_INBOUND_STREAMS:
+            self.transport.streams_refused[protocol] += 1
+            self._troubles.note(protocol, "refused: too many open streams", peer, "")
+            await _reset(stream)
+            yield None
+            return
+        self._inbound[key] += 1
+        try:
+            yield peer
+        finally:
+            self._inbound[key] -= 1
+            if not self._inbound[key]:
+                del self._inbound[key]
 
     async def _answer(
         self,
         stream: INetStream,
+        peer: str,
         protocol: str,
         responder: Responder,
         max_bytes: int,
         timeout_s: float,
     ) -> None:
-        peer = stream.muxed_conn.peer_id.to_base58()
         try:
             with trio.fail_after(timeout_s):
                 request = await read_frame(_reader(stream), max_bytes)
@@ -388,15 +489,37 @@ class TrioHost:
             return
         except RemoteProtocolError as exc:
             self.transport.rejected[exc.reason] += 1
-            logger.warning("%s from %s refused: %s", protocol, peer, exc)
+            self._troubles.note(protocol, f"refused: {exc.reason}", peer, str(exc))
         except trio.TooSlowError:
             self.transport.stream_timeouts[protocol] += 1
-            logger.warning("%s from %s: no exchange within %s s", protocol, peer, timeout_s)
+            self._troubles.note(protocol, f"no exchange within {timeout_s} s", peer, "")
         except Exception as exc:  # the stream broke, or the handler failed (logged there)
             self.transport.stream_failures[protocol] += 1
-            logger.warning("%s from %s failed: %r", protocol, peer, exc)
-        with contextlib.suppress(Exception):
-            await stream.reset()
+            self._troubles.note(protocol, "failed", peer, repr(exc))
+        await _reset(stream)
+
+    async def _take_pushes(
+        self, stream: INetStream, peer: str, protocol: str, receiver: Receiver, max_bytes: int
+    ) -> None:
+        """Frames of one push stream to ``receiver``, in order; no deadline, since a push
+        lane stays open, idle, between pushes (it costs one of the peer's bounded slots)."""
+        read = _reader(stream)
+        try:
+            while (frame := await read_frame(read, max_bytes)) is not None:
+                await receiver(peer, frame)
+        except StreamReset:
+            return  # the sender gave the stream up: nothing to answer
+        except RemoteProtocolError as exc:
+            self.transport.rejected[exc.reason] += 1
+            self._troubles.note(protocol, f"refused: {exc.reason}", peer, str(exc))
+        except Exception as exc:
+            self.transport.stream_failures[protocol] += 1
+            self._troubles.note(protocol, "failed", peer, repr(exc))
+        else:
+            with contextlib.suppress(Exception):
+                await stream.close()
+            return
+        await _reset(stream)
 
     def on_loop(self, handler: Handler) -> Responder:
         """A responder that runs ``handler`` on the asyncio loop (see :meth:`_on_loop`)."""
@@ -435,8 +558,15 @@ class TrioHost:
         self, peer: ID, protocol: str, payload: bytes, max_response_bytes: int, timeout_s: float
     ) -> bytes:
         with trio.fail_after(timeout_s):
-            async with self._outbound(peer, protocol, payload) as stream:
+            stream = await self._open(peer, protocol)
+            try:
+                await stream.write(encode_frame(payload))
                 answer = await read_frame(_reader(stream), max_response_bytes)
+            except BaseException:
+                await _reset(stream)  # a half-done exchange never lingers on the peer
+                raise
+            with contextlib.suppress(Exception):
+                await stream.close()
         if answer is None:
             raise RemoteProtocolError(
                 f"{peer} closed its {protocol} stream without answering",
@@ -444,22 +574,130 @@ class TrioHost:
             )
         return answer
 
-    async def push(self, peer: ID, protocol: str, payload: bytes, timeout_s: float) -> None:
-        with trio.fail_after(timeout_s):
-            async with self._outbound(peer, protocol, payload):
-                pass
-
-    @contextlib.asynccontextmanager
-    async def _outbound(self, peer: ID, protocol: str, payload: bytes) -> AsyncIterator[INetStream]:
-        """A new stream to ``peer`` carrying one frame; closed after the body, reset if the
-        body (or the write) fails, so a half-done exchange never lingers on the peer."""
-        stream = await self.host.new_stream(peer, [TProtocol(protocol)])
+    async def _open(self, peer: ID, protocol: str) -> INetStream:
         try:
-            await stream.write(encode_frame(payload))
-            yield stream
+            return await self.host.new_stream(peer, [TProtocol(protocol)])
+        except StreamFailure as exc:
+            if _refused(exc):
+                raise ProtocolNotSupportedError(peer.to_base58(), protocol) from exc
+            raise
+
+    async def push(self, peer: ID, protocol: str, payload: bytes, timeout_s: float) -> None:
+        """Write ``payload`` as one frame on the push lane to ``(peer, protocol)``."""
+        frame = encode_frame(payload)
+        lane = self._lane(peer, protocol)
+        with trio.fail_after(timeout_s):
+            async with lane.lock:
+                if lane.reader is _Reader.ONE_FRAME:
+                    await self._push_alone(peer, protocol, frame)
+                    return
+                reused = lane.current is not None and not lane.current.ended.is_set()
+                try:
+                    await self._write_lane(lane, peer, protocol, frame)
+                except ProtocolNotSupportedError:
+                    raise
+                except Exception as exc:
+                    if not reused:
+                        raise
+                    self.transport.push_retries[protocol] += 1
+                    logger.debug("push to %s on a fresh stream after %r", peer, exc)
+                    await self._write_lane(lane, peer, protocol, frame)
+
+    def _lane(self, peer: ID, protocol: str) -> _PushLane:
+        lane = self._lanes.get((peer, protocol))
+        if lane is None:
+            if len(self._lanes) >= _LANES_BEFORE_PRUNING:
+                self._forget_lanes_of_gone_peers()
+            lane = self._lanes[(peer, protocol)] = _PushLane()
+        return lane
+
+    def _forget_lanes_of_gone_peers(self) -> None:
+        network = self.host.get_network()
+        for key, lane in list(self._lanes.items()):
+            if not lane.lock.locked() and not network.get_connections(key[0]):
+                del self._lanes[key]
+
+    async def _write_lane(self, lane: _PushLane, peer: ID, protocol: str, frame: bytes) -> None:
+        """Write ``frame`` on the lane's stream (opened first if it has none, or the remote
+        ended it); the first frame of a lane whose reader we do not know yet is a probe."""
+        current = lane.current
+        if current is None or current.ended.is_set():
+            current = lane.current = await self._open_lane(lane, peer, protocol)
+        try:
+            await current.stream.write(frame)
         except BaseException:
-            with contextlib.suppress(Exception):
-                await stream.reset()
+            if lane.current is current:
+                lane.current = None
+            await _reset(current.stream)
+            raise
+        current.frames += 1
+        young = trio.current_time() - current.opened_at < _RECALL_S
+        if current.frames > 1 and young and len(current.recall) < _RECALL_FRAMES:
+            current.recall.append(frame)
+        if lane.reader is _Reader.UNKNOWN:
+            await self._probe(lane, current, peer, protocol)
+
+    async def _probe(self, lane: _PushLane, current: _LaneStream, peer: ID, protocol: str) -> None:
+        """Learn whether ``peer`` reads one frame per stream: it closes the stream right
+        after our first frame, or (a lane reader) keeps it open past ``_PROBE_S``."""
+        with trio.move_on_after(_PROBE_S):
+            await current.ended.wait()
+        if not current.ended.is_set():
+            lane.reader = _Reader.KEEPS_STREAMS
+            return
+        if current.how == _RESET:
+            raise ConnectionError(f"{peer} reset our {protocol} stream")
+        # Closed, or answered (a request/response protocol): one frame per stream.
+        lane.reader = _Reader.ONE_FRAME
+        logger.info("%s takes one %s frame per stream: one stream per push", peer, protocol)
+
+    async def _open_lane(self, lane: _PushLane, peer: ID, protocol: str) -> _LaneStream:
+        assert self.nursery is not None
+        current = _LaneStream(await self._open(peer, protocol), trio.current_time())
+        self.transport.push_streams[protocol] += 1
+        self.nursery.start_soon(self._watch, lane, current, peer, protocol)
+        return current
+
+    async def _watch(self, lane: _PushLane, current: _LaneStream, peer: ID, protocol: str) -> None:
+        """Notice the remote ending a lane stream; nothing ever comes back on it."""
+        try:
+            current.how = _ANSWERED if await current.stream.read(1) else _CLOSED
+        except StreamEOF:
+            current.how = _CLOSED
+        except Exception:
+            current.how = _RESET
+        current.ended.set()
+        if current.how == _RESET:
+            return
+        with contextlib.suppress(Exception):
+            await current.stream.close()
+        young = trio.current_time() - current.opened_at < _RECALL_S
+        if current.recall and young:
+            # A one-frame reader slower to close than the probe: it read the first frame
+            # only, and dropped the rest unread (see the theory of operation).
+            lane.reader = _Reader.ONE_FRAME
+            await self._resend(lane, peer, protocol, current.recall)
+
+    async def _resend(self, lane: _PushLane, peer: ID, protocol: str, frames: list[bytes]) -> None:
+        logger.info("%s closed a push stream after one frame: pushing %d again", peer, len(frames))
+        async with lane.lock:
+            for frame in frames:
+                try:
+                    with trio.fail_after(_RESEND_TIMEOUT_S):
+                        await self._push_alone(peer, protocol, frame)
+                except (Exception, trio.TooSlowError) as exc:
+                    logger.warning("pushing again to %s failed: %r", peer, exc)
+                    return
+                self.transport.pushes_resent[protocol] += 1
+
+    async def _push_alone(self, peer: ID, protocol: str, frame: bytes) -> None:
+        """``frame`` on a stream of its own, closed by us (for a one-frame reader)."""
+        stream = await self._open(peer, protocol)
+        self.transport.push_streams[protocol] += 1
+        try:
+            await stream.write(frame)
+        except BaseException:
+            await _reset(stream)
             raise
         with contextlib.suppress(Exception):
             await stream.close()
@@ -545,6 +783,91 @@ def _check_relay_message(msg: rpc_pb2.Message, max_bytes: int) -> None:
 def _relay_message_id(msg: rpc_pb2.Message) -> bytes:
     """js-waku's gossipsub message id: sha256 of the WakuMessage bytes."""
     return hashlib.sha256(msg.data).digest()
+
+
+class _Reader(enum.Enum):
+    """What we know of how a peer reads a push protocol's streams."""
+
+    UNKNOWN = "unknown"
+    KEEPS_STREAMS = "keeps streams"  # every frame, until we close (js-waku, sdsync)
+    ONE_FRAME = "one frame"  # one frame, then closes the stream (go-waku's Filter client)
+
+
+_CLOSED = "closed"
+_RESET = "reset"
+_ANSWERED = "answered"
+
+
+@dataclass(eq=False)
+class _LaneStream:
+    """One outbound push stream; ``ended`` once the remote closed or reset it (``how``)."""
+
+    stream: INetStream
+    opened_at: float
+    ended: trio.Event = field(default_factory=trio.Event)
+    how: str = ""
+    frames: int = 0
+    recall: list[bytes] = field(default_factory=list)  # frames after the first, while young
+
+
+@dataclass(eq=False)
+class _PushLane:
+    """The pushes to one (peer, protocol): written one at a time on ``current``."""
+
+    lock: trio.Lock = field(default_factory=trio.Lock)
+    reader: _Reader = _Reader.UNKNOWN
+    current: _LaneStream | None = None
+
+
+class _StreamTroubles:
+    """Inbound stream troubles (refusals, deadlines, breaks) logged as a summary: the
+    first of each (protocol, reason) at once, then at most once per ``every_s`` with the
+    count since — a peer that opens streams and never uses them is not worth a warning
+    a stream."""
+
+    def __init__(self, who: str, every_s: float, clock: Callable[[], float] = time.monotonic):
+        self.who = who
+        self.every_s = every_s
+        self._clock = clock
+        self._counts: Counter[tuple[str, str]] = Counter()
+        self._logged: dict[tuple[str, str], float] = {}
+
+    def note(self, protocol: str, reason: str, peer: str, detail: str) -> None:
+        key = (protocol, reason)
+        self._counts[key] += 1
+        now = self._clock()
+        last = self._logged.get(key)
+        if last is not None and now - last < self.every_s:
+            return
+        self._logged[key] = now
+        count = self._counts.pop(key)
+        logger.warning(
+            "%s: %s streams %s: %d since the last report (the latest from %s%s)",
+            self.who,
+            protocol,
+            reason,
+            count,
+            peer,
+            f": {detail}" if detail else "",
+        )
+
+
+async def _reset(stream: INetStream) -> None:
+    """Reset ``stream``, even from a cancelled task, within ``_RESET_S``."""
+    with (
+        trio.CancelScope(shield=True, deadline=trio.current_time() + _RESET_S),
+        contextlib.suppress(Exception),
+    ):
+        await stream.reset()
+
+
+def _refused(exc: StreamFailure) -> bool:
+    """Did the peer refuse the protocol (multistream-select "na")? py-libp2p 0.8.1 says
+    so only in the message of the MultiselectClientError behind its StreamFailure."""
+    cause = exc.__cause__
+    return isinstance(cause, MultiselectClientError) and str(cause).startswith(
+        "protocols not supported"
+    )
 
 
 def _reader(stream: INetStream) -> Callable[[int], Awaitable[bytes]]:
