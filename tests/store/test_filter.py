@@ -115,6 +115,17 @@ def test_a_subscriber_is_dropped_after_pushes_fail_in_a_row() -> None:
     assert subscriptions.push_failed("a")
     assert subscriptions.subscribers(SHARD, X, next(HASHES), 1.0) == []
     assert not subscriptions.push_failed("a")  # gone already
+    assert "a" not in subscriptions
+
+
+def test_a_subscriber_that_takes_no_pushes_at_all_is_dropped_at_once() -> None:
+    subscriptions = table()
+    subscriptions.answer("a", request(SUBSCRIBE, X), 0.0)
+    assert "a" in subscriptions
+    assert subscriptions.drop("a")
+    assert "a" not in subscriptions
+    assert subscriptions.subscribers(SHARD, X, next(HASHES), 1.0) == []
+    assert not subscriptions.drop("a")
 
 
 def test_the_answer_bytes_and_what_is_counted() -> None:

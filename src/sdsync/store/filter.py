@@ -26,7 +26,8 @@ The requests, as nwaku answers them:
 Every request of a subscribed peer renews its subscription; one not renewed for
 ``subscription_ttl_s`` (nwaku: 5 minutes; js-waku pings every minute) expires.  A peer
 that ``max_push_failures`` pushes in a row could not reach is dropped: a light node that
-went away without unsubscribing costs at most that many failed pushes.  A message is
+went away without unsubscribing costs at most that many failed pushes; one that does not
+speak the push protocol at all is dropped at once (:meth:`FilterSubscriptions.drop`).  A message is
 offered once: the table remembers the hashes of the last ``recent_messages`` messages it
 handed out, so one heard twice (relayed back after a LightPush, say) is not pushed twice.
 
@@ -101,6 +102,10 @@ class FilterSubscriptions:
 
     def __len__(self) -> int:
         return len(self._peers)
+
+    def __contains__(self, peer: object) -> bool:
+        """Has ``peer`` a subscription?"""
+        return peer in self._peers
 
     def criteria(self, peer: str) -> set[Criterion]:
         subscriber = self._peers.get(peer)
@@ -221,6 +226,11 @@ class FilterSubscriptions:
             return False
         del self._peers[peer]
         return True
+
+    def drop(self, peer: str) -> bool:
+        """Drop ``peer``'s subscription at once (it cannot take pushes at all); True if
+        it had one."""
+        return self._peers.pop(peer, None) is not None
 
 
 def answer_filter_subscribe(

@@ -17,15 +17,26 @@ I/O around two sans-I/O parts:
   and pushes a MessagePush to each over ``/vac/waku/filter-push/2.0.0-beta1``.
 
 Pushes to one subscriber go out in order, one at a time, each within
-``push_timeout_s``; at most ``push_queue`` wait (more are dropped and counted), so a
-slow subscriber holds up nobody else.  A failed push counts against the subscriber
-(:meth:`~sdsync.store.filter.FilterSubscriptions.push_failed`), which drops it after
-``max_push_failures`` in a row.  Every push is counted in
+``push_timeout_s``; at most ``push_queue`` wait (more are dropped, counted, and logged
+once per overflow, not once a push), so a slow subscriber holds up nobody else.  The
+host writes them all on one long-lived stream per subscriber, its *push lane*
+(:meth:`LightHost.push`; js-waku refuses a peer's 101st stream of a protocol and then
+drops the connection, so a stream per push fails after 100), reopened when the
+subscriber resets or closes it; a push whose write fails is retried once on a fresh
+stream there, and only then fails here.  go-waku's Filter client, which reads one push
+per stream and closes it, gets a stream per push instead: the host learns that per
+peer (:mod:`sdsync.transport.libp2p_host`).  A failed push counts against the
+subscriber (:meth:`~sdsync.store.filter.FilterSubscriptions.push_failed`), which drops
+it after ``max_push_failures`` in a row; a subscriber that does not speak the push
+protocol at all (:class:`~sdsync.errors.ProtocolNotSupportedError`) is dropped at once.
+A dropped subscription is logged and counted in
+``sdsync_store_filter_subscriptions_dropped_total{reason}``, and the pushes still queued
+for it under ``dropped``.  Every push is counted in
 ``sdsync_store_filter_pushes_total{outcome}`` (``sent``, ``failed``, ``dropped``), every
 answered push in ``sdsync_store_lightpush_total{status}``, and every refusal in
 ``sdsync_store_refused_total{route, reason}`` with the protocol id as ``route``.  Frames
 that are truncated, too long or never sent are refused by the transport before they get
-here (docs/network.md).
+here, which bounds, times out, counts and summarises such streams (docs/network.md).
 """
 
 from __future__ import annotations
@@ -39,7 +50,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from sdsync.errors import LocalProtocolError, RemoteProtocolError
+from sdsync.errors import LocalProtocolError, ProtocolNotSupportedError, RemoteProtocolError
 from sdsync.store.archive import ArchiveUnavailable
 from sdsync.store.filter import FilterLimits, FilterSubscriptions, answer_filter_subscribe
 from sdsync.store.host import ServedNode
@@ -112,6 +123,7 @@ class LightServices:
         self._clock = clock
         self._queues: dict[str, deque[bytes]] = {}
         self._workers: dict[str, asyncio.Task[None]] = {}
+        self._overflowing: set[str] = set()  # peers whose overflow was logged
 
     async def start(self) -> None:
         await self.host.serve(LIGHTPUSH_PROTOCOL, self._answer_lightpush)
@@ -208,9 +220,13 @@ class LightServices:
         queue = self._queues.setdefault(peer, deque())
         if len(queue) >= self.config.push_queue:
             self.node.metrics.filter_pushes.labels(outcome="dropped").inc()
-            logger.warning(
-                "filter subscriber %s is %d pushes behind: dropped one", peer, len(queue)
-            )
+            if peer not in self._overflowing:
+                self._overflowing.add(peer)
+                logger.warning(
+                    "filter subscriber %s is %d pushes behind: dropping pushes until it catches up",
+                    peer,
+                    len(queue),
+                )
             return
         queue.append(frame)
         if peer not in self._workers:
@@ -222,25 +238,42 @@ class LightServices:
         pushes = self.node.metrics.filter_pushes
         try:
             while queue:
-                try:
-                    await self.host.push(
-                        peer, FILTER_PUSH_PROTOCOL, queue[0], timeout_s=self.config.push_timeout_s
-                    )
-                except (OSError, TimeoutError, RemoteProtocolError, LocalProtocolError) as exc:
-                    pushes.labels(outcome="failed").inc()
-                    dropped = self.filters.push_failed(peer)
-                    logger.warning(
-                        "filter push to %s failed%s: %s",
-                        peer,
-                        " (subscription dropped)" if dropped else "",
-                        exc,
-                    )
-                    if dropped:
-                        return
-                else:
+                if await self._push(peer, queue[0]):
                     pushes.labels(outcome="sent").inc()
-                    self.filters.push_succeeded(peer)
+                    queue.popleft()
+                    continue
+                pushes.labels(outcome="failed").inc()
                 queue.popleft()
+                if peer not in self.filters:
+                    pushes.labels(outcome="dropped").inc(len(queue))
+                    return
         finally:
             del self._workers[peer]
             del self._queues[peer]
+            self._overflowing.discard(peer)
+
+    async def _push(self, peer: str, frame: bytes) -> bool:
+        """One push to ``peer``; False if it failed (counted against the subscriber,
+        whose subscription may be dropped for it)."""
+        try:
+            await self.host.push(
+                peer, FILTER_PUSH_PROTOCOL, frame, timeout_s=self.config.push_timeout_s
+            )
+        except ProtocolNotSupportedError as exc:
+            self._dropped(peer, "no_push_protocol", self.filters.drop(peer), exc)
+            return False
+        except (OSError, TimeoutError, RemoteProtocolError, LocalProtocolError) as exc:
+            dropped = self.filters.push_failed(peer)
+            if dropped:
+                self._dropped(peer, "push_failures", dropped, exc)
+            else:
+                logger.info("filter push to %s failed: %s", peer, exc)
+            return False
+        self.filters.push_succeeded(peer)
+        return True
+
+    def _dropped(self, peer: str, reason: str, dropped: bool, why: Exception) -> None:
+        if not dropped:
+            return
+        self.node.metrics.filter_drops.labels(reason=reason).inc()
+        logger.warning("filter subscription of %s dropped (%s): %s", peer, reason, why)

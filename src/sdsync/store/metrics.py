@@ -62,9 +62,17 @@ class StoreMetrics:
         )
         self.filter_pushes = Counter(
             "sdsync_store_filter_pushes",
-            "Filter pushes to subscribers, by outcome (sent, failed, dropped: the "
-            "subscriber's queue was full).",
+            "Filter pushes to subscribers, by outcome (sent; failed, after one retry on a "
+            "fresh stream; dropped: never tried, the subscriber's queue being full or its "
+            "subscription dropped).",
             ["outcome"],
+            registry=r,
+        )
+        self.filter_drops = Counter(
+            "sdsync_store_filter_subscriptions_dropped",
+            "Filter subscriptions the node dropped, by reason (push_failures: too many "
+            "failed pushes in a row; no_push_protocol: the peer does not take pushes).",
+            ["reason"],
             registry=r,
         )
         self.retention_deleted = Counter(
