@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from sdsync.transport.base import Envelope, Received, Transport
@@ -9,6 +10,7 @@ from sdsync.transport.memory import MemoryNetwork, MemoryTransport
 
 if TYPE_CHECKING:
     from sdsync.transport.libp2p import Libp2pTransport
+    from sdsync.transport.waku_light import WakuLightTransport
 
 __all__ = [
     "Envelope",
@@ -17,15 +19,15 @@ __all__ = [
     "MemoryTransport",
     "Received",
     "Transport",
+    "WakuLightTransport",
 ]
 
 # py-libp2p takes about a second to import: load it only for those who use it.
-_LAZY = {"Libp2pTransport"}
+_LAZY = {"Libp2pTransport": "libp2p", "WakuLightTransport": "waku_light"}
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        from sdsync.transport import libp2p
-
-        return getattr(libp2p, name)
+        module = importlib.import_module(f"sdsync.transport.{_LAZY[name]}")
+        return getattr(module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
