@@ -11,6 +11,12 @@ channel's topic ``/sds/1/<channel>`` travels as the content topic
 given (static sharding) or derived from the content topic (autosharding); the run prints
 both at start, for whoever joins from js-waku.
 
+With ``light`` (``--light``) the run relays nothing: a
+:class:`~sdsync.transport.waku_light.WakuLightTransport` publishes by LightPush and
+receives by Filter through the ``services`` given (nwaku, go-waku, ``sdsync store
+serve``), which are also its store peers unless ``stores`` are given; "the mesh" a
+scripted run waits for is then the services holding its Filter subscription.
+
 A :class:`ChatSession` shows the channel's events. Interactive, lines typed on stdin are
 sent; scripted (``sends``, ``wait_converged_s``, ``print_log``), the texts are sent in
 order, the run waits until converged and then lingers one more quiet period before it
@@ -24,7 +30,10 @@ group even in a line of chats each connected to the previous one).
 With ``stores`` (``--store``, :mod:`sdsync.chat.stores`) the channel fetches the messages
 it misses by their retrieval hints from store nodes: over their REST API, or as Waku store
 peers over this run's own libp2p host, and catches up from them periodically (everything
-on its content topic since the last time; at start, the time it was away). Interactive, a
+on its content topic since the last time; at start, the time it was away). A Waku store
+peer is asked once at start whether it speaks store v3: one that does not (go-waku serves
+only the legacy store) is named in a one-line error, rather than asked in vain all run
+long. Interactive, a
 catch-up is a status line when it starts and ends; a scripted run reports how many
 messages it fetched and how many catch-ups found. A :class:`PeerWatch` polls the
 transport's connected peers: when they come back after all were lost (network down, the
@@ -51,14 +60,24 @@ from rich.markup import escape
 
 from sdsync.chat.identity import Identity, load_identity, save_identity
 from sdsync.chat.session import ChatSession
-from sdsync.chat.stores import StoreChoice, open_stores, store_kind
+from sdsync.chat.stores import (
+    StoreChoice,
+    check_peer_address,
+    open_stores,
+    refuse_stores_without_v3,
+    store_kind,
+)
 from sdsync.core import ChannelConfig
-from sdsync.errors import OutgoingBufferFullError
+from sdsync.errors import LocalProtocolError, OutgoingBufferFullError
 from sdsync.runtime import ReliableChannel, RuntimeConfig
+from sdsync.transport.base import Transport
 from sdsync.wire.waku_protocols import TWN_CLUSTER_ID
 
 if TYPE_CHECKING:
-    from sdsync.transport.libp2p import Libp2pTransport
+    from collections import Counter
+
+    from sdsync.chat.identity import Identity
+    from sdsync.transport.libp2p import WakuRelayConfig
 
 DEFAULT_LISTEN = "/ip4/127.0.0.1/tcp/0"
 PEER_POLL_S = 1.0
@@ -68,6 +87,40 @@ class ConnectedPeers(Protocol):
     """The part of a transport a :class:`PeerWatch` looks at."""
 
     async def connected_peers(self) -> list[str]: ...
+
+
+class ChatTransport(Transport, ConnectedPeers, Protocol):
+    """What a chat asks of its transport: a Waku relay node
+    (:class:`~sdsync.transport.libp2p.Libp2pTransport`) or a light client
+    (:class:`~sdsync.transport.waku_light.WakuLightTransport`)."""
+
+    @property
+    def listen_addrs(self) -> list[str]: ...
+
+    @property
+    def received(self) -> int: ...
+
+    @property
+    def randomly_dropped(self) -> int: ...
+
+    @property
+    def rejected(self) -> Counter[str]: ...
+
+    async def start(self) -> None: ...
+
+    async def mesh_peers(self, topic: str) -> list[str]: ...
+
+    async def wait_for_mesh(self, topic: str, count: int, timeout_s: float) -> bool: ...
+
+    async def request(
+        self,
+        peer: str,
+        protocol_id: str,
+        payload: bytes,
+        *,
+        max_response_bytes: int,
+        timeout_s: float,
+    ) -> bytes: ...
 
 
 class PeerWatch:
@@ -106,6 +159,8 @@ class ChatOptions:
     listen: str | None = None
     peers: tuple[str, ...] = ()
     stores: tuple[str, ...] = ()  # http(s) URLs and multiaddrs, asked in this order
+    light: bool = False
+    services: tuple[str, ...] = ()  # of a light client, in order of preference
     drop_rate: float = 0.0
     seed: int | None = None
     sends: tuple[str, ...] = ()
@@ -123,6 +178,27 @@ class ChatOptions:
     def __post_init__(self) -> None:
         for store in self.stores:
             store_kind(store)  # refused now, not when a message goes missing
+        for service in self.services:
+            check_peer_address("--service", service)
+        if self.light and not self.services:
+            raise LocalProtocolError(
+                "--light needs at least one --service MULTIADDR: a Waku service node "
+                "(LightPush and Filter) to publish and receive through"
+            )
+        if self.services and not self.light:
+            raise LocalProtocolError("--service is for --light chats")
+        if self.light and self.peers:
+            raise LocalProtocolError(
+                "--peer is for relay; a --light chat reaches the others through --service"
+            )
+
+    @property
+    def store_peers(self) -> tuple[tuple[str, str], ...]:
+        """The stores to ask, each with the flag that named it: ``--store``, else a light
+        chat's services."""
+        if self.stores:
+            return tuple(("--store", store) for store in self.stores)
+        return tuple(("--service", service) for service in self.services)
 
     @property
     def scripted(self) -> bool:
@@ -138,18 +214,11 @@ class ChatOptions:
 async def run_chat(options: ChatOptions, console: Console) -> int:
     """The whole chat; returns the exit code."""
     from sdsync.transport.base import default_content_topic
-    from sdsync.transport.libp2p import Libp2pTransport, WakuRelayConfig
+    from sdsync.transport.libp2p import WakuRelayConfig
 
     identity = load_identity(options.state_dir, options.name)
     waku = WakuRelayConfig(cluster_id=options.cluster_id, shard=options.shard)
-    transport = Libp2pTransport(
-        listen=[options.listen or identity.listen or DEFAULT_LISTEN],
-        peers=options.peers,
-        key=identity.key,
-        drop_rate=options.drop_rate,
-        seed=options.seed,
-        waku=waku,
-    )
+    transport = _transport(options, identity, waku)
     await transport.start()
     try:
         address = transport.listen_addrs[0]
@@ -162,7 +231,9 @@ async def run_chat(options: ChatOptions, console: Console) -> int:
             highlight=False,
             soft_wrap=True,
         )
-        stores = open_stores(options.stores, transport) if options.stores else None
+        store_peers = options.store_peers
+        stores = open_stores([s for _, s in store_peers], transport) if store_peers else None
+        await refuse_stores_without_v3(store_peers, transport)
         channel = ReliableChannel(
             transport,
             options.channel,
@@ -174,8 +245,9 @@ async def run_chat(options: ChatOptions, console: Console) -> int:
             state_dir=options.state_dir,
         )
         content_topic = default_content_topic(channel.topic)
+        how = f"light client of {len(options.services)} service(s)" if options.light else "relay"
         console.print(
-            f"Waku relay: content topic {content_topic} on {waku.pubsub_topic(content_topic)}",
+            f"Waku {how}: content topic {content_topic} on {waku.pubsub_topic(content_topic)}",
             highlight=False,
             soft_wrap=True,
         )
@@ -203,9 +275,38 @@ async def run_chat(options: ChatOptions, console: Console) -> int:
         await transport.close()
 
 
+def _transport(options: ChatOptions, identity: Identity, waku: WakuRelayConfig) -> ChatTransport:
+    from sdsync.transport.libp2p import Libp2pTransport
+    from sdsync.transport.waku_light import WakuLightTransport, announced_shards
+
+    listen = [options.listen or identity.listen or DEFAULT_LISTEN]
+    topics = [f"/sds/1/{options.channel}"]
+    if options.light:
+        return WakuLightTransport(
+            options.services,
+            listen=listen,
+            key=identity.key,
+            waku=waku,
+            topics=topics,
+            drop_rate=options.drop_rate,
+            seed=options.seed,
+        )
+    return Libp2pTransport(
+        listen=listen,
+        peers=options.peers,
+        key=identity.key,
+        drop_rate=options.drop_rate,
+        seed=options.seed,
+        waku=waku,
+        # Named from the start: go-waku drops a peer of its cluster that names no shard,
+        # and the store peers are asked before the channel joins its shard.
+        announce_shards=announced_shards(waku, topics),
+    )
+
+
 async def _script(
     session: ChatSession,
-    transport: Libp2pTransport,
+    transport: ChatTransport,
     stores: StoreChoice | None,
     options: ChatOptions,
 ) -> int:
@@ -214,8 +315,9 @@ async def _script(
     # Only the neighbours we are connected to are in our mesh, however many participants
     # the group has: --min-peers (participants heard from) cannot be the number to wait for.
     if options.sends and not await transport.wait_for_mesh(topic, options.min_mesh, patience):
+        neighbours = "service(s) with our subscription" if options.light else "peer(s) in"
         session.say(
-            f"fewer than {options.min_mesh} peer(s) in the channel's mesh (--min-mesh) "
+            f"fewer than {options.min_mesh} {neighbours} the channel's mesh (--min-mesh) "
             f"after {patience:g} s; sending anyway",
             style="yellow",
         )
@@ -258,7 +360,7 @@ async def _script(
     return code
 
 
-async def _interact(session: ChatSession, transport: Libp2pTransport) -> None:
+async def _interact(session: ChatSession, transport: ChatTransport) -> None:
     session.say("type a message and Enter to send; /log, /peers, /quit", style="dim")
     async for text in _stdin_lines():
         command = text.strip()

@@ -7,7 +7,10 @@ REST API (:class:`~sdsync.store.HttpStoreClient`), a libp2p multiaddr with ``/p2
 (TCP or websocket) is a Waku store peer, asked over ``/vac/waku/store-query/3.0.0``
 through the chat's own transport (:meth:`~sdsync.store.WakuStoreClient.over`), which
 dials it when asked. :func:`store_kind` tells which, and refuses anything else before the
-chat starts (exit 2).
+chat starts (exit 2). :func:`refuse_stores_without_v3` asks each Waku store peer once at
+start, and refuses one that is reachable but does not speak store v3 (go-waku 0.9.0
+serves only the legacy ``/vac/waku/store/2.0.0-beta4``): asking it all run long would
+only ever fetch nothing. One that cannot be reached yet is let be: it may come.
 
 :class:`StoreChoice` is the runtime's StoreClient for all of them: each fetch or catch-up
 asks the stores in the order given and moves on to the next only while one is unavailable
@@ -21,14 +24,20 @@ report.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
 
-from sdsync.errors import LocalProtocolError
+from sdsync.errors import LocalProtocolError, ProtocolNotSupportedError, RemoteProtocolError
 from sdsync.lifecycle import AsyncLifecycle
 from sdsync.transport.base import Received
 from sdsync.wire import HistoryEntry
+from sdsync.wire.waku_protocols import (
+    MAX_STORE_RESPONSE_BYTES,
+    STORE_QUERY_PROTOCOL,
+    StoreQueryRequest,
+)
 
 if TYPE_CHECKING:
     from sdsync.store.client import StoreQueries
@@ -37,13 +46,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger("sdsync.chat")
 
 StoreKind = Literal["rest", "waku"]
+PROBE_TIMEOUT_S = 5.0
 
 
 def store_kind(value: str) -> StoreKind:
     """``"rest"`` for an http(s) URL, ``"waku"`` for a multiaddr of a peer; a value that is
     neither is the caller's mistake (LocalProtocolError)."""
     if value.startswith("/"):
-        _check_peer_address(value)
+        check_peer_address("--store", value)
         return "waku"
     url = urlsplit(value)
     if url.scheme in ("http", "https") and url.netloc:
@@ -55,17 +65,44 @@ def store_kind(value: str) -> StoreKind:
     )
 
 
-def _check_peer_address(value: str) -> None:
+def check_peer_address(flag: str, value: str) -> None:
+    """Refuse (LocalProtocolError) a ``flag`` value that is no multiaddr of a peer."""
     import multiaddr  # the p2p extra, which the chat needs anyway
 
     try:
         peer_id = multiaddr.Multiaddr(value).get_peer_id()
     except Exception as exc:
-        raise LocalProtocolError(f"--store {value!r} is not a multiaddr: {exc}") from None
+        raise LocalProtocolError(f"{flag} {value!r} is not a multiaddr: {exc}") from None
     if peer_id is None:
         raise LocalProtocolError(
-            f"--store {value!r} names no peer: end it with /p2p/PEER_ID, as a store prints it"
+            f"{flag} {value!r} names no peer: end it with /p2p/PEER_ID, as a node prints it"
         )
+
+
+async def refuse_stores_without_v3(
+    stores: Sequence[tuple[str, str]], transport: StreamRequester
+) -> None:
+    """Ask each Waku store peer of ``stores`` (flag, value) for one hash: LocalProtocolError
+    naming the first that is reachable but does not speak store v3."""
+    probe = StoreQueryRequest(request_id=uuid.uuid4().hex, pagination_limit=1).to_bytes()
+    for flag, value in stores:
+        if store_kind(value) != "waku":
+            continue
+        try:
+            await transport.request(
+                value,
+                STORE_QUERY_PROTOCOL,
+                probe,
+                max_response_bytes=MAX_STORE_RESPONSE_BYTES,
+                timeout_s=PROBE_TIMEOUT_S,
+            )
+        except ProtocolNotSupportedError:
+            raise LocalProtocolError(
+                f"{flag} {value} does not serve Waku store v3 ({STORE_QUERY_PROTOCOL}; "
+                "go-waku serves only the legacy store): name a store v3 peer with --store"
+            ) from None
+        except (OSError, RemoteProtocolError) as exc:  # not there yet, perhaps: asked again
+            logger.info("store %s did not answer at start: %s", value, exc)
 
 
 def open_stores(values: Sequence[str], transport: StreamRequester) -> StoreChoice:

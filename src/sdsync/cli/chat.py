@@ -110,6 +110,24 @@ def chat_command(
             "until connected, and after it goes away.",
         ),
     ] = None,
+    light: Annotated[
+        bool,
+        typer.Option(
+            "--light",
+            help="Relay nothing: a Waku light client, publishing by LightPush and receiving "
+            "by Filter through --service nodes, which are its store peers too unless --store "
+            "is given.",
+        ),
+    ] = False,
+    service: Annotated[
+        ListOption,
+        typer.Option(
+            metavar="MULTIADDR",
+            help="A Waku service node of --light (LightPush, Filter, and store v3 unless "
+            "--store is given), /ip4/HOST/tcp/PORT/p2p/ID; repeatable: a message goes to the "
+            "first that takes it, Filter subscribes at up to two.",
+        ),
+    ] = None,
     store: Annotated[
         ListOption,
         typer.Option(
@@ -169,7 +187,8 @@ def chat_command(
         typer.Option(
             min=0,
             help="--send first waits (up to the --wait-converged time, else 10 s) for this "
-            "many peers in the channel's gossipsub mesh, i.e. directly connected.",
+            "many peers in the channel's gossipsub mesh, i.e. directly connected (--light: "
+            "services holding our Filter subscription).",
         ),
     ] = 1,
     cluster_id: Annotated[
@@ -221,7 +240,8 @@ def chat_command(
     """Group chat over Waku Relay; run one per terminal (docs/chat.md).
 
     It prints its own address: give that to the others with --peer. js-waku relay nodes
-    join with the content topic and pubsub topic it prints.
+    join with the content topic and pubsub topic it prints. With --light it relays nothing
+    and goes through --service nodes instead.
 
     Type a line to send it; its status follows. /log, /peers, /quit.
 
@@ -244,6 +264,8 @@ def chat_command(
             listen=listen,
             peers=tuple(peer or ()),
             stores=tuple(store or ()),
+            light=light,
+            services=tuple(service or ()),
             drop_rate=drop_rate,
             seed=seed,
             sends=tuple(send or ()),
