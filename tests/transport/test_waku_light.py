@@ -234,6 +234,23 @@ def test_a_restarted_service_is_subscribed_to_again(tmp_path: Path) -> None:
     asyncio.run(scenario())
 
 
+def test_a_service_that_forgot_us_answers_a_ping_404_and_is_subscribed_to_again(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        async with services(tmp_path, 1) as [service], client(service.address) as bob:
+            heard = await subscribed(bob)
+            assert service.node is not None and service.node.light is not None
+            filters = service.node.light.filters
+            assert filters.expire(math.inf) == [bob.peer_id]  # as if its TTL had passed
+            await until(lambda: bool(filters.criteria(bob.peer_id)), "bob subscribed again")
+            async with client(service.address) as alice:
+                hint = await alice.push(TOPIC, b"after the 404")
+            assert await next_frame(heard) == Received(b"after the 404", hint)
+
+    asyncio.run(scenario())
+
+
 def test_two_services_push_the_same_message_and_it_is_received_once(tmp_path: Path) -> None:
     async def scenario() -> None:
         async with services(tmp_path, 2, relayed=True) as [first, second]:

@@ -347,12 +347,16 @@ class ServiceNode:
         return cls(address, str(peer_id))
 
 
-def announced_shards(waku: WakuRelayConfig, topics: Iterable[str]) -> tuple[int, ...]:
+def announced_shards(
+    waku: WakuRelayConfig,
+    topics: Iterable[str],
+    content_topic: Callable[[str], str] = default_content_topic,
+) -> tuple[int, ...]:
     """The shards a light client names in its metadata: the static shard, or the
     autoshards of ``topics``' content topics (every shard of the cluster without topics)."""
     if waku.shard is not None:
         return (waku.shard,)
-    shards = {parse_content_topic(default_content_topic(t)).shard(waku.shard_count) for t in topics}
+    shards = {parse_content_topic(content_topic(t)).shard(waku.shard_count) for t in topics}
     return tuple(sorted(shards)) if shards else tuple(range(waku.shard_count))
 
 
@@ -389,7 +393,7 @@ class WakuLightTransport(AsyncLifecycle):
             listen=listen,
             key=key,
             waku=self.waku,
-            announce_shards=announced_shards(self.waku, topics),
+            announce_shards=announced_shards(self.waku, topics, content_topic),
         )
         self.peer_id = self.host.peer_id
         self._by_peer = {service.peer_id: index for index, service in enumerate(self.services)}
