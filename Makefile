@@ -13,7 +13,7 @@ NODE_JS_DIRS := tests/interop/waku_relay tests/interop/waku_light tests/interop/
 NODESTAMPS := $(NODE_JS_DIRS:%=%/node_modules/.installed-stamp)
 PYTEST_ARGS ?=
 
-.PHONY: demo test soak lint typecheck proto bench bench-memory bench-reconcile bench-sim bench-reliability fuzz clean postgres
+.PHONY: demo test soak lint typecheck proto bench bench-memory bench-reconcile bench-sim bench-reliability bench-waku fuzz clean postgres
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -93,6 +93,11 @@ bench-sim: $(STAMP)
 # (docs/reliability.md#performance); under a minute.
 bench-reliability: $(STAMP)
 	$(PY) bench/reliability_grpc.py
+
+# Waku relay (100 B / 4 kB / 40 kB), LightPush and Filter: sdsync beside go-waku 0.9.0
+# (../shared/tools/go-waku or SDSYNC_GO_WAKU), msg/s, p50/p99 and ratios; a few minutes.
+bench-waku: $(STAMP)
+	$(PY) bench/waku_vs_go_waku.py
 
 fuzz: $(STAMP)
 	$(PY) bench/fuzz_decoders.py --examples 100000

@@ -1,0 +1,656 @@
+"""Waku relay, LightPush and Filter: sdsync beside go-waku 0.9.0, side by side in one run.
+
+Every node runs on 127.0.0.1, each in a process of its own, as deployed; the go-waku
+binary comes from ``SDSYNC_GO_WAKU`` or ``../shared/tools/go-waku`` (see
+:mod:`sdsync.testing.gowaku`). Three measurements:
+
+* **Relay**, messages/s between two nodes on shard 7 of cluster 1, at each payload size
+  (100 B, 4 kB, 40 kB): go-waku → go-waku (published by REST on one, counted from the
+  other's REST message cache), sdsync → go-waku, go-waku → sdsync and sdsync → sdsync
+  (:class:`~sdsync.transport.libp2p.Libp2pTransport`, the receiver in a child process).
+* **LightPush**, requests/s and p50/p99 latency served by go-waku (``--lightpush``) and by
+  `sdsync store serve`: a raw Libp2pTransport client keeps ``--concurrency`` requests of
+  ``/vac/waku/lightpush/2.0.0-beta1`` (the version both serve) in flight; each service node
+  relays to one go-waku relay peer. Our store node also archives each message.
+* **Filter**, pushes/s and p50/p99 latency (REST publish to push received) served by
+  go-waku (``--filter``) and by `sdsync store serve`, to a raw Libp2pTransport subscriber
+  taking the pushes with ``serve_pushes``; the messages come from a go-waku relay node
+  publishing by REST.
+
+Every row does the same: a warm-up (``--warmup`` messages or requests, repeated until
+they arrive, so meshes and subscriptions are formed), then ``--count`` more, timed by wall
+clock from the first send to the last delivery (the receiver's CLOCK_MONOTONIC, which is
+system-wide on Linux); nothing is timed inside a node. A row that loses messages says how
+many arrived, and its rate is of those. Each publisher or counter that is a Python process
+of this script does only that (``--role``), so no two Python roles share a GIL. REST
+publishing and counting go through keep-alive HTTP connections; go-waku's REST publish is
+one HTTP call per message, which bounds the go-waku publisher rows from above.
+
+Timing never fails the run: the figures are printed, with ratios against go-waku's. Run it
+on a quiet machine; ``--count``/``--warmup`` small for a smoke run.
+
+    .venv/bin/python bench/waku_vs_go_waku.py
+    .venv/bin/python bench/waku_vs_go_waku.py --count 200 --warmup 20 --sizes 100,4000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import http.client
+import json
+import os
+import sys
+import tempfile
+import time
+import urllib.parse
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sdsync.testing.gowaku import GoWaku, GoWakuOptions, go_waku_binary
+from sdsync.transport.libp2p import Libp2pTransport, WakuRelayConfig
+from sdsync.wire.waku import WakuMessage
+from sdsync.wire.waku_protocols import (
+    FILTER_PUSH_PROTOCOL,
+    FILTER_SUBSCRIBE_PROTOCOL,
+    LIGHTPUSH_V2_PROTOCOL,
+    FilterSubscribeRequest,
+    FilterSubscribeResponse,
+    FilterSubscribeType,
+    MessagePush,
+    PushRequest,
+    PushRpc,
+)
+
+TOPIC = "/sds/1/waku-bench"  # a channel; its content topic autoshards to 7 on cluster 1
+CONTENT_TOPIC = TOPIC + "/proto"
+SHARD = 7
+PUBSUB_TOPIC = f"/waku/2/rs/1/{SHARD}"
+WARM, TIMED = b"w", b"t"  # a payload's first byte
+STAMP = slice(1, 9)  # then the sender's CLOCK_MONOTONIC in ns, big-endian
+WAKU = WakuRelayConfig(cluster_id=1)
+CACHE = "--rest-relay-cache-capacity=100000"  # a REST counter drains it between polls
+POLL_S = 0.01
+
+
+def payload(tag: bytes, size: int) -> bytes:
+    """``size`` bytes (at least 9): ``tag``, the monotonic clock now, padding."""
+    return (tag + time.monotonic_ns().to_bytes(8, "big")).ljust(size, b".")
+
+
+# ----------------------------------------------------------------- the roles (child side)
+
+
+class Rest:
+    """go-waku's REST API over one keep-alive connection."""
+
+    def __init__(self, port: int) -> None:
+        self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+
+    def call(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"}
+        self.connection.request(method, path, body=data, headers=headers)
+        response = self.connection.getresponse()
+        return response.status, response.read()
+
+
+TOPIC_PATH = "/relay/v1/messages/" + urllib.parse.quote(PUBSUB_TOPIC, safe="")
+
+
+def publish_role(rest_port: int, size: int, warmup: int, count: int) -> None:
+    """Reads ``warm`` or ``go`` lines; publishes ``warmup`` or ``count`` messages through
+    go-waku's REST API for each, then prints ``sent <failures>``."""
+    rest = Rest(rest_port)
+    for line in sys.stdin:
+        tag, n = (WARM, warmup) if line.strip() == "warm" else (TIMED, count)
+        failures = 0
+        for _ in range(n):
+            data = payload(tag, size)
+            message = {
+                "payload": base64.b64encode(data).decode(),
+                "contentTopic": CONTENT_TOPIC,
+                "timestamp": time.time_ns(),
+            }
+            status, _ = rest.call("POST", TOPIC_PATH, message)
+            failures += status != 200  # go-waku before its mesh formed: no peers
+        print(f"sent {failures}", flush=True)
+
+
+class Tally:
+    """A receiver's count: ``warm`` printed once ``warmup`` warm-up messages arrived,
+    then ``done <timed> <last ns>`` once ``count`` timed ones did (or at the deadline)."""
+
+    def __init__(self, warmup: int, count: int) -> None:
+        self.warmup, self.count = warmup, count
+        self.warm = self.timed = self.last_ns = 0
+
+    def take(self, first_byte: int) -> None:
+        if first_byte == WARM[0]:
+            self.warm += 1
+            if self.warm == self.warmup:
+                print("warm", flush=True)
+        elif first_byte == TIMED[0]:
+            self.timed += 1
+            self.last_ns = time.monotonic_ns()
+
+    @property
+    def complete(self) -> bool:
+        return self.timed >= self.count
+
+    def report(self) -> None:
+        print(f"done {self.timed} {self.last_ns}", flush=True)
+
+
+def count_go_waku_role(rest_port: int, warmup: int, count: int, patience: float) -> None:
+    """Counts what go-waku's REST message cache receives, polling it."""
+    rest = Rest(rest_port)
+    rest.call("POST", "/relay/v1/subscriptions", [PUBSUB_TOPIC])
+    print("ready", flush=True)
+    tally = Tally(warmup, count)
+    deadline = time.monotonic() + patience
+    while not tally.complete and time.monotonic() < deadline:
+        _, body = rest.call("GET", TOPIC_PATH)
+        for message in json.loads(body) or []:
+            tally.take(base64.b64decode(message["payload"][:4])[0])
+        time.sleep(POLL_S)
+    tally.report()
+
+
+async def receive_sdsync_role(warmup: int, count: int, patience: float) -> None:
+    """Counts what a Libp2pTransport relay node receives; prints its address first."""
+    async with Libp2pTransport(waku=WAKU) as node:
+        inbox = node.subscribe(TOPIC)
+        print(f"ready {node.listen_addrs[0]}", flush=True)
+        tally = Tally(warmup, count)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(patience):
+                async for received in inbox:
+                    tally.take(received.data[0])
+                    if tally.complete:
+                        break
+        tally.report()
+
+
+# ----------------------------------------------------------------- the driver's side
+
+
+class Child:
+    """This script in another process, in one ``--role``, speaking lines."""
+
+    def __init__(self, process: asyncio.subprocess.Process, name: str) -> None:
+        self.process, self.name = process, name
+
+    @classmethod
+    async def start(cls, name: str, *args: str) -> Child:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--role", name, *args,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        return cls(process, name)
+
+    async def line(self, timeout_s: float) -> str | None:
+        """Its next line, or None if none came within ``timeout_s``."""
+        assert self.process.stdout is not None
+        try:
+            raw = await asyncio.wait_for(self.process.stdout.readline(), timeout_s)
+        except TimeoutError:
+            return None
+        if not raw:
+            raise RuntimeError(f"the {self.name} process ended (code {self.process.returncode})")
+        return raw.decode().strip()
+
+    def tell(self, line: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(line.encode() + b"\n")
+
+    async def close(self) -> None:
+        if self.process.returncode is None:
+            self.process.kill()
+        await self.process.wait()
+
+
+@dataclass
+class Options:
+    warmup: int
+    count: int
+    patience: float
+    concurrency: int
+    light_size: int
+    binary: str
+    tmp: Path
+    nodes: list[GoWaku] = field(default_factory=list)
+
+    def go_waku(self, **options: Any) -> GoWaku:
+        node = GoWaku(
+            self.binary, self.tmp / f"go-waku-{len(self.nodes)}", GoWakuOptions(**options)
+        )
+        self.nodes.append(node)
+        node.wait_up()
+        return node
+
+    def child_args(self) -> list[str]:
+        return ["--warmup", str(self.warmup), "--count", str(self.count)]
+
+
+@dataclass
+class Result:
+    """What a timed phase delivered: how many, in how long; latencies if measured."""
+
+    delivered: int
+    seconds: float
+    latencies_ms: list[float] = field(default_factory=list)
+    service_cpu_s: float = 0.0  # the service node's CPU time over the timed phase
+    client_cpu_s: float = 0.0  # this process's (the client's), likewise
+
+    @property
+    def rate(self) -> float:
+        return self.delivered / self.seconds if self.seconds > 0 else 0.0
+
+    def percentile(self, share: float) -> float:
+        ordered = sorted(self.latencies_ms)
+        return ordered[min(len(ordered) - 1, int(share * len(ordered)))] if ordered else 0.0
+
+
+Sender = Callable[[str], Awaitable[None]]  # "warm" or "go"
+
+
+def rest_sender(publisher: Child) -> Sender:
+    async def send(what: str) -> None:
+        publisher.tell(what)
+        if what == "warm":  # the timed phase's "sent" is read after it
+            await publisher.line(600)
+
+    return send
+
+
+def sdsync_sender(node: Libp2pTransport, size: int, options: Options) -> Sender:
+    async def send(what: str) -> None:
+        tag, n = (WARM, options.warmup) if what == "warm" else (TIMED, options.count)
+        for _ in range(n):
+            await node.publish(TOPIC, payload(tag, size))
+
+    return send
+
+
+async def timed_relay(send: Sender, receiver: Child, options: Options) -> Result:
+    """Warm-up rounds until the receiver has one, then the timed phase."""
+    deadline = time.monotonic() + options.patience
+    while True:
+        await send("warm")
+        if await receiver.line(5.0) == "warm":
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no warm-up round reached the {receiver.name} receiver")
+    start = time.monotonic_ns()
+    await send("go")
+    done = await receiver.line(options.patience + 30)
+    assert done is not None and done.startswith("done "), done
+    delivered, last_ns = map(int, done.split()[1:])
+    return Result(delivered, (last_ns - start) / 1e9)
+
+
+@contextlib.asynccontextmanager
+async def children(*starts: Awaitable[Child]) -> AsyncIterator[list[Child]]:
+    started: list[Child] = []
+    try:
+        for start in starts:
+            started.append(await start)
+        yield started
+    finally:
+        for child in started:
+            await child.close()
+
+
+async def go_to_go(size: int, options: Options) -> Result:
+    a = options.go_waku(extra=[CACHE])
+    b = options.go_waku(static_nodes=[a.address], extra=[CACHE])
+    args = options.child_args()
+    async with children(
+        Child.start("count-go-waku", "--rest-port", str(b.rest_port), *args, *_patience(options)),
+        Child.start("publish-rest", "--rest-port", str(a.rest_port), "--size", str(size), *args),
+    ) as (counter, publisher):
+        await counter.line(30)
+        return await timed_relay(rest_sender(publisher), counter, options)
+
+
+async def sdsync_to_go(size: int, options: Options) -> Result:
+    b = options.go_waku(extra=[CACHE])
+    args = [*options.child_args(), *_patience(options)]
+    async with children(Child.start("count-go-waku", "--rest-port", str(b.rest_port), *args)) as (
+        counter,
+    ):
+        await counter.line(30)
+        async with Libp2pTransport(peers=[b.address], waku=WAKU) as node:
+            node.subscribe(TOPIC)
+            await node.wait_for_mesh(TOPIC, 1, options.patience)
+            return await timed_relay(sdsync_sender(node, size, options), counter, options)
+
+
+async def go_to_sdsync(size: int, options: Options) -> Result:
+    args = options.child_args()
+    async with children(Child.start("receive-sdsync", *args, *_patience(options))) as (receiver,):
+        ready = await receiver.line(30)
+        assert ready is not None
+        a = options.go_waku(static_nodes=[ready.split()[1]])
+        rest = ["--rest-port", str(a.rest_port), "--size", str(size)]
+        async with children(Child.start("publish-rest", *rest, *args)) as (publisher,):
+            return await timed_relay(rest_sender(publisher), receiver, options)
+
+
+async def sdsync_to_sdsync(size: int, options: Options) -> Result:
+    async with children(
+        Child.start("receive-sdsync", *options.child_args(), *_patience(options))
+    ) as (receiver,):
+        ready = await receiver.line(30)
+        assert ready is not None
+        async with Libp2pTransport(peers=[ready.split()[1]], waku=WAKU) as node:
+            node.subscribe(TOPIC)
+            await node.wait_for_mesh(TOPIC, 1, options.patience)
+            return await timed_relay(sdsync_sender(node, size, options), receiver, options)
+
+
+def _patience(options: Options) -> list[str]:
+    return ["--patience", str(options.patience)]
+
+
+RELAY_PAIRS: dict[str, Callable[[int, Options], Awaitable[Result]]] = {
+    "go-waku -> go-waku": go_to_go,
+    "sdsync -> go-waku": sdsync_to_go,
+    "go-waku -> sdsync": go_to_sdsync,
+    "sdsync -> sdsync": sdsync_to_sdsync,
+}
+
+
+# ----------------------------------------------------------------- services
+
+
+class StoreServe:
+    """`sdsync store serve` relaying shard 7 (LightPush and Filter on), its relay peer
+    ``relay_peer``."""
+
+    def __init__(self, process: asyncio.subprocess.Process, address: str) -> None:
+        self.process, self.address = process, address
+
+    @classmethod
+    async def start(cls, data_dir: Path, relay_peer: str) -> StoreServe:
+        data_dir.mkdir(parents=True)
+        with (data_dir / "stderr.log").open("wb") as log:  # py-libp2p's warnings
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "sdsync.cli", "store", "serve", "--data-dir", str(data_dir),
+                "--listen", "127.0.0.1:0", "--retention", "none", "--relay-shard", str(SHARD),
+                "--relay-peer", relay_peer,
+                stdout=asyncio.subprocess.PIPE, stderr=log,
+            )  # fmt: skip
+        assert process.stdout is not None
+        for _ in range(2):  # "listening on <url> …", then "relay on <multiaddrs>, …"
+            line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
+        address = line.split()[4].rstrip(",").split(",")[0]
+        return cls(process, address)
+
+    async def close(self) -> None:
+        self.process.terminate()
+        await self.process.wait()
+
+
+@dataclass
+class Service:
+    """A LightPush/Filter service node: its multiaddr and process id."""
+
+    address: str
+    pid: int
+
+    def cpu_s(self) -> float:
+        """Its CPU time so far, user and system (Linux /proc)."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextlib.asynccontextmanager
+async def service(
+    kind: str, peer: GoWaku, options: Options, **flags: bool
+) -> AsyncIterator[Service]:
+    """A service node of ``kind`` whose relay peer is ``peer``."""
+    if kind == "go-waku":
+        node = options.go_waku(static_nodes=[peer.address], **flags)
+        yield Service(node.address, node.process.pid)
+        return
+    store = await StoreServe.start(options.tmp / f"store-{uuid.uuid4().hex[:8]}", peer.address)
+    try:
+        yield Service(store.address, store.process.pid)
+    finally:
+        await store.close()
+
+
+async def timed(service: Service, phase: Awaitable[Result]) -> Result:
+    """``phase``'s result with the CPU time the service and this process spent in it."""
+    service_before, client_before = service.cpu_s(), time.process_time()
+    result = await phase
+    result.service_cpu_s = service.cpu_s() - service_before
+    result.client_cpu_s = time.process_time() - client_before
+    return result
+
+
+def light_client() -> Libp2pTransport:
+    # It relays nothing, but names shard 7 in its metadata, or go-waku drops it.
+    return Libp2pTransport(waku=WAKU, announce_shards=(SHARD,))
+
+
+async def lightpush_once(client: Libp2pTransport, address: str, size: int) -> float | None:
+    """One LightPush request; its latency in ms, or None if it was refused."""
+    message = WakuMessage(payload(TIMED, size), CONTENT_TOPIC, timestamp=time.time_ns())
+    rpc = PushRpc(uuid.uuid4().hex, request=PushRequest(PUBSUB_TOPIC, message))
+    start = time.perf_counter()
+    try:
+        answer = await client.request(address, LIGHTPUSH_V2_PROTOCOL, rpc.to_bytes(), timeout_s=10)
+    except (OSError, TimeoutError):
+        return None
+    elapsed = (time.perf_counter() - start) * 1000
+    response = PushRpc.from_bytes(answer).response
+    return elapsed if response is not None and response.is_success else None
+
+
+async def lightpush_row(kind: str, options: Options) -> Result:
+    sink = options.go_waku()
+    async with service(kind, sink, options, lightpush=True) as node, light_client() as client:
+        deadline = time.monotonic() + options.patience
+        warmed = 0
+        while warmed < options.warmup:  # until the service's relay mesh has formed
+            warmed += await lightpush_once(client, node.address, options.light_size) is not None
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{kind} never accepted a LightPush request")
+        return await timed(node, lightpush_phase(client, node.address, options))
+
+
+async def lightpush_phase(client: Libp2pTransport, address: str, options: Options) -> Result:
+    """``--count`` requests, ``--concurrency`` at a time."""
+    pending = iter(range(options.count))
+    latencies: list[float] = []
+
+    async def worker() -> None:
+        for _ in pending:
+            latency = await lightpush_once(client, address, options.light_size)
+            if latency is not None:
+                latencies.append(latency)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(options.concurrency)))
+    return Result(len(latencies), time.perf_counter() - start, latencies)
+
+
+class Pushes:
+    """Filter pushes a subscriber takes: warm-up ones counted, timed ones with latency."""
+
+    def __init__(self) -> None:
+        self.warm = 0
+        self.latencies_ms: list[float] = []
+        self.last_ns = 0
+
+    async def take(self, peer: str, frame: bytes) -> None:
+        message = MessagePush.from_bytes(frame).waku_message
+        if message is None:
+            return
+        data = message.payload
+        if data[:1] == WARM:
+            self.warm += 1
+        elif data[:1] == TIMED:
+            self.last_ns = time.monotonic_ns()
+            sent = int.from_bytes(data[STAMP], "big")
+            self.latencies_ms.append((self.last_ns - sent) / 1e6)
+
+
+async def subscribe(client: Libp2pTransport, address: str) -> None:
+    request = FilterSubscribeRequest(
+        uuid.uuid4().hex, FilterSubscribeType.SUBSCRIBE, PUBSUB_TOPIC, (CONTENT_TOPIC,)
+    )
+    answer = await client.request(address, FILTER_SUBSCRIBE_PROTOCOL, request.to_bytes())
+    response = FilterSubscribeResponse.from_bytes(answer)
+    if response.status_code != 200:
+        raise RuntimeError(f"Filter subscription refused: {response}")
+
+
+async def until(check: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(POLL_S)
+    return True
+
+
+async def filter_row(kind: str, options: Options) -> Result:
+    source = options.go_waku()
+    pushes = Pushes()
+    client = light_client()
+    await client.serve_pushes(FILTER_PUSH_PROTOCOL, pushes.take)
+    args = ["--rest-port", str(source.rest_port), "--size", str(options.light_size)]
+    async with (
+        service(kind, source, options, filter=True) as node,
+        client,
+        children(Child.start("publish-rest", *args, *options.child_args())) as (publisher,),
+    ):
+        await subscribe(client, node.address)
+        deadline = time.monotonic() + options.patience
+        while True:  # until the service's relay mesh with the source has formed
+            publisher.tell("warm")
+            await publisher.line(600)
+            if await until(lambda: pushes.warm >= options.warmup, 5.0):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no warm-up push came from {kind}")
+        return await timed(node, filter_phase(publisher, pushes, options))
+
+
+async def filter_phase(publisher: Child, pushes: Pushes, options: Options) -> Result:
+    """``--count`` messages published at the source, until all are pushed (or patience)."""
+    start = time.monotonic_ns()
+    publisher.tell("go")
+    await until(lambda: len(pushes.latencies_ms) >= options.count, options.patience)
+    seconds = (pushes.last_ns - start) / 1e9
+    return Result(len(pushes.latencies_ms), seconds, pushes.latencies_ms)
+
+
+# ----------------------------------------------------------------- the report
+
+
+def relay_table(results: dict[tuple[str, int], Result], sizes: list[int], count: int) -> None:
+    print(f"\nRelay, messages/s between two nodes ({count} per cell; x: ratio to go-waku's)")
+    print(f"{'':<20}" + "".join(f"{size:>18,} B" for size in sizes))
+    for pair in RELAY_PAIRS:
+        cells = []
+        for size in sizes:
+            result, anchor = results[pair, size], results["go-waku -> go-waku", size]
+            ratio = result.rate / anchor.rate if anchor.rate else 0.0
+            short = "" if result.delivered == count else f" [{result.delivered}]"
+            cells.append(f"{result.rate:>9,.0f} {ratio:>5.2f}x{short}".rjust(20))
+        print(f"{pair:<20}" + "".join(cells))
+
+
+def service_table(title: str, unit: str, results: dict[str, Result], count: int) -> None:
+    print(f"\n{title} ({count} each; CPU: the service's ms per message, the client's share)")
+    header = f"{'served by':<20}{unit:>10}{'ratio':>8}{'p50 ms':>9}{'p99 ms':>9}"
+    print(f"{header}{'delivered':>11}{'svc CPU ms':>12}{'client CPU':>12}")
+    anchor = results["go-waku"].rate
+    for kind, result in results.items():
+        ratio = result.rate / anchor if anchor else 0.0
+        per_message = 1000 * result.service_cpu_s / max(1, result.delivered)
+        client_share = result.client_cpu_s / result.seconds if result.seconds > 0 else 0.0
+        print(
+            f"{kind:<20}{result.rate:>10,.0f}{ratio:>7.2f}x{result.percentile(0.5):>9.1f}"
+            f"{result.percentile(0.99):>9.1f}{result.delivered:>11}{per_message:>12.2f}"
+            f"{client_share:>11.0%}"
+        )
+
+
+async def run(args: argparse.Namespace) -> None:
+    sizes = [int(s) for s in args.sizes.split(",")]
+    parts = set(args.parts.split(","))
+    with tempfile.TemporaryDirectory(prefix="waku-bench-") as tmp:
+        options = Options(
+            args.warmup, args.count, args.patience, args.concurrency, args.light_size,
+            go_waku_binary(), Path(tmp),
+        )  # fmt: skip
+        try:
+            if "relay" in parts:
+                relay: dict[tuple[str, int], Result] = {}
+                for size in sizes:
+                    for pair, measure in RELAY_PAIRS.items():
+                        relay[pair, size] = await _alone(measure(size, options), options)
+                relay_table(relay, sizes, args.count)
+            kinds = ("go-waku", "sdsync store serve")
+            if "lightpush" in parts:
+                pushed = {k: await _alone(lightpush_row(k, options), options) for k in kinds}
+                title = f"LightPush 2.0.0-beta1, {args.light_size} B, {args.concurrency} in flight"
+                service_table(title, "req/s", pushed, args.count)
+            if "filter" in parts:
+                filtered = {k: await _alone(filter_row(k, options), options) for k in kinds}
+                title = f"Filter pushes, {args.light_size} B"
+                service_table(title, "pushes/s", filtered, args.count)
+        finally:
+            _stop_nodes(options)
+
+
+async def _alone(measure: Awaitable[Result], options: Options) -> Result:
+    """``measure``, then the go-waku nodes it started stopped."""
+    try:
+        return await measure
+    finally:
+        _stop_nodes(options)
+
+
+def _stop_nodes(options: Options) -> None:
+    for node in options.nodes:
+        node.close()
+    options.nodes.clear()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="100,4000,40000", help="relay payload bytes, a list")
+    parser.add_argument("--count", type=int, default=2000, help="timed messages per cell")
+    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--patience", type=float, default=120.0, help="seconds a cell may take")
+    parser.add_argument("--concurrency", type=int, default=8, help="LightPush requests in flight")
+    parser.add_argument("--light-size", type=int, default=100, help="LightPush/Filter bytes")
+    parser.add_argument("--parts", default="relay,lightpush,filter", help="what to measure")
+    parser.add_argument("--role", help=argparse.SUPPRESS)
+    parser.add_argument("--rest-port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.role == "publish-rest":
+        publish_role(args.rest_port, args.size, args.warmup, args.count)
+    elif args.role == "count-go-waku":
+        count_go_waku_role(args.rest_port, args.warmup, args.count, args.patience)
+    elif args.role == "receive-sdsync":
+        asyncio.run(receive_sdsync_role(args.warmup, args.count, args.patience))
+    else:
+        asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    main()
