@@ -8,7 +8,8 @@ store-v3 *client* (``GET /store/v3/messages?peerAddr=<our multiaddr>&…``, whic
 node over ``/vac/waku/store-query/3.0.0``) then reads them back by content topic, by a time
 range (inclusive at both ends, as nwaku's), in cursor pages forward and backward, and by
 hash, with and without the messages' data. Every hash it reports (base64) is the one we
-compute (RFC 14) and the one our own REST API reports (hex).
+compute (RFC 14) and the one our own REST API reports (hex). An empty answer and our
+refusal of an unknown cursor (400) reach its REST caller as such.
 
 go-waku's client takes ``hashes`` and ``cursor`` in URL-safe base64 and answers in standard
 base64; both are converted here. go-waku comes from the ``go_waku_nodes`` fixture (skips
@@ -178,3 +179,9 @@ def test_go_waku_reads_back_from_our_store_what_it_published(
     assert sorted(hex_of(e["message_hash"]) for e in found["messages"]) == sorted(asked[:2])
     payloads = {base64.b64decode(e["message"]["payload"]) for e in found["messages"]}
     assert payloads == {b"b1", b"a2"}
+
+    # 5. Nothing found is an empty page; our refusal (400) is what go-waku's client reports.
+    assert not client.by_topic("/sds/1/go-waku-store-none/proto").get("messages")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        client.by_topic(TOPIC_A, cursor=url_b64(unknown))
+    assert "400 - unknown cursor" in refused.value.read().decode()
