@@ -26,8 +26,13 @@ of this script does only that (``--role``), so no two Python roles share a GIL. 
 publishing and counting go through keep-alive HTTP connections; go-waku's REST publish is
 one HTTP call per message, which bounds the go-waku publisher rows from above.
 
+The LightPush and Filter tables also give each service node's CPU time per message (from
+/proc, over the timed phase) and the client's CPU share: a client near 100 % means the
+row measured the client, and the CPU per message is then the fairer comparison.
+
 Timing never fails the run: the figures are printed, with ratios against go-waku's. Run it
-on a quiet machine; ``--count``/``--warmup`` small for a smoke run.
+on a quiet machine; ``--count``/``--warmup`` small for a smoke run, ``--parts`` to measure
+only some of relay, lightpush, filter.
 
     .venv/bin/python bench/waku_vs_go_waku.py
     .venv/bin/python bench/waku_vs_go_waku.py --count 200 --warmup 20 --sizes 100,4000
