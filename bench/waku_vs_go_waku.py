@@ -24,7 +24,8 @@ system-wide on Linux); nothing is timed inside a node. A row that loses messages
 many arrived, and its rate is of those. Each publisher or counter that is a Python process
 of this script does only that (``--role``), so no two Python roles share a GIL. REST
 publishing and counting go through keep-alive HTTP connections; go-waku's REST publish is
-one HTTP call per message, which bounds the go-waku publisher rows from above.
+one HTTP call per message, so a publisher keeps ``--rest-connections`` (4) calls in
+flight, and may still bound the go-waku publisher rows from above.
 
 The LightPush and Filter tables also give each service node's CPU time per message (from
 /proc, over the timed phase) and the client's CPU share: a client near 100 % means the
@@ -43,6 +44,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import concurrent.futures
 import contextlib
 import http.client
 import json
@@ -108,23 +110,33 @@ class Rest:
 TOPIC_PATH = "/relay/v1/messages/" + urllib.parse.quote(PUBSUB_TOPIC, safe="")
 
 
-def publish_role(rest_port: int, size: int, warmup: int, count: int) -> None:
+def publish_role(rest_port: int, size: int, warmup: int, count: int, connections: int) -> None:
     """Reads ``warm`` or ``go`` lines; publishes ``warmup`` or ``count`` messages through
-    go-waku's REST API for each, then prints ``sent <failures>``."""
-    rest = Rest(rest_port)
-    for line in sys.stdin:
-        tag, n = (WARM, warmup) if line.strip() == "warm" else (TIMED, count)
-        failures = 0
-        for _ in range(n):
-            data = payload(tag, size)
-            message = {
-                "payload": base64.b64encode(data).decode(),
-                "contentTopic": CONTENT_TOPIC,
-                "timestamp": time.time_ns(),
-            }
-            status, _ = rest.call("POST", TOPIC_PATH, message)
-            failures += status != 200  # go-waku before its mesh formed: no peers
-        print(f"sent {failures}", flush=True)
+    go-waku's REST API for each, over ``connections`` keep-alive connections at once (one
+    HTTP call per message, so one connection would bound the rate), then prints
+    ``sent <failures>``."""
+    rests = [Rest(rest_port) for _ in range(connections)]
+    with concurrent.futures.ThreadPoolExecutor(connections) as pool:
+        for line in sys.stdin:
+            tag, n = (WARM, warmup) if line.strip() == "warm" else (TIMED, count)
+            shares = [n // connections + (i < n % connections) for i in range(connections)]
+            failed = pool.map(_publish, rests, [tag] * connections, [size] * connections, shares)
+            print(f"sent {sum(failed)}", flush=True)
+
+
+def _publish(rest: Rest, tag: bytes, size: int, n: int) -> int:
+    """``n`` messages published over ``rest``; how many go-waku refused (before its mesh
+    formed: no peers)."""
+    failures = 0
+    for _ in range(n):
+        message = {
+            "payload": base64.b64encode(payload(tag, size)).decode(),
+            "contentTopic": CONTENT_TOPIC,
+            "timestamp": time.time_ns(),
+        }
+        status, _ = rest.call("POST", TOPIC_PATH, message)
+        failures += status != 200
+    return failures
 
 
 class Tally:
@@ -227,6 +239,7 @@ class Options:
     patience: float
     concurrency: int
     light_size: int
+    rest_connections: int
     binary: str
     tmp: Path
     nodes: list[GoWaku] = field(default_factory=list)
@@ -240,7 +253,8 @@ class Options:
         return node
 
     def child_args(self) -> list[str]:
-        return ["--warmup", str(self.warmup), "--count", str(self.count)]
+        counts = ["--warmup", str(self.warmup), "--count", str(self.count)]
+        return [*counts, "--rest-connections", str(self.rest_connections)]
 
 
 @dataclass
@@ -598,7 +612,7 @@ async def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="waku-bench-") as tmp:
         options = Options(
             args.warmup, args.count, args.patience, args.concurrency, args.light_size,
-            go_waku_binary(), Path(tmp),
+            args.rest_connections, go_waku_binary(), Path(tmp),
         )  # fmt: skip
         try:
             if "relay" in parts:
@@ -642,13 +656,16 @@ def main() -> None:
     parser.add_argument("--patience", type=float, default=120.0, help="seconds a cell may take")
     parser.add_argument("--concurrency", type=int, default=8, help="LightPush requests in flight")
     parser.add_argument("--light-size", type=int, default=100, help="LightPush/Filter bytes")
+    parser.add_argument(
+        "--rest-connections", type=int, default=4, help="a REST publisher's connections"
+    )
     parser.add_argument("--parts", default="relay,lightpush,filter", help="what to measure")
     parser.add_argument("--role", help=argparse.SUPPRESS)
     parser.add_argument("--rest-port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role == "publish-rest":
-        publish_role(args.rest_port, args.size, args.warmup, args.count)
+        publish_role(args.rest_port, args.size, args.warmup, args.count, args.rest_connections)
     elif args.role == "count-go-waku":
         count_go_waku_role(args.rest_port, args.warmup, args.count, args.patience)
     elif args.role == "receive-sdsync":
