@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import json
 import time
 import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from go_waku_steps import PATIENCE_S, archived, go_waku_publish, wait_until
 from waku_drivers import (
     RELAY_DIR,
     DriverError,
@@ -44,7 +42,6 @@ pytestmark = pytest.mark.interop
 
 CONTENT_TOPIC = "/sds/1/go-waku-bridge/proto"
 PUBSUB_TOPIC = "/waku/2/rs/1/7"  # CONTENT_TOPIC's autoshard on cluster 1
-PATIENCE_S = 30.0  # liveness bound; each step normally takes about a second
 
 
 @pytest.fixture
@@ -64,25 +61,10 @@ def js_node(store: StoreProcess) -> Iterator[WakuDriver]:
 
 
 def archived_payloads(store: StoreProcess) -> set[bytes]:
-    """The payloads our store's REST API holds on CONTENT_TOPIC."""
-    query = urllib.parse.urlencode(
-        {"pubsubTopic": PUBSUB_TOPIC, "contentTopics": CONTENT_TOPIC, "includeData": "true"}
-    )
-    with urllib.request.urlopen(f"{store.url}/store/v3/messages?{query}", timeout=10) as answer:
-        body = json.load(answer)
-    return {base64.b64decode(m["message"]["payload"]) for m in body["messages"]}
-
-
-def wait_until(check: Any, what: str, go_waku: GoWaku, store: StoreProcess) -> Any:
-    deadline = time.monotonic() + PATIENCE_S
-    while not (result := check()):
-        if time.monotonic() > deadline:
-            pytest.fail(
-                f"not within {PATIENCE_S} s: {what}\n--- go-waku log:\n{go_waku.log()[-5000:]}"
-                f"\n--- our store's log:\n{''.join(store.stderr)[-3000:]}"
-            )
-        time.sleep(0.2)
-    return result
+    return {
+        base64.b64decode(e["message"]["payload"])
+        for e in archived(store, PUBSUB_TOPIC, CONTENT_TOPIC)
+    }
 
 
 def test_our_store_node_relays_between_go_waku_and_js_waku(
@@ -103,14 +85,7 @@ def test_our_store_node_relays_between_go_waku_and_js_waku(
     # new message, until one arrives; then one more, which must arrive as it is.
     def go_waku_published(text: str) -> WakuMessage:
         message = WakuMessage(text.encode(), CONTENT_TOPIC, timestamp=time.time_ns())
-        go_waku.relay_publish(
-            PUBSUB_TOPIC,
-            {
-                "payload": b64(message.payload),
-                "contentTopic": CONTENT_TOPIC,
-                "timestamp": message.timestamp,
-            },
-        )
+        go_waku_publish(go_waku, PUBSUB_TOPIC, message)
         return message
 
     def js_received(message: WakuMessage, timeout: float) -> dict[str, Any]:

@@ -20,17 +20,15 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import json
 import time
 import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from waku_drivers import StoreProcess, b64, store_serve
+from go_waku_steps import archived, go_waku_publish, wait_until
+from waku_drivers import StoreProcess, store_serve
 
 from sdsync.testing.gowaku import GoWaku, GoWakuOptions
 from sdsync.wire.waku import WakuMessage
@@ -41,7 +39,6 @@ PUBSUB_TOPIC = "/waku/2/rs/1/7"
 TOPIC_A = "/sds/1/go-waku-store/proto"
 TOPIC_B = "/sds/1/go-waku-store-b/proto"
 PROBE_TOPIC = "/sds/1/go-waku-store-probe/proto"
-PATIENCE_S = 30.0  # liveness bound; each step normally takes well under a second
 
 
 @pytest.fixture
@@ -50,38 +47,15 @@ def store(tmp_path: Path) -> Iterator[StoreProcess]:
         yield store
 
 
-def wait_until(check: Any, what: str, node: GoWaku, store: StoreProcess) -> Any:
-    deadline = time.monotonic() + PATIENCE_S
-    while not (result := check()):
-        if time.monotonic() > deadline:
-            pytest.fail(
-                f"not within {PATIENCE_S} s: {what}\n--- go-waku log:\n{node.log()[-5000:]}"
-                f"\n--- our store's log:\n{''.join(store.stderr)[-3000:]}"
-            )
-        time.sleep(0.2)
-    return result
-
-
 def our_hashes(store: StoreProcess, content_topic: str) -> list[str]:
-    """The hashes (hex) our store's REST API lists on ``content_topic``, oldest first
-    (it writes them 0x-prefixed, as nwaku does)."""
-    query = urllib.parse.urlencode({"pubsubTopic": PUBSUB_TOPIC, "contentTopics": content_topic})
-    with urllib.request.urlopen(f"{store.url}/store/v3/messages?{query}", timeout=10) as answer:
-        body = json.load(answer)
-    return [m["messageHash"].removeprefix("0x") for m in body["messages"]]
+    """The hashes (hex) our store archived on ``content_topic``, oldest first."""
+    return [
+        e["messageHash"].removeprefix("0x") for e in archived(store, PUBSUB_TOPIC, content_topic)
+    ]
 
 
 def published(go_waku: GoWaku, message: WakuMessage) -> str:
-    """Publishes ``message`` through go-waku's relay; its hash (hex)."""
-    go_waku.relay_publish(
-        PUBSUB_TOPIC,
-        {
-            "payload": b64(message.payload),
-            "contentTopic": message.content_topic,
-            "timestamp": message.timestamp,
-        },
-    )
-    return message.hash(PUBSUB_TOPIC).hex()
+    return go_waku_publish(go_waku, PUBSUB_TOPIC, message)
 
 
 def url_b64(hex_hash: str) -> str:
