@@ -33,14 +33,15 @@ def wait_until(check: Any, what: str, go_waku: GoWaku, store: StoreProcess) -> A
 
 
 def go_waku_publish(go_waku: GoWaku, pubsub_topic: str, message: WakuMessage) -> str:
-    """Publishes ``message`` through go-waku's relay; its hash (hex)."""
+    """Publishes ``message`` (its payload, content topic, timestamp and meta) through
+    go-waku's relay; its hash (hex)."""
+    fields = {
+        "payload": b64(message.payload),
+        "contentTopic": message.content_topic,
+        "timestamp": message.timestamp,
+    }
     go_waku.relay_publish(
-        pubsub_topic,
-        {
-            "payload": b64(message.payload),
-            "contentTopic": message.content_topic,
-            "timestamp": message.timestamp,
-        },
+        pubsub_topic, {**fields, "meta": b64(message.meta)} if message.meta else fields
     )
     return message.hash(pubsub_topic).hex()
 

@@ -2,14 +2,15 @@
 
 A go-waku node (0.9.0, cluster 1, shard 7, metadata check on) dials our store node, a real
 `sdsync store serve --relay-shard 7` process, and publishes by REST (``POST
-/relay/v1/messages/{topic}``): five messages on one content topic, two on another, with
-timestamps a microsecond apart. Our store archives them from the relay. go-waku's own
-store-v3 *client* (``GET /store/v3/messages?peerAddr=<our multiaddr>&…``, which asks our
-node over ``/vac/waku/store-query/3.0.0``) then reads them back by content topic, by a time
-range (inclusive at both ends, as nwaku's), in cursor pages forward and backward, and by
-hash, with and without the messages' data. Every hash it reports (base64) is the one we
-compute (RFC 14) and the one our own REST API reports (hex). An empty answer and our
-refusal of an unknown cursor (400) reach its REST caller as such.
+/relay/v1/messages/{topic}``): five messages on one content topic, two on another (with
+``meta``, which is hashed too), timestamps a microsecond apart. Our store archives them
+from the relay. go-waku's own store-v3 *client* (``GET /store/v3/messages?peerAddr=<our
+multiaddr>&…``, which asks our node over ``/vac/waku/store-query/3.0.0``) then reads them
+back by content topic, by a time range (inclusive at both ends, as nwaku's), in cursor
+pages forward and backward, and by hash, with and without the messages' data. Every hash
+it reports (base64) is the one we compute (RFC 14) and the one our own REST API reports
+(hex). An empty answer and our refusal of an unknown cursor (400) reach its REST caller
+as such.
 
 go-waku's client takes ``hashes`` and ``cursor`` in URL-safe base64 and answers in standard
 base64; both are converted here. go-waku comes from the ``go_waku_nodes`` fixture (skips
@@ -114,7 +115,11 @@ def test_go_waku_reads_back_from_our_store_what_it_published(
     base = time.time_ns() - 10**9  # in the past: our store refuses the far future
     stamps = [base + i * 1_000 for i in range(7)]
     messages = [WakuMessage(f"a{i}".encode(), TOPIC_A, timestamp=stamps[i]) for i in range(5)]
-    messages += [WakuMessage(f"b{i}".encode(), TOPIC_B, timestamp=stamps[5 + i]) for i in range(2)]
+    # Meta is hashed too (RFC 14): B's carry some.
+    messages += [
+        WakuMessage(f"b{i}".encode(), TOPIC_B, timestamp=stamps[5 + i], meta=b"meta %d" % i)
+        for i in range(2)
+    ]
     hashes = [published(go_waku, message) for message in messages]
     a_hashes, b_hashes = hashes[:5], hashes[5:]
 
