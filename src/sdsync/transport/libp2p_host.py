@@ -97,6 +97,7 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 from libp2p.protocol_muxer.exceptions import MultiselectClientError
 from libp2p.pubsub.pb import rpc_pb2
+from libp2p.stream_muxer.mplex.mplex_stream import MplexStream
 from libp2p.tools.anyio_service import background_trio_service
 
 from sdsync.errors import (
@@ -660,12 +661,7 @@ class TrioHost:
 
     async def _watch(self, lane: _PushLane, current: _LaneStream, peer: ID, protocol: str) -> None:
         """Notice the remote ending a lane stream; nothing ever comes back on it."""
-        try:
-            current.how = _ANSWERED if await current.stream.read(1) else _CLOSED
-        except StreamEOF:
-            current.how = _CLOSED
-        except Exception:
-            current.how = _RESET
+        current.how = await _remote_end(current.stream)
         current.ended.set()
         if current.how == _RESET:
             return
@@ -859,6 +855,33 @@ async def _reset(stream: INetStream) -> None:
         contextlib.suppress(Exception),
     ):
         await stream.reset()
+
+
+async def _remote_end(stream: INetStream) -> str:
+    """Wait until the remote ends ``stream`` (an outbound stream we only write on); how.
+
+    A read that waits would do, but py-libp2p's mplex stream (js-libp2p's muxer with us)
+    holds its read-write lock through it, and every write would wait behind it; its
+    close and reset events are waited on instead."""
+    muxed = stream.muxed_stream
+    if not isinstance(muxed, MplexStream):
+        try:
+            return _ANSWERED if await stream.read(1) else _CLOSED
+        except StreamEOF:
+            return _CLOSED
+        except Exception:
+            return _RESET
+    how: list[str] = []
+    async with trio.open_nursery() as nursery:
+
+        async def first(event: trio.Event, name: str) -> None:
+            await event.wait()
+            how.append(name)
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(first, muxed.event_remote_closed, _CLOSED)
+        nursery.start_soon(first, muxed.event_reset, _RESET)
+    return _RESET if muxed.event_reset.is_set() else how[0]
 
 
 def _refused(exc: StreamFailure) -> bool:

@@ -151,7 +151,41 @@ function storeOptions(request) {
   return options;
 }
 
-function operations({ node, networkConfig }, channels) {
+/** Every connection this node opens and closes, counted from the start: a load test
+ * asserts the service node's connection was never dropped. */
+function connectionLog(libp2p) {
+  const log = { opened: 0, closed: 0, closed_peers: [] };
+  libp2p.addEventListener("connection:open", () => {
+    log.opened += 1;
+  });
+  libp2p.addEventListener("connection:close", (event) => {
+    log.closed += 1;
+    log.closed_peers.push(event.detail.remotePeer.toString());
+  });
+  return log;
+}
+
+/** Filter messages counted by payload instead of printed one a line (for many pushes). */
+function filterTally() {
+  const byPayload = new Map();
+  let received = 0;
+  return {
+    take(message) {
+      received += 1;
+      const payload = b64(message.payload);
+      byPayload.set(payload, (byPayload.get(payload) ?? 0) + 1);
+    },
+    report(withPayloads) {
+      const duplicates = [...byPayload.values()].reduce((sum, n) => sum + n - 1, 0);
+      const result = { received, distinct: byPayload.size, duplicates };
+      return withPayloads ? { ...result, payloads: [...byPayload.keys()] } : result;
+    },
+  };
+}
+
+function operations({ node, networkConfig, connections }, channels) {
+  const tally = filterTally();
+
   function decodersOf(request) {
     return contentTopicsOf(request).map((topic) =>
       createDecoder(topic, routingOf(networkConfig, request, topic))
@@ -262,6 +296,29 @@ function operations({ node, networkConfig }, channels) {
       return { pubsub_topic: decoders[0].pubsubTopic };
     },
 
+    async filter_tally_subscribe(request) {
+      const decoders = decodersOf(request);
+      if (!(await node.filter.subscribe(decoders, (message) => tally.take(message)))) {
+        throw new Error(`no service node took the subscription to ${contentTopicsOf(request)}`);
+      }
+      return { pubsub_topic: decoders[0].pubsubTopic };
+    },
+
+    async filter_tally(request) {
+      return tally.report(request.payloads === true);
+    },
+
+    async connection_log() {
+      const open_streams = {};
+      for (const connection of node.libp2p.getConnections()) {
+        for (const stream of connection.streams) {
+          const protocol = stream.protocol ?? "(negotiating)";
+          open_streams[protocol] = (open_streams[protocol] ?? 0) + 1;
+        }
+      }
+      return { ...connections, closed_peers: [...connections.closed_peers], open_streams };
+    },
+
     async reliable_channel_create(request) {
       const channelId = field(request, "channel_id", "string");
       if (channels.has(channelId)) {
@@ -341,6 +398,7 @@ let started;
 try {
   const config = parseCli();
   started = { ...(await startNode(config)), networkConfig: config.networkConfig };
+  started.connections = connectionLog(started.node.libp2p);
 } catch (err) {
   emit({ ok: false, error: `light node did not start: ${err.message}` });
   process.exit(1);
