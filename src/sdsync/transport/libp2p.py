@@ -42,9 +42,15 @@ share of the valid frames (after relaying: only this node's application misses t
 exercise SDS under loss.
 
 Request/response streams serve the Waku services (store query, LightPush, Filter):
-:meth:`Libp2pTransport.serve` answers a protocol with a handler on the asyncio loop,
-:meth:`Libp2pTransport.request` asks a peer (one frame out, one back) and
-:meth:`Libp2pTransport.push` sends one frame unanswered. Listen addresses may be TCP or
+:meth:`Libp2pTransport.serve` answers a protocol with a handler on the asyncio loop and
+:meth:`Libp2pTransport.request` asks a peer (one frame out, one back); a peer that does
+not speak the protocol is a :class:`~sdsync.errors.ProtocolNotSupportedError`. Pushes
+(Filter's MessagePush) are unanswered frames: :meth:`Libp2pTransport.push` writes them on
+one long-lived stream per peer and protocol, its push lane (a stream per push would run
+into js-waku's limit of 100 inbound streams), and :meth:`Libp2pTransport.serve_pushes`
+takes them, any number per stream. The lanes, and the bounds on a peer's inbound
+streams, are :mod:`sdsync.transport.libp2p_host`'s. ``announce_shards`` names shards in
+our metadata that we do not relay (a light client's). Listen addresses may be TCP or
 websocket (``/ip4/127.0.0.1/tcp/0/ws``), which is what a browser's js-waku can dial.
 
 ``close()`` lets the outbox drain (briefly), cancels the trio nursery, which tears down
