@@ -1,9 +1,16 @@
-"""The Filter v2 subscription table, alone: who gets what, the limits, expiry, drops."""
+"""The Filter v2 subscription table, alone: who gets what, the limits, expiry, drops; and
+how LightServices drops a subscriber its pushes cannot reach."""
 
 from __future__ import annotations
 
-import pytest
+import asyncio
+from pathlib import Path
 
+import pytest
+from storetest import running
+
+from sdsync.errors import ProtocolNotSupportedError
+from sdsync.store import SqlArchive
 from sdsync.store.filter import (
     FilterLimits,
     FilterRefused,
@@ -11,7 +18,11 @@ from sdsync.store.filter import (
     FilterSubscriptions,
     answer_filter_subscribe,
 )
+from sdsync.store.light import LightConfig
+from sdsync.store.lightpush import ServedTopics
+from sdsync.wire.waku import WakuMessage
 from sdsync.wire.waku_protocols import (
+    FILTER_SUBSCRIBE_PROTOCOL,
     FilterSubscribeRequest,
     FilterSubscribeResponse,
     FilterSubscribeType,
@@ -143,3 +154,65 @@ def test_the_answer_bytes_and_what_is_counted() -> None:
     )
     assert FilterSubscribeResponse.from_bytes(missing).status_code == 404
     assert counted == ["malformed_rpc", "not_subscribed"]
+
+
+class PushFailingHost:
+    """A LightHost whose pushes fail: "deaf" does not speak filter-push at all, "gone"
+    cannot be reached; "slow" takes its pushes only once ``opened`` is set."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, object] = {}
+        self.opened = asyncio.Event()
+        self.pushed: list[str] = []
+
+    async def serve(self, protocol_id: str, handler: object) -> None:
+        self.handlers[protocol_id] = handler
+
+    async def push(self, peer: str, protocol_id: str, payload: bytes, *, timeout_s: float) -> None:
+        if peer == "deaf":
+            raise ProtocolNotSupportedError(peer, protocol_id)
+        await self.opened.wait()
+        if peer == "gone":
+            raise ConnectionError(f"{peer} is gone")
+        self.pushed.append(peer)
+
+    async def publish_message(self, pubsub_topic: str, message: WakuMessage) -> bytes:
+        return message.hash(pubsub_topic)
+
+    async def mesh_peers(self, topic: str) -> list[str]:
+        return []
+
+
+def test_light_services_drop_a_subscriber_that_takes_no_pushes_and_count_it(
+    sqlite_archive: SqlArchive, tmp_path: Path
+) -> None:
+    host = PushFailingHost()
+    config = LightConfig(served=ServedTopics(((SHARD, None),)), push_queue=8)
+
+    async def scenario() -> None:
+        async with running(sqlite_archive, tmp_path, light_host=host, light=config) as node:
+            services = node.light
+            assert services is not None
+            handler = host.handlers[FILTER_SUBSCRIBE_PROTOCOL]
+            for peer in ("deaf", "gone", "slow"):
+                await handler(peer, request(SUBSCRIBE, X).to_bytes())  # type: ignore[operator]
+            for i in range(10):  # 8 queued for each, 2 over the bound
+                assert services.offer(SHARD, WakuMessage(bytes([i]), X, timestamp=i + 1)) == 3
+            host.opened.set()
+            async with asyncio.timeout(10):
+                while services._workers:
+                    await asyncio.sleep(0.01)
+            assert "deaf" not in services.filters and "gone" not in services.filters
+            assert host.pushed == ["slow"] * 8
+            sample = node.metrics.registry.get_sample_value
+            drops = "sdsync_store_filter_subscriptions_dropped_total"
+            assert sample(drops, {"reason": "no_push_protocol"}) == 1
+            assert sample(drops, {"reason": "push_failures"}) == 1
+            pushes = "sdsync_store_filter_pushes_total"
+            assert sample(pushes, {"outcome": "sent"}) == 8
+            # deaf: 1 failed, 7 queued dropped; gone: 3 failed (max_push_failures), 5
+            # queued dropped; 2 over the queue bound for each of the three.
+            assert sample(pushes, {"outcome": "failed"}) == 1 + 3
+            assert sample(pushes, {"outcome": "dropped"}) == 7 + 5 + 3 * 2
+
+    asyncio.run(scenario())
