@@ -93,6 +93,7 @@ from libp2p.abc import IHost, INetStream
 from libp2p.custom_types import TProtocol
 from libp2p.host.exceptions import StreamFailure
 from libp2p.network.stream.exceptions import StreamEOF, StreamReset
+from libp2p.network.stream.net_stream import NetStream
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 from libp2p.protocol_muxer.exceptions import MultiselectClientError
@@ -632,8 +633,9 @@ class TrioHost:
             await _reset(current.stream)
             raise
         current.frames += 1
-        young = trio.current_time() - current.opened_at < _RECALL_S
-        if current.frames > 1 and young and len(current.recall) < _RECALL_FRAMES:
+        if trio.current_time() - current.opened_at >= _RECALL_S:
+            current.recall.clear()  # too old to be a one-frame reader's: nothing to resend
+        elif current.frames > 1 and len(current.recall) < _RECALL_FRAMES:
             current.recall.append(frame)
         if lane.reader is _Reader.UNKNOWN:
             await self._probe(lane, current, peer, protocol)
@@ -863,7 +865,7 @@ async def _remote_end(stream: INetStream) -> str:
     A read that waits would do, but py-libp2p's mplex stream (js-libp2p's muxer with us)
     holds its read-write lock through it, and every write would wait behind it; its
     close and reset events are waited on instead."""
-    muxed = stream.muxed_stream
+    muxed = stream.muxed_stream if isinstance(stream, NetStream) else None
     if not isinstance(muxed, MplexStream):
         try:
             return _ANSWERED if await stream.read(1) else _CLOSED
