@@ -8,6 +8,8 @@ is counted on the controller, from the workers' collections and reports.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -54,3 +56,36 @@ def pytest_terminal_summary(
         counts = [f"{collected[directory]:5d} collected"]
         counts += [f"{n} {o}" for o in _OUTCOMES if (n := outcomes[directory][o])]
         terminalreporter.write_line(f"{directory:<{width}}  " + ", ".join(counts))
+
+
+@pytest.fixture
+def go_waku_nodes(tmp_path: Path) -> Iterator[Any]:
+    """``start(options=GoWakuOptions(), name="go-waku")``: a running go-waku node on
+    127.0.0.1 (its multiaddr in ``.address``), stopped after the test. Without a go-waku
+    binary the test skips naming SDSYNC_GO_WAKU; in CI it fails."""
+    from testdeps import in_ci
+
+    from sdsync.testing.gowaku import GoWaku, GoWakuOptions, GoWakuUnavailableError, go_waku_binary
+
+    try:
+        binary = go_waku_binary()
+    except GoWakuUnavailableError as exc:
+        if in_ci():
+            pytest.fail(f"{exc}; CI is set, so go-waku must be available", pytrace=False)
+        pytest.skip(str(exc))
+    started: list[GoWaku] = []
+
+    def start(options: GoWakuOptions | None = None, name: str = "go-waku") -> GoWaku:
+        node = GoWaku(binary, tmp_path / f"{name}-{len(started)}", options)
+        started.append(node)
+        try:
+            node.wait_up()
+        except RuntimeError as exc:
+            pytest.fail(str(exc), pytrace=False)
+        return node
+
+    try:
+        yield start
+    finally:
+        for node in started:
+            node.close()

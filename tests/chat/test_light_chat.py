@@ -12,15 +12,17 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from chatprocess import PATIENCE_S, ChatProcess, assert_same_logs, sends
-from testdeps import in_ci, require
+from storeprocess import store_serve
+from testdeps import require
 from typer.testing import CliRunner
 
 from sdsync.cli.main import app
-from sdsync.testing.gowaku import GoWaku, GoWakuUnavailableError, go_waku_binary
+from sdsync.testing.gowaku import GoWaku
 from sdsync.wire.waku_protocols import (
     FILTER_SUBSCRIBE_PROTOCOL,
     LIGHTPUSH_PROTOCOL,
@@ -28,9 +30,6 @@ from sdsync.wire.waku_protocols import (
 )
 
 require("sdsync.transport.libp2p", "needs the 'p2p' extra")
-# store_serve: the `sdsync store serve` process the interop tests use.
-sys.path.insert(0, str(Path(__file__).parents[1] / "interop"))
-from waku_drivers import store_serve  # noqa: E402
 
 # Processes, like tests/cli/test_chat.py's: never beside the reliability crash harness.
 pytestmark = pytest.mark.xdist_group("many-processes")
@@ -88,35 +87,15 @@ def test_flags_that_do_not_go_together_are_bad_usage(args: list[str], complaint:
     assert complaint in " ".join(result.output.split())
 
 
-def go_waku(tmp_path: Path) -> GoWaku:
-    """A running go-waku node (skips without a binary; fails in CI)."""
-    try:
-        binary = go_waku_binary()
-    except GoWakuUnavailableError as exc:
-        if in_ci():
-            pytest.fail(f"{exc}; CI is set, so go-waku must be available", pytrace=False)
-        pytest.skip(str(exc))
-    node = GoWaku(binary, tmp_path / "go-waku")
-    try:
-        node.wait_up()
-    except RuntimeError as exc:
-        node.close()
-        pytest.fail(str(exc), pytrace=False)
-    return node
-
-
 @pytest.mark.parametrize("flags", [["--store"], ["--light", "--service"]])
-def test_a_store_peer_without_store_v3_is_named_at_start(tmp_path: Path, flags: list[str]) -> None:
-    node = go_waku(tmp_path)
+def test_a_store_peer_without_store_v3_is_named_at_start(
+    go_waku_nodes: Callable[[], GoWaku], flags: list[str]
+) -> None:
+    node = go_waku_nodes()
     address = node.address
-    try:
-        command = [sys.executable, "-m", "sdsync.cli", "chat", "--name", "solo", "--print-log"]
-        command += [*flags, address]
-        done = subprocess.run(
-            command, capture_output=True, text=True, timeout=PATIENCE_S, check=False
-        )
-    finally:
-        node.close()
+    command = [sys.executable, "-m", "sdsync.cli", "chat", "--name", "solo", "--print-log"]
+    command += [*flags, address]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=PATIENCE_S, check=False)
     assert done.returncode == 2, done.stderr
     [error] = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert f"{flags[-1]} {address} does not serve Waku store v3" in error

@@ -10,7 +10,6 @@ They wait for conditions with generous liveness bounds and never assert on timin
 from __future__ import annotations
 
 import re
-import signal
 import subprocess
 import sys
 from collections import Counter
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from chatprocess import PATIENCE_S, ChatProcess, assert_same_logs, sends, wait_for
+from storeprocess import store_serve
 from typer.testing import CliRunner
 
 from sdsync.chat import load_identity
@@ -177,32 +177,6 @@ def test_a_line_of_four_where_each_dials_only_the_previous_one_converges(
         assert "sending anyway" not in chat.err.read_text(), chat.name
 
 
-class StoreServe:
-    """An `sdsync store serve` process relaying (and archiving) the chats' shard."""
-
-    def __init__(self, tmp: Path) -> None:
-        command = [sys.executable, "-m", "sdsync.cli", "store", "serve", "--data-dir", str(tmp)]
-        command += ["--listen", "127.0.0.1:0", "--retention", "none", "--relay-shard", "7"]
-        self.err = tmp / "store.err"
-        with self.err.open("wb") as err:
-            self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, text=True)
-        assert self.process.stdout is not None
-        listening, relay = self.process.stdout.readline(), self.process.stdout.readline()
-        assert listening.startswith("sdsync store: listening on "), self.err.read_text()
-        found = re.match(r"sdsync store: relay on (\S+), archiving /waku/2/rs/1/7 ", relay)
-        assert found, relay
-        self.address = found.group(1).split(",")[0]
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
 def test_a_chat_fetches_what_it_drops_from_a_waku_store_peer(tmp_path: Path) -> None:
     # B misses half of what it receives. Resends and SDS-R are slow here, so what B
     # recovers comes from the store node, asked over /vac/waku/store-query/3.0.0. A
@@ -211,23 +185,23 @@ def test_a_chat_fetches_what_it_drops_from_a_waku_store_peer(tmp_path: Path) -> 
     slow_repairs = ["--retry-ms", "10000", "--repair-min-ms", "10000", "--repair-max-ms", "20000"]
     group = ["--wait-converged", "50", "--quiet-ms", "3000", "--min-peers", "1", "--min-mesh", "2"]
     group += slow_repairs
-    store = StoreServe(tmp_path)
     chats: list[Chat] = []
-    try:
-        a_args = [*group, "--peer", store.address, "--drop-rate", "0", *sends("a", n)]
-        chats.append(a := Chat(tmp_path, "A", 1, [], a_args))
-        b_args = [*group, "--peer", store.address, "--drop-rate", "0.5"]
-        b_args += ["--store", store.address, "--store-query-ms", "300", *sends("b", 3)]
-        # A's last messages are named to B only by A's later syncs, half of which B drops:
-        # B stays until it has heard several of them, or it may leave unaware of a message
-        # A then waits for it to acknowledge.
-        b_args += ["--quiet-ms", "8000"]
-        chats.append(b := Chat(tmp_path, "B", 2, [a], b_args))
-        logs = [chat.finish() for chat in chats]
-    finally:
-        for chat in chats:
-            chat.stop()
-        store.stop()
+    with store_serve(tmp_path / "store", "/waku/2/rs/1/7") as store:
+        address = store.relay_addrs[0]
+        try:
+            a_args = [*group, "--peer", address, "--drop-rate", "0", *sends("a", n)]
+            chats.append(a := Chat(tmp_path, "A", 1, [], a_args))
+            b_args = [*group, "--peer", address, "--drop-rate", "0.5"]
+            b_args += ["--store", address, "--store-query-ms", "300", *sends("b", 3)]
+            # A's last messages are named to B only by A's later syncs, half of which B
+            # drops: B stays until it has heard several of them, or it may leave unaware of
+            # a message A then waits for it to acknowledge.
+            b_args += ["--quiet-ms", "8000"]
+            chats.append(b := Chat(tmp_path, "B", 2, [a], b_args))
+            logs = [chat.finish() for chat in chats]
+        finally:
+            for chat in chats:
+                chat.stop()
     assert_same_logs(logs, Counter([*(f"a{i:02d}" for i in range(n)), "b00", "b01", "b02"]))
     assert b.dropped() > 0, "the 50 % drop was not applied"
     fetched = re.search(r"store: fetched (\d+) message\(s\)", b.err.read_text())

@@ -11,7 +11,8 @@ import urllib.request
 from typing import Any
 
 import pytest
-from waku_drivers import StoreProcess, b64
+from storeprocess import StoreProcess
+from waku_drivers import b64
 
 from sdsync.testing.gowaku import GoWaku
 from sdsync.wire.waku import WakuMessage

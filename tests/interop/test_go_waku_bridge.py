@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from go_waku_steps import PATIENCE_S, archived, go_waku_publish, wait_until
+from storeprocess import store_serve as store_process
 from waku_drivers import (
     RELAY_DIR,
     DriverError,
@@ -33,7 +34,6 @@ from waku_drivers import (
     relay_argv,
     require_driver,
 )
-from waku_drivers import store_serve as store_process
 
 from sdsync.testing.gowaku import GoWaku, GoWakuOptions
 from sdsync.wire.waku import WakuMessage

@@ -26,8 +26,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from storeprocess import StoreProcess, store_serve
 from testdeps import require
-from waku_drivers import StoreProcess, connected_client, store_serve
+from waku_drivers import connected_client
 
 from sdsync.wire.waku import WakuMessage
 from sdsync.wire.waku_protocols import (

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from waku_drivers import store_serve
+from storeprocess import store_serve
 
 from sdsync.core import BloomParams, ChannelConfig, RepairConfig
 from sdsync.runtime import ReliableChannel, RuntimeConfig

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 from go_waku_steps import archived, go_waku_publish, wait_until
-from waku_drivers import StoreProcess, store_serve
+from storeprocess import StoreProcess, store_serve
 
 from sdsync.testing.gowaku import GoWaku, GoWakuOptions
 from sdsync.wire.waku import WakuMessage

@@ -23,8 +23,9 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
+from storeprocess import StoreProcess, store_serve
 from testdeps import require
-from waku_drivers import StoreProcess, WakuDriver, connected_client, light_node, store_serve
+from waku_drivers import WakuDriver, connected_client, light_node
 
 from sdsync.wire.waku import WakuMessage
 from sdsync.wire.waku_protocols import (

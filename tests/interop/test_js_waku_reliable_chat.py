@@ -29,7 +29,8 @@ from typing import Any
 
 import pytest
 from chatprocess import ChatProcess, assert_same_logs, wait_for
-from waku_drivers import StoreProcess, WakuDriver, b64, light_node, store_serve
+from storeprocess import StoreProcess, store_serve
+from waku_drivers import WakuDriver, b64, light_node
 
 from sdsync.wire import decode
 from sdsync.wire.waku_protocols import (

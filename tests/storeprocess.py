@@ -1,0 +1,72 @@
+"""`sdsync store serve` as a process, relaying and archiving one shard: what js-waku,
+go-waku and our chats are tested against (tests/interop, tests/chat, tests/cli)."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["StoreProcess", "store_serve"]
+
+
+@dataclass
+class StoreProcess:
+    process: subprocess.Popen[str]
+    url: str
+    relay_addrs: list[str]
+    stderr: list[str]  # its log, as it comes
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The first sample of ``name`` with ``labels`` on its /metrics, 0.0 if none."""
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as response:
+            lines = response.read().decode().splitlines()
+        wanted = [f'{key}="{value}"' for key, value in labels.items()]
+        for line in lines:
+            if line.startswith(name + "{") and all(w in line for w in wanted):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    def wait_logged(self, text: str, count: int, timeout_s: float = 10.0) -> None:
+        """Until ``count`` lines of its log hold ``text``."""
+        deadline = time.monotonic() + timeout_s
+        while len([line for line in self.stderr if text in line]) < count:
+            assert time.monotonic() < deadline, "".join(self.stderr)
+            time.sleep(0.05)
+
+
+@contextmanager
+def store_serve(data_dir: Path, pubsub_topic: str, *protocols: str) -> Iterator[StoreProcess]:
+    """`sdsync store serve` on ``data_dir``, relaying and archiving ``pubsub_topic`` (a
+    shard of cluster 1) and offering ``protocols`` on its relay host; ended by SIGTERM."""
+    shard = pubsub_topic.rsplit("/", 1)[1]
+    argv = [sys.executable, "-m", "sdsync.cli", "store", "serve", "--data-dir", str(data_dir)]
+    argv += ["--listen", "127.0.0.1:0", "--retention", "none", "--relay-shard", shard]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stderr: list[str] = []
+    threading.Thread(target=lambda: stderr.extend(process.stderr or ()), daemon=True).start()
+    try:
+        assert process.stdout is not None
+        listening, relay = process.stdout.readline(), process.stdout.readline()
+        assert listening.startswith("sdsync store: listening on http://"), listening
+        match = re.match(r"sdsync store: relay on (\S+), archiving (\S+) ", relay)
+        assert match and match[2] == pubsub_topic, relay
+        for protocol in protocols:
+            assert protocol in relay
+        yield StoreProcess(process, listening.split()[4], match[1].split(","), stderr)
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
