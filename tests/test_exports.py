@@ -186,6 +186,7 @@ EXPORTS: dict[str, frozenset[str]] = {
             "MemoryTransport",
             "Received",
             "Transport",
+            "WakuLightTransport",
         }
     ),
     "sdsync.store": frozenset(
