@@ -10,8 +10,9 @@ I/O around two sans-I/O parts:
 * :mod:`sdsync.store.lightpush` judges a pushed message and writes the answer; an
   accepted one is published on Waku relay as it is (:meth:`LightHost.publish_message`),
   archived as a relay message would be (counted under source ``lightpush``; our own
-  relay subscription never hands our own publication back, so it is archived once), and
-  offered to Filter;
+  relay subscription never hands our own publication back, so it is archived once;
+  pushes that arrive during a write share the next transaction, and each is answered
+  once its own is committed: :mod:`sdsync.store.ingest`), and offered to Filter;
 * :mod:`sdsync.store.filter` holds the subscriptions and answers subscribe requests;
   :meth:`LightServices.offer` asks it who gets a message — heard on relay or pushed —
   and pushes a MessagePush to each over ``/vac/waku/filter-push/2.0.0-beta1``.
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import deque
@@ -51,9 +53,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from sdsync.errors import LocalProtocolError, ProtocolNotSupportedError, RemoteProtocolError
-from sdsync.store.archive import ArchiveUnavailable
 from sdsync.store.filter import FilterLimits, FilterSubscriptions, answer_filter_subscribe
 from sdsync.store.host import ServedNode
+from sdsync.store.ingest import GroupCommit
 from sdsync.store.lightpush import (
     LightPushRefused,
     LightPushStatus,
@@ -124,6 +126,7 @@ class LightServices:
         self._queues: dict[str, deque[bytes]] = {}
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._overflowing: set[str] = set()  # peers whose overflow was logged
+        self._archive = GroupCommit(functools.partial(node.ingest, source="lightpush"))
 
     async def start(self) -> None:
         await self.host.serve(LIGHTPUSH_PROTOCOL, self._answer_lightpush)
@@ -131,6 +134,7 @@ class LightServices:
         await self.host.serve(FILTER_SUBSCRIBE_PROTOCOL, self._answer_filter)
 
     async def close(self) -> None:
+        await self._archive.close()
         for task in list(self._workers.values()):
             task.cancel()
         for task in list(self._workers.values()):
@@ -162,7 +166,9 @@ class LightServices:
         except LocalProtocolError as exc:  # the host is closing
             logger.warning("could not relay a pushed message: %s", exc)
             peers = 0
-        archived = await self._archive(push)
+        archived = not push.message.ephemeral and await self._archive.submit(
+            StoredMessage.of(push.pubsub_topic, push.message)
+        )
         subscribers = self.offer(push.pubsub_topic, push.message)
         if peers or archived or subscribers:
             return peers
@@ -173,18 +179,6 @@ class LightServices:
                 "the archive failed and no relay peer took the message",
             )
         raise LightPushRefused(LightPushStatus.NO_PEERS, "no_peers", "no relay peers available")
-
-    async def _archive(self, push: Push) -> bool:
-        if push.message.ephemeral:
-            return False
-        try:
-            await self.node.ingest(
-                [StoredMessage.of(push.pubsub_topic, push.message)], source="lightpush"
-            )
-        except ArchiveUnavailable:
-            logger.exception("archiving a pushed message failed")
-            return False
-        return True
 
     def answered(self, status: LightPushStatus) -> None:
         self.node.metrics.lightpushes.labels(status=str(int(status))).inc()
