@@ -393,17 +393,23 @@ class TrioHost:
             await trio.sleep(_ROOM_POLL_S)
 
     def _unidentified(self, wall_now: float) -> set[ID]:
-        """Peers the router has held frames for since ``_UNIDENTIFIED_S`` ago.
+        """Peers still unknown to the router that it has held frames for since
+        ``_UNIDENTIFIED_S`` ago.
 
         py-libp2p queues what we publish for a subscribed peer until identify completes
         for it. Under load (CI) identify once never completed: the queue dropped frames
         at its cap, our publications never reached that peer (in a line, the rest of the
-        group) and the chat never converged. A fresh connection identifies afresh."""
+        group) and the chat never converged. A fresh connection identifies afresh.
+
+        It also queues every publication for a known peer not subscribed to its topic
+        (a light client, a relay peer of other shards), in case its subscription is on
+        the way, and keeps it 30 s: such a queue is old, yet its peer is identified."""
         pending = self.router._pending_messages
+        known = self.router.peer_protocol
         return {
             peer
             for peer, queue in list(pending.items())
-            if queue and wall_now - queue[0][0] > _UNIDENTIFIED_S
+            if queue and peer not in known and wall_now - queue[0][0] > _UNIDENTIFIED_S
         }
 
     def _drop_stuck(self, peer: ID, why: str) -> None:
