@@ -20,15 +20,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from storeprocess import StoreProcess, store_serve
 from testdeps import require
 from waku_drivers import (
-    StoreProcess,
     WakuDriver,
     b64,
     connected_client,
     light_node,
     send_cut_frames,
-    store_serve,
 )
 
 from sdsync.wire import decode

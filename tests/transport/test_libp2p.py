@@ -7,6 +7,7 @@ request/response streams) is in test_waku_relay.py.
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -16,13 +17,13 @@ import pytest
 import trio
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
-from transporttest import PATIENCE_S, run, take, until
+from transporttest import PATIENCE_S, nothing_more, run, take, until
 from trio.testing import MockClock
 
-from sdsync.errors import LocalProtocolError
+from sdsync.errors import LocalProtocolError, ProtocolNotSupportedError
 from sdsync.transport import Envelope, Libp2pTransport, Received
 from sdsync.transport.libp2p import new_identity_key
-from sdsync.transport.libp2p_host import _QUEUE_HIGH_WATER, _STALL_S, _UNIDENTIFIED_S, TrioHost
+from sdsync.transport.libp2p_host import _QUEUE_HIGH_WATER, _STALL_S, _UNIDENTIFIED_S, RelayTrioHost
 from sdsync.transport.libp2p_patches import PEER_QUEUE_RPCS
 from sdsync.wire import WakuMessage, message_hash
 from sdsync.wire.waku_protocols import RELAY_PROTOCOL
@@ -268,10 +269,10 @@ def test_a_port_in_use_fails_start_instead_of_hanging() -> None:
     run(scenario)
 
 
-def stubbed_side(queues: dict[ID, list[None]]) -> tuple[TrioHost, list[ID]]:
+def stubbed_side(queues: dict[ID, list[None]]) -> tuple[RelayTrioHost, list[ID]]:
     """A trio side with these outbound queues; records the peers whose connections it
     closes."""
-    side = TrioHost(Libp2pTransport())
+    side = RelayTrioHost(Libp2pTransport())
     side.pubsub.peer_queues = queues  # type: ignore[assignment]
     closed: list[ID] = []
 
@@ -318,12 +319,19 @@ def test_a_stuck_peer_holds_back_one_publication_at_most_and_is_disconnected() -
 def test_a_peer_never_identified_is_disconnected_once() -> None:
     # Seen in CI under load: identify never completed for a peer, so py-libp2p queued
     # every publication for it until its cap, and a line of chats never converged.
-    stale, fresh = ID(b"\x04" * 34), ID(b"\x05" * 34)
+    # py-libp2p also queues publications for an identified peer not subscribed to their
+    # topic (a light client): its queue is as old, and it stays.
+    stale, fresh, known = ID(b"\x04" * 34), ID(b"\x05" * 34), ID(b"\x06" * 34)
     side, closed = stubbed_side({})
     now = time.time()
     side.router._pending_messages.update(
-        {stale: [(now - 2 * _UNIDENTIFIED_S, None)], fresh: [(now - 1.0, None)]}
+        {
+            stale: [(now - 2 * _UNIDENTIFIED_S, None)],
+            fresh: [(now - 1.0, None)],
+            known: [(now - 2 * _UNIDENTIFIED_S, None)],
+        }
     )
+    side.router.add_peer(known, TProtocol(RELAY_PROTOCOL))
 
     async def publishing() -> None:
         async with trio.open_nursery() as nursery:
@@ -385,3 +393,72 @@ def test_a_peer_sending_undecodable_rpcs_loses_its_stream_not_our_node() -> None
                 await t.close()
 
     run(scenario)
+
+
+def test_a_light_host_mounts_no_relay_yet_serves_requests_and_pushes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A light client's host (relay=False) neither offers nor opens gossipsub: a relay
+    # peer publishing for long queues it nothing (py-libp2p queues every publication
+    # for a connected pubsub peer not subscribed to its topic) and does not log it.
+    echo, push_protocol = "/sdsync/test/echo/1", "/sdsync/test/push/1"
+
+    async def echoed(peer: str, request: bytes) -> bytes:
+        return request[::-1]
+
+    async def scenario() -> None:
+        relay = await started()
+        light = Libp2pTransport(relay=False, announce_shards=[7])
+        pushed: list[tuple[str, bytes]] = []
+
+        async def take_push(peer: str, frame: bytes) -> None:
+            pushed.append((peer, frame))
+
+        try:
+            with pytest.raises(LocalProtocolError, match="relay=False"):
+                light.subscribe(TOPIC)  # refused even before it starts
+            await light.serve(echo, echoed)
+            await light.serve_pushes(push_protocol, take_push)
+            await light.start()
+            relay_inbox = relay.subscribe(TOPIC)
+            await light.connect(relay.listen_addrs[0])
+            assert await light.connected_peers() == [relay.peer_id]
+            # Requests and pushes both ways.
+            await relay.serve(echo, echoed)
+            assert await light.request(relay.peer_id, echo, b"abc") == b"cba"
+            assert await relay.request(light.peer_id, echo, b"xyz") == b"zyx"
+            await relay.push(light.peer_id, push_protocol, b"pushed")
+            await until(lambda: pushed == [(relay.peer_id, b"pushed")])
+            assert (await light.metadata()).shards == (7,)
+            # No relay protocol offered, none opened.
+            with pytest.raises(ProtocolNotSupportedError):
+                await relay.request(light.peer_id, RELAY_PROTOCOL, b"")
+            for _ in range(20):
+                await relay.publish(TOPIC, b"nobody relays it to the light host")
+            pubsub = relay._running().pubsub
+            light_id = ID.from_base58(light.peer_id)
+            await until(lambda: relay._outbox == 0)
+            assert light_id not in pubsub.peers
+            assert light_id not in pubsub.router._pending_messages
+            # Every use of relay is the caller's mistake, named.
+            for misuse in (
+                lambda: light.publish(TOPIC, b"x"),
+                lambda: light.mesh_peers(TOPIC),
+                lambda: light.wait_for_mesh(TOPIC, 1, 1.0),
+            ):
+                with pytest.raises(LocalProtocolError, match="relay=False"):
+                    await misuse()
+            with pytest.raises(LocalProtocolError, match="relay=False"):
+                light.subscribe_envelopes(TOPIC)
+            assert await nothing_more(relay_inbox)
+        finally:
+            await light.close()
+            await relay.close()
+
+    with caplog.at_level("DEBUG", logger="libp2p"):
+        run(scenario)
+    # The relay's pubsub, and our request, met the light host's refusal: said quietly.
+    refusals = [r for r in caplog.records if "protocols not supported" in r.getMessage()]
+    assert len(refusals) >= 2
+    assert {r.levelno for r in refusals} == {logging.DEBUG}
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []

@@ -17,7 +17,7 @@ import copy
 import itertools
 import math
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,8 +46,10 @@ from sdsync.wire.waku_protocols import (
 
 require("sdsync.transport.libp2p", "needs the 'p2p' extra")
 
+from sdsync.transport import libp2p_host  # noqa: E402
 from sdsync.transport.libp2p import Libp2pTransport, new_identity_key  # noqa: E402
 from sdsync.transport.waku_light import (  # noqa: E402
+    FilterAction,
     FilterPlan,
     LightTiming,
     NoServiceError,
@@ -269,6 +271,89 @@ def test_two_services_push_the_same_message_and_it_is_received_once(tmp_path: Pa
                         await anext(heard)
 
     asyncio.run(scenario())
+
+
+def test_a_service_relaying_pushes_for_long_keeps_its_light_clients_and_relay_peers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A service relays a LightPush every 100 ms for longer than the relay host gives a
+    peer to be identified (``_UNIDENTIFIED_S``). py-libp2p queues each publication for
+    every connected pubsub peer not subscribed to its topic (a light client, a relay peer
+    on another shard) until that peer subscribes, which it never does; the queue's age
+    must not pass for "never identified": nobody is disconnected, every push is taken,
+    the subscriber never subscribes again and gets every message once. (The limit is
+    shortened from 10 s to keep the test short; at 10 s it failed the same way.)"""
+    monkeypatch.setattr(libp2p_host, "_UNIDENTIFIED_S", 2.0)
+    # Time for the oldest queued publication to pass the limit by half as much again.
+    publish_s = 2.0 * 1.5
+    gaps: list[str] = []
+
+    async def scenario() -> None:
+        async with (
+            services(tmp_path, 1) as [service],
+            client(service.address) as bob,
+            client(service.address) as alice,
+            Libp2pTransport(peers=(service.address,)) as elsewhere,
+        ):
+            assert service.relay is not None
+            relay = service.relay
+            elsewhere.subscribe(OTHER_SHARD)
+            subscribes = _count_subscribes(bob)
+            heard = await subscribed(bob)
+            hints = [await alice.push(TOPIC, b"m0")]  # alice connects with her first push
+            watched = {bob.peer_id: "bob", alice.peer_id: "alice", elsewhere.peer_id: "relay"}
+            await until(
+                lambda: _all_in(relay.connected_peers(), watched), "everyone connected to it"
+            )
+
+            async def watch() -> None:
+                while True:
+                    connected = set(await relay.connected_peers())
+                    gaps.extend(name for peer, name in watched.items() if peer not in connected)
+                    await asyncio.sleep(0.05)
+
+            watcher = asyncio.create_task(watch())
+            loop = asyncio.get_running_loop()
+            end = loop.time() + publish_s
+            refused: list[NoServiceError] = []
+            while loop.time() < end:
+                try:
+                    hints.append(await alice.push(TOPIC, f"m{len(hints)}".encode()))
+                except NoServiceError as exc:
+                    refused.append(exc)
+                await asyncio.sleep(0.1)
+            watcher.cancel()
+            assert (refused, gaps) == ([], [])
+            got = [(await next_frame(heard)).retrieval_hint for _ in hints]
+            assert got == hints
+            assert (bob.received, bob.duplicates) == (len(hints), 0)
+            assert subscribes == [1]
+
+    with caplog.at_level("WARNING", logger="sdsync.transport.libp2p"):
+        asyncio.run(scenario())
+    dropped = [r.getMessage() for r in caplog.records if "disconnecting" in r.getMessage()]
+    assert dropped == []
+
+
+OTHER_SHARD = "/waku/2/rs/1/3"
+
+
+def _count_subscribes(light: WakuLightTransport) -> list[int]:
+    """A one-item list counting the Subscribe actions ``light``'s plan hands out."""
+    count = [0]
+    actions = light.plan.actions
+
+    def counted(now: float) -> list[FilterAction]:
+        due = actions(now)
+        count[0] += sum(isinstance(action, Subscribe) for action in due)
+        return due
+
+    light.plan.actions = counted  # type: ignore[method-assign]
+    return count
+
+
+async def _all_in(peers: Awaitable[list[str]], wanted: Iterable[str]) -> bool:
+    return set(wanted) <= set(await peers)
 
 
 Answer = Callable[[str, bytes], Awaitable[bytes | None]]

@@ -17,7 +17,7 @@ from transporttest import PATIENCE_S, nothing_more, run, take, until
 
 from sdsync.errors import LocalProtocolError, RejectReason, RemoteProtocolError
 from sdsync.transport.libp2p import Libp2pTransport, WakuRelayConfig
-from sdsync.transport.libp2p_host import TrioHost
+from sdsync.transport.libp2p_host import RelayTrioHost
 from sdsync.transport.libp2p_patches import KeyedMessageCache, WakuGossipSub
 from sdsync.wire import WakuMessage
 from sdsync.wire.waku_protocols import (
@@ -153,7 +153,7 @@ def test_the_waku_validator_checks_14_waku2_message(
     msg: rpc_pb2.Message, reason: RejectReason | None
 ) -> None:
     transport = Libp2pTransport()
-    host = TrioHost(transport)
+    host = RelayTrioHost(transport)
     try:
         accepted = host._validate(ID(b"\x01" * 34), msg)
     finally:

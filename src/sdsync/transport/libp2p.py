@@ -50,7 +50,11 @@ one long-lived stream per peer and protocol, its push lane (a stream per push wo
 into js-waku's limit of 100 inbound streams), and :meth:`Libp2pTransport.serve_pushes`
 takes them, any number per stream. The lanes, and the bounds on a peer's inbound
 streams, are :mod:`sdsync.transport.libp2p_host`'s. ``announce_shards`` names shards in
-our metadata that we do not relay (a light client's). Listen addresses may be TCP or
+our metadata that we do not relay (a light client's). ``relay=False`` makes a light
+client's host: no gossipsub at all (the relay protocol is not offered, so a relay peer
+neither meshes with it nor queues it publications), only metadata, request/response
+streams and push lanes; publishing, subscribing or asking for the mesh is a
+LocalProtocolError there. Listen addresses may be TCP or
 websocket (``/ip4/127.0.0.1/tcp/0/ws``), which is what a browser's js-waku can dial.
 
 ``close()`` lets the outbox drain (briefly), cancels the trio nursery, which tears down
@@ -80,7 +84,7 @@ from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from sdsync.errors import LocalProtocolError, ProtocolNotSupportedError, RemoteProtocolError
 from sdsync.lifecycle import AsyncLifecycle
 from sdsync.transport.base import Envelope, Received, default_content_topic
-from sdsync.transport.libp2p_host import Handler, PushHandler, TrioHost, run_host
+from sdsync.transport.libp2p_host import Handler, PushHandler, RelayTrioHost, TrioHost, run_host
 from sdsync.wire.waku import MAX_WAKU_MESSAGE_BYTES, WakuMessage
 from sdsync.wire.waku_protocols import (
     MAX_RPC_BYTES,
@@ -165,6 +169,7 @@ class Libp2pTransport(AsyncLifecycle):
         gossip: GossipParams | None = None,
         waku: WakuRelayConfig = _THE_WAKU_NETWORK,
         announce_shards: Sequence[int] = (),
+        relay: bool = True,
     ) -> None:
         if any(shard < 0 for shard in announce_shards):
             raise LocalProtocolError(f"no shard among {list(announce_shards)}")
@@ -184,6 +189,8 @@ class Libp2pTransport(AsyncLifecycle):
         # Shards our metadata names besides those we relay: a light client relays none,
         # yet a node on its cluster (go-waku) drops a peer that names no shard.
         self.announce_shards = tuple(sorted(set(announce_shards)))
+        # False: a light client's host, which mounts no gossipsub at all.
+        self.relay = relay
         self._rng = random.Random(seed)
         # Written on the trio thread; plain counters, read for reporting.
         self.rejected: Counter[str] = Counter()
@@ -233,7 +240,7 @@ class Libp2pTransport(AsyncLifecycle):
         self._thread.start()
         self._trio = await asyncio.wrap_future(ready)
         for topic in self._topics():  # subscribed while the host was starting
-            self._trio.join(topic)
+            self._relaying("subscribe").join(topic)
         self.listen_addrs = self._trio.addrs()
         logger.info("libp2p host %s listening on %s", self.peer_id, ", ".join(self.listen_addrs))
 
@@ -285,6 +292,7 @@ class Libp2pTransport(AsyncLifecycle):
         """Publish ``message`` as it is on ``pubsub_topic`` itself (a ``/waku/2/rs/...``
         topic): what a LightPush service relays for a light client.
         Returns its Waku message hash; queued as :meth:`publish` is."""
+        self._refuse_unless_relaying("publish")
         frame = message.to_bytes()
         if len(frame) > self.max_message_bytes:
             raise LocalProtocolError(
@@ -294,7 +302,7 @@ class Libp2pTransport(AsyncLifecycle):
             self._running()
             self._outbox_room.clear()
             await self._outbox_room.wait()
-        self._running().send(pubsub_topic, frame)
+        self._relaying("publish").send(pubsub_topic, frame)
         self._outbox += 1
         return message.hash(pubsub_topic)
 
@@ -322,12 +330,13 @@ class Libp2pTransport(AsyncLifecycle):
     def _register(self, table: dict[str, list[asyncio.Queue[T | None]]], topic: str) -> Any:
         if self._closed:
             raise LocalProtocolError("transport is closed")
+        self._refuse_unless_relaying("subscribe")
         queue: asyncio.Queue[T | None] = asyncio.Queue()
         with self._lock:
             new_topic = topic not in self._frames and topic not in self._envelopes
             table.setdefault(topic, []).append(queue)
         if new_topic and self._trio is not None:
-            self._trio.join(topic)
+            self._relaying("subscribe").join(topic)
         return queue
 
     def _topics(self) -> list[str]:
@@ -362,7 +371,7 @@ class Libp2pTransport(AsyncLifecycle):
         While this is empty a publication reaches nobody (py-libp2p has no flood
         publishing); SDS repairs that, but a script may want to wait for peers first.
         """
-        trio_side = self._running()
+        trio_side = self._relaying("mesh_peers")
         return await self._call(lambda: trio_side.mesh_peers(topic))
 
     async def wait_for_mesh(self, topic: str, count: int, timeout_s: float) -> bool:
@@ -541,6 +550,20 @@ class Libp2pTransport(AsyncLifecycle):
         if self._trio is None or self._closed:
             raise LocalProtocolError("transport is not running (start() it, or it was closed)")
         return self._trio
+
+    def _relaying(self, what: str) -> RelayTrioHost:
+        """The running host, which relays (else our caller's misuse: ``what``)."""
+        self._refuse_unless_relaying(what)
+        trio_side = self._running()
+        assert isinstance(trio_side, RelayTrioHost)
+        return trio_side
+
+    def _refuse_unless_relaying(self, what: str) -> None:
+        if not self.relay:
+            raise LocalProtocolError(
+                f"cannot {what} on a host made with relay=False: it mounts no Waku Relay "
+                "(a light client publishes by LightPush and hears by Filter)"
+            )
 
     async def _call(self, work: Callable[[], Awaitable[T]]) -> T:
         """Run ``work()`` in the trio thread and await its outcome from asyncio."""

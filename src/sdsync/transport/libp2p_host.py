@@ -1,4 +1,4 @@
-"""The trio half of Libp2pTransport: the py-libp2p host, pubsub and router.
+"""The trio half of Libp2pTransport: the py-libp2p host, and a relay host's pubsub and router.
 
 Theory of operation
 -------------------
@@ -6,7 +6,7 @@ Everything here runs on the transport's own thread, inside ``trio.run`` (:func:`
 is the thread's target), except the few :class:`TrioHost` methods marked as called from
 the asyncio loop, which only hand work over. Neither loop ever blocks on the other:
 
-* asyncio → trio: :meth:`TrioHost.send` puts a publication in the outbox and
+* asyncio → trio: :meth:`RelayTrioHost.send` puts a publication in the outbox and
   :meth:`TrioHost.spawn` starts any other work (joining a topic, dialling, a query), both
   through ``TrioToken.run_sync_soon``, which is thread-safe and does not wait;
   :meth:`TrioHost.stop` cancels the nursery the same way;
@@ -17,6 +17,9 @@ the asyncio loop, which only hand work over. Neither loop ever blocks on the oth
 A :class:`TrioHost` is the transport's other half: it reads the transport's settings and
 its subscriber tables (under the transport's lock), and keeps its counters (``rejected``,
 ``received``, ``randomly_dropped``, ``publish_failures``: written here, read there).
+:class:`TrioHost` itself is a light client's host (``relay=False``): metadata,
+request/response streams and push lanes, no gossipsub. :class:`RelayTrioHost` adds Waku
+Relay: pubsub, router and outbox, run alongside the host (``_relay_services``).
 
 The outbox publishes in order, waiting for room in py-libp2p's per-peer queues (which
 drop when full) — but not for a peer that stopped taking frames, whose connection is
@@ -164,7 +167,8 @@ def run_host(transport: Libp2pTransport, ready: concurrent.futures.Future[TrioHo
     """The host thread: runs until the host is stopped; ``ready`` gets the host once it
     listens, or the error that kept it from starting."""
     try:
-        trio.run(TrioHost(transport).run, ready)
+        host = RelayTrioHost(transport) if transport.relay else TrioHost(transport)
+        trio.run(host.run, ready)
     except BaseException as exc:
         if not ready.done():
             ready.set_exception(exc)
@@ -173,72 +177,36 @@ def run_host(transport: Libp2pTransport, ready: concurrent.futures.Future[TrioHo
 
 
 class TrioHost:
-    """Everything that lives on the trio thread."""
+    """Everything that lives on the trio thread of a host that relays nothing (a light
+    client's): the libp2p host, its request/response streams, push lanes and metadata.
+    :class:`RelayTrioHost` adds Waku Relay."""
 
     def __init__(self, transport: Libp2pTransport) -> None:
         self.transport = transport
-        gossip = transport.gossip
         self.host: IHost = new_host(key_pair=transport._key_pair, listen_addrs=transport._listen)
-        self.router = WakuGossipSub(
-            protocols=[TProtocol(RELAY_PROTOCOL)],
-            relay_protocols=(RELAY_PROTOCOL,),
-            degree=gossip.degree,
-            degree_low=gossip.degree_low,
-            degree_high=gossip.degree_high,
-            heartbeat_interval=gossip.heartbeat_interval_s,
-            # Its per-peer limit (10 msg/s) would silently drop a fast sender's frames
-            # and our own publications; SDS rate control belongs to the application.
-            spam_protection_enabled=False,
-        )
-        self.pubsub = DeliveringPubsub(
-            self.host,
-            self.router,
-            deliver=self._deliver,
-            # Waku relay publishes unsigned; authenticity is the application's concern.
-            strict_signing=False,
-            msg_id_constructor=_relay_message_id,
-            # Oversized frames must reach the validator to be counted, within reason.
-            max_inbound_rpc_size=max(1 << 20, 2 * transport.max_message_bytes),
-        )
         self.token: trio.lowlevel.TrioToken | None = None
         self.nursery: trio.Nursery | None = None
-        self._joined: set[str] = set()
-        self._drain = _DrainWatch(_QUEUE_HIGH_WATER, _STALL_S)
-        self._dropped: set[ID] = set()  # stuck peers we disconnected
         self._lanes: dict[tuple[ID, str], _PushLane] = {}
         self._inbound: Counter[tuple[str, str]] = Counter()  # open streams by (protocol, peer)
         self._troubles = _StreamTroubles(transport.peer_id[-8:], _SUMMARY_S)
-        # Unbounded here: the asyncio side bounds what it puts in (its _OUTBOX_LIMIT).
-        self._outbox_in, self._outbox_out = trio.open_memory_channel[tuple[str, bytes]](math.inf)
 
     async def run(self, ready: concurrent.futures.Future[TrioHost]) -> None:
         self.token = trio.lowlevel.current_trio_token()
-        try:
-            await self._serve(ready)
-        finally:
-            # Pubsub's seen-cache sweeps in a thread of its own that py-libp2p never stops.
-            self.pubsub.seen_messages.stop()
-
-    async def _serve(self, ready: concurrent.futures.Future[TrioHost]) -> None:
-        async with (
-            self.host.run(self.transport._listen),
-            background_trio_service(self.pubsub),
-            background_trio_service(self.router),
-            trio.open_nursery() as nursery,
-        ):
+        async with self.host.run(self.transport._listen), trio.open_nursery() as nursery:
             self.nursery = nursery
-            await self.pubsub.wait_until_ready()
-            for topic in self.transport._topics():
-                await self._join(topic)
-            for protocol, (handler, max_bytes, timeout_s) in self.transport._served.items():
-                self.serve(protocol, self.on_loop(handler), max_bytes, timeout_s)
-            for protocol, (push_handler, max_bytes) in self.transport._push_served.items():
-                self.serve_pushes(protocol, self.on_loop(push_handler), max_bytes)
-            self.serve(METADATA_PROTOCOL, self._answer_metadata, 1024, _METADATA_TIMEOUT_S)
-            nursery.start_soon(self._redial_forever)
-            nursery.start_soon(self._send_forever)
-            ready.set_result(self)
-            await trio.sleep_forever()
+            async with self._relay_services():
+                for protocol, (handler, max_bytes, timeout_s) in self.transport._served.items():
+                    self.serve(protocol, self.on_loop(handler), max_bytes, timeout_s)
+                for protocol, (push_handler, max_bytes) in self.transport._push_served.items():
+                    self.serve_pushes(protocol, self.on_loop(push_handler), max_bytes)
+                self.serve(METADATA_PROTOCOL, self._answer_metadata, 1024, _METADATA_TIMEOUT_S)
+                nursery.start_soon(self._redial_forever)
+                ready.set_result(self)
+                await trio.sleep_forever()
+
+    def _relay_services(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """What runs besides while the host listens (a relay host's pubsub): nothing."""
+        return contextlib.nullcontext()
 
     # Called from the asyncio thread: only ever through the trio token.
 
@@ -247,16 +215,6 @@ class TrioHost:
         nursery = self.nursery
         try:
             self.token.run_sync_soon(lambda: nursery.start_soon(task))
-        except trio.RunFinishedError:
-            raise LocalProtocolError("transport closed") from None
-
-    def join(self, topic: str) -> None:
-        self.spawn(lambda: self._join(topic))
-
-    def send(self, topic: str, frame: bytes) -> None:
-        assert self.token is not None
-        try:
-            self.token.run_sync_soon(self._outbox_in.send_nowait, (topic, frame))
         except trio.RunFinishedError:
             raise LocalProtocolError("transport closed") from None
 
@@ -272,157 +230,12 @@ class TrioHost:
     async def connected_peers(self) -> list[str]:
         return sorted(p.to_base58() for p in self.host.get_connected_peers())
 
-    async def mesh_peers(self, topic: str) -> list[str]:
-        topic = self.transport._route(topic)[0]
-        if topic in self.router.mesh:
-            peers = self.router.mesh[topic]
-        else:
-            peers = self.pubsub.peer_topics.get(topic, set())
-        return sorted(p.to_base58() for p in peers)
-
     # Trio side proper.
 
     def shards(self) -> tuple[int, ...]:
-        """The shards of our cluster whose pubsub topics we relay, and those the
-        transport announces besides (a light client's)."""
-        prefix = f"{SHARD_TOPIC_PREFIX}{self.transport.waku.cluster_id}/"
-        relayed = {
-            int(t[len(prefix) :])
-            for t in self._joined
-            if t.startswith(prefix) and t[len(prefix) :].isdigit()
-        }
-        return tuple(sorted(relayed | set(self.transport.announce_shards)))
-
-    async def _join(self, topic: str) -> None:
-        pubsub_topic = self.transport._route(topic)[0]
-        if pubsub_topic in self._joined:
-            return
-        self._joined.add(pubsub_topic)
-        self.pubsub.set_topic_validator(pubsub_topic, self._validate, is_async_validator=False)
-        await self.pubsub.subscribe(pubsub_topic)
-
-    def _validate(self, forwarder: ID, msg: rpc_pb2.Message) -> bool:
-        """Topic validator: is this a frame we would deliver and relay? Unsigned, and a
-        valid 14/WAKU2-MESSAGE on any well-formed content topic (other applications share
-        the shard; we relay theirs)."""
-        try:
-            _check_relay_message(msg, self.transport.max_message_bytes)
-        except RemoteProtocolError as exc:
-            topic = msg.topicIDs[0] if msg.topicIDs else ""
-            self.transport.rejected[exc.reason] += 1
-            logger.warning("%s: dropped a frame on %s: %s", self.transport.peer_id[-8:], topic, exc)
-            return False
-        return True
-
-    def _deliver(self, msg: rpc_pb2.Message, own: bool) -> None:
-        """A validated publication: hand it to the asyncio subscribers of its pubsub
-        topic (and content topic, where they asked for one)."""
-        if own:
-            return
-        transport = self.transport
-        transport.received += 1
-        if transport.drop_rate and transport._rng.random() < transport.drop_rate:
-            transport.randomly_dropped += 1
-            return
-        loop = transport._loop
-        assert loop is not None
-        message = decode_waku_message(msg.data, max_bytes=transport.max_message_bytes)
-        for pubsub_topic in msg.topicIDs:
-            envelope = Envelope(pubsub_topic, message, message.hash(pubsub_topic))
-            frame = Received(message.payload, envelope.message_hash)
-            frames, envelopes = self._subscribers(pubsub_topic, message)
-            for queue in frames:
-                loop.call_soon_threadsafe(queue.put_nowait, frame)
-            for envelope_queue in envelopes:
-                loop.call_soon_threadsafe(envelope_queue.put_nowait, envelope)
-
-    def _subscribers(
-        self, pubsub_topic: str, message: WakuMessage
-    ) -> tuple[list[asyncio.Queue[Received | None]], list[asyncio.Queue[Envelope | None]]]:
-        """The frame and envelope queues of the subscriptions ``message`` belongs to."""
-        transport = self.transport
-
-        def wanted(topic: str) -> bool:
-            routed, content_topic = transport._route(topic)
-            return routed == pubsub_topic and content_topic in (None, message.content_topic)
-
-        with transport._lock:
-            frames = [q for t, qs in transport._frames.items() if wanted(t) for q in qs]
-            envelopes = [q for t, qs in transport._envelopes.items() if wanted(t) for q in qs]
-        return frames, envelopes
-
-    async def _send_forever(self) -> None:
-        loop = self.transport._loop
-        assert loop is not None
-        async for topic, frame in self._outbox_out:
-            try:
-                await self._room_to_send()
-                await self.pubsub.publish_unsigned(topic, frame)
-            except Exception as exc:
-                self.transport.publish_failures += 1
-                logger.warning("publishing on %s failed: %r", topic, exc)
-            finally:
-                loop.call_soon_threadsafe(self.transport._sent)
-
-    async def _room_to_send(self) -> None:
-        """Wait while a peer's outbound queue is nearly full and still draining.
-
-        Pubsub silently drops whole RPCs when a peer's queue is full, which under load
-        turns into far more loss than the network has. So a publication waits, as TCP
-        would, for a slow peer — but not for a stuck one (see :class:`_DrainWatch`). One
-        stuck for ``_WEDGED_S``, or never identified (:meth:`_unidentified`), is
-        disconnected, so that a redial gives it a fresh connection.
-        """
-        while True:
-            now = trio.current_time()
-            blocking = self._drain.holding_back(self.pubsub.peer_queues, now)
-            wedged = self._drain.stuck(now, _WEDGED_S)
-            unknown = self._unidentified(time.time())
-            stuck = wedged | unknown
-            for peer in stuck - self._dropped:
-                why = (
-                    f"took no frame for {_WEDGED_S:.0f} s"
-                    if peer in wedged
-                    else f"was not identified {_UNIDENTIFIED_S:.0f} s after we queued it frames"
-                )
-                self._drop_stuck(peer, why)
-            # Once one moves again (or is gone), it may be dropped again if it sticks.
-            self._dropped = stuck
-            if not blocking:
-                return
-            await trio.sleep(_ROOM_POLL_S)
-
-    def _unidentified(self, wall_now: float) -> set[ID]:
-        """Peers the router has held frames for since ``_UNIDENTIFIED_S`` ago.
-
-        py-libp2p queues what we publish for a subscribed peer until identify completes
-        for it. Under load (CI) identify once never completed: the queue dropped frames
-        at its cap, our publications never reached that peer (in a line, the rest of the
-        group) and the chat never converged. A fresh connection identifies afresh."""
-        pending = self.router._pending_messages
-        return {
-            peer
-            for peer, queue in list(pending.items())
-            if queue and wall_now - queue[0][0] > _UNIDENTIFIED_S
-        }
-
-    def _drop_stuck(self, peer: ID, why: str) -> None:
-        assert self.nursery is not None
-        logger.warning("%s: peer %s %s: disconnecting it", self.transport.peer_id[-8:], peer, why)
-
-        async def drop() -> None:
-            try:
-                with trio.move_on_after(self.transport.gossip.dial_timeout_s):
-                    for conn in self.host.get_network().get_connections(peer):
-                        # The muxer's own close() would queue its goodbye behind the very
-                        # write that is stuck; closing the secured connection beneath it
-                        # fails that write, and py-libp2p then clears the peer away.
-                        secured = getattr(conn.muxed_conn, "secured_conn", None)
-                        await (secured.close() if secured is not None else conn.close())
-            except Exception as exc:
-                logger.debug("disconnecting %s failed: %r", peer, exc)
-
-        self.nursery.start_soon(drop)
+        """The shards our metadata names: those the transport announces (a light
+        client's), and a relay host's relayed ones."""
+        return self.transport.announce_shards
 
     async def dial(self, info: PeerInfo) -> None:
         with trio.fail_after(self.transport.gossip.dial_timeout_s):
@@ -720,6 +533,226 @@ class TrioHost:
                     except (Exception, trio.TooSlowError) as exc:
                         logger.debug("dial %s failed: %s", peer_id, exc)
             await trio.sleep(self.transport.gossip.redial_interval_s)
+
+
+class RelayTrioHost(TrioHost):
+    """A host that relays too: Waku Relay's gossipsub router and pubsub, the outbox the
+    asyncio side publishes through, and the validation and delivery of inbound frames."""
+
+    def __init__(self, transport: Libp2pTransport) -> None:
+        super().__init__(transport)
+        gossip = transport.gossip
+        self.router = WakuGossipSub(
+            protocols=[TProtocol(RELAY_PROTOCOL)],
+            relay_protocols=(RELAY_PROTOCOL,),
+            degree=gossip.degree,
+            degree_low=gossip.degree_low,
+            degree_high=gossip.degree_high,
+            heartbeat_interval=gossip.heartbeat_interval_s,
+            # Its per-peer limit (10 msg/s) would silently drop a fast sender's frames
+            # and our own publications; SDS rate control belongs to the application.
+            spam_protection_enabled=False,
+        )
+        self.pubsub = DeliveringPubsub(
+            self.host,
+            self.router,
+            deliver=self._deliver,
+            # Waku relay publishes unsigned; authenticity is the application's concern.
+            strict_signing=False,
+            msg_id_constructor=_relay_message_id,
+            # Oversized frames must reach the validator to be counted, within reason.
+            max_inbound_rpc_size=max(1 << 20, 2 * transport.max_message_bytes),
+        )
+        self._joined: set[str] = set()
+        self._drain = _DrainWatch(_QUEUE_HIGH_WATER, _STALL_S)
+        self._dropped: set[ID] = set()  # stuck peers we disconnected
+        # Unbounded here: the asyncio side bounds what it puts in (its _OUTBOX_LIMIT).
+        self._outbox_in, self._outbox_out = trio.open_memory_channel[tuple[str, bytes]](math.inf)
+
+    async def run(self, ready: concurrent.futures.Future[TrioHost]) -> None:
+        try:
+            await super().run(ready)
+        finally:
+            # Pubsub's seen-cache sweeps in a thread of its own that py-libp2p never stops.
+            self.pubsub.seen_messages.stop()
+
+    @contextlib.asynccontextmanager
+    async def _relay_services(self) -> AsyncIterator[None]:
+        assert self.nursery is not None
+        async with background_trio_service(self.pubsub), background_trio_service(self.router):
+            await self.pubsub.wait_until_ready()
+            for topic in self.transport._topics():
+                await self._join(topic)
+            self.nursery.start_soon(self._send_forever)
+            yield
+
+    # Called from the asyncio thread: only ever through the trio token.
+
+    def join(self, topic: str) -> None:
+        self.spawn(lambda: self._join(topic))
+
+    def send(self, topic: str, frame: bytes) -> None:
+        assert self.token is not None
+        try:
+            self.token.run_sync_soon(self._outbox_in.send_nowait, (topic, frame))
+        except trio.RunFinishedError:
+            raise LocalProtocolError("transport closed") from None
+
+    async def mesh_peers(self, topic: str) -> list[str]:
+        topic = self.transport._route(topic)[0]
+        if topic in self.router.mesh:
+            peers = self.router.mesh[topic]
+        else:
+            peers = self.pubsub.peer_topics.get(topic, set())
+        return sorted(p.to_base58() for p in peers)
+
+    # Trio side proper.
+
+    def shards(self) -> tuple[int, ...]:
+        prefix = f"{SHARD_TOPIC_PREFIX}{self.transport.waku.cluster_id}/"
+        relayed = {
+            int(t[len(prefix) :])
+            for t in self._joined
+            if t.startswith(prefix) and t[len(prefix) :].isdigit()
+        }
+        return tuple(sorted(relayed | set(super().shards())))
+
+    async def _join(self, topic: str) -> None:
+        pubsub_topic = self.transport._route(topic)[0]
+        if pubsub_topic in self._joined:
+            return
+        self._joined.add(pubsub_topic)
+        self.pubsub.set_topic_validator(pubsub_topic, self._validate, is_async_validator=False)
+        await self.pubsub.subscribe(pubsub_topic)
+
+    def _validate(self, forwarder: ID, msg: rpc_pb2.Message) -> bool:
+        """Topic validator: is this a frame we would deliver and relay? Unsigned, and a
+        valid 14/WAKU2-MESSAGE on any well-formed content topic (other applications share
+        the shard; we relay theirs)."""
+        try:
+            _check_relay_message(msg, self.transport.max_message_bytes)
+        except RemoteProtocolError as exc:
+            topic = msg.topicIDs[0] if msg.topicIDs else ""
+            self.transport.rejected[exc.reason] += 1
+            logger.warning("%s: dropped a frame on %s: %s", self.transport.peer_id[-8:], topic, exc)
+            return False
+        return True
+
+    def _deliver(self, msg: rpc_pb2.Message, own: bool) -> None:
+        """A validated publication: hand it to the asyncio subscribers of its pubsub
+        topic (and content topic, where they asked for one)."""
+        if own:
+            return
+        transport = self.transport
+        transport.received += 1
+        if transport.drop_rate and transport._rng.random() < transport.drop_rate:
+            transport.randomly_dropped += 1
+            return
+        loop = transport._loop
+        assert loop is not None
+        message = decode_waku_message(msg.data, max_bytes=transport.max_message_bytes)
+        for pubsub_topic in msg.topicIDs:
+            envelope = Envelope(pubsub_topic, message, message.hash(pubsub_topic))
+            frame = Received(message.payload, envelope.message_hash)
+            frames, envelopes = self._subscribers(pubsub_topic, message)
+            for queue in frames:
+                loop.call_soon_threadsafe(queue.put_nowait, frame)
+            for envelope_queue in envelopes:
+                loop.call_soon_threadsafe(envelope_queue.put_nowait, envelope)
+
+    def _subscribers(
+        self, pubsub_topic: str, message: WakuMessage
+    ) -> tuple[list[asyncio.Queue[Received | None]], list[asyncio.Queue[Envelope | None]]]:
+        """The frame and envelope queues of the subscriptions ``message`` belongs to."""
+        transport = self.transport
+
+        def wanted(topic: str) -> bool:
+            routed, content_topic = transport._route(topic)
+            return routed == pubsub_topic and content_topic in (None, message.content_topic)
+
+        with transport._lock:
+            frames = [q for t, qs in transport._frames.items() if wanted(t) for q in qs]
+            envelopes = [q for t, qs in transport._envelopes.items() if wanted(t) for q in qs]
+        return frames, envelopes
+
+    async def _send_forever(self) -> None:
+        loop = self.transport._loop
+        assert loop is not None
+        async for topic, frame in self._outbox_out:
+            try:
+                await self._room_to_send()
+                await self.pubsub.publish_unsigned(topic, frame)
+            except Exception as exc:
+                self.transport.publish_failures += 1
+                logger.warning("publishing on %s failed: %r", topic, exc)
+            finally:
+                loop.call_soon_threadsafe(self.transport._sent)
+
+    async def _room_to_send(self) -> None:
+        """Wait while a peer's outbound queue is nearly full and still draining.
+
+        Pubsub silently drops whole RPCs when a peer's queue is full, which under load
+        turns into far more loss than the network has. So a publication waits, as TCP
+        would, for a slow peer — but not for a stuck one (see :class:`_DrainWatch`). One
+        stuck for ``_WEDGED_S``, or never identified (:meth:`_unidentified`), is
+        disconnected, so that a redial gives it a fresh connection.
+        """
+        while True:
+            now = trio.current_time()
+            blocking = self._drain.holding_back(self.pubsub.peer_queues, now)
+            wedged = self._drain.stuck(now, _WEDGED_S)
+            unknown = self._unidentified(time.time())
+            stuck = wedged | unknown
+            for peer in stuck - self._dropped:
+                why = (
+                    f"took no frame for {_WEDGED_S:.0f} s"
+                    if peer in wedged
+                    else f"was not identified {_UNIDENTIFIED_S:.0f} s after we queued it frames"
+                )
+                self._drop_stuck(peer, why)
+            # Once one moves again (or is gone), it may be dropped again if it sticks.
+            self._dropped = stuck
+            if not blocking:
+                return
+            await trio.sleep(_ROOM_POLL_S)
+
+    def _unidentified(self, wall_now: float) -> set[ID]:
+        """Peers still unknown to the router that it has held frames for since
+        ``_UNIDENTIFIED_S`` ago.
+
+        py-libp2p queues what we publish for a subscribed peer until identify completes
+        for it. Under load (CI) identify once never completed: the queue dropped frames
+        at its cap, our publications never reached that peer (in a line, the rest of the
+        group) and the chat never converged. A fresh connection identifies afresh.
+
+        It also queues every publication for a known peer not subscribed to its topic
+        (a light client, a relay peer of other shards), in case its subscription is on
+        the way, and keeps it 30 s: such a queue is old, yet its peer is identified."""
+        pending = self.router._pending_messages
+        known = self.router.peer_protocol
+        return {
+            peer
+            for peer, queue in list(pending.items())
+            if queue and peer not in known and wall_now - queue[0][0] > _UNIDENTIFIED_S
+        }
+
+    def _drop_stuck(self, peer: ID, why: str) -> None:
+        assert self.nursery is not None
+        logger.warning("%s: peer %s %s: disconnecting it", self.transport.peer_id[-8:], peer, why)
+
+        async def drop() -> None:
+            try:
+                with trio.move_on_after(self.transport.gossip.dial_timeout_s):
+                    for conn in self.host.get_network().get_connections(peer):
+                        # The muxer's own close() would queue its goodbye behind the very
+                        # write that is stuck; closing the secured connection beneath it
+                        # fails that write, and py-libp2p then clears the peer away.
+                        secured = getattr(conn.muxed_conn, "secured_conn", None)
+                        await (secured.close() if secured is not None else conn.close())
+            except Exception as exc:
+                logger.debug("disconnecting %s failed: %r", peer, exc)
+
+        self.nursery.start_soon(drop)
 
 
 class _DrainWatch:

@@ -22,7 +22,11 @@ replaces one behaviour of the pinned py-libp2p:
   ``from``+``seqno``, empty for all of them, so from the second message on nothing was
   forwarded); and keys its message cache, which answers IWANT and feeds IHAVE, by the
   pubsub's message id instead of ``from``+``seqno`` (:class:`KeyedMessageCache`: keyed on
-  the empty ``from``+``seqno``, it would hold the first unsigned message only).
+  the empty ``from``+``seqno``, it would hold the first unsigned message only);
+* :class:`RefusalIsNoError` logs a peer's refusal of a protocol (multistream "na") at
+  DEBUG: py-libp2p logs each one as a seven-line ERROR, yet it is routine (every light
+  client, ours or js-waku's, refuses the relay protocol that pubsub opens to each new
+  peer) and reaches whoever asked as an exception (ours: ProtocolNotSupportedError).
 
 tests/transport/test_libp2p.py and tests/transport/test_waku_relay.py check each of them
 against the pinned version.
@@ -48,6 +52,7 @@ from libp2p.pubsub.rpc_queue import RpcQueue
 logger = logging.getLogger("sdsync.transport.libp2p")
 
 PEER_QUEUE_RPCS = 256
+_REFUSAL_LOGGER = "libp2p.host.basic_host"
 
 
 class DeliveringPubsub(Pubsub):
@@ -157,3 +162,20 @@ class KeyedMessageCache(MessageCache):
             return
         self.msgs[mid] = msg
         self.history[0].append(CacheEntry(mid, msg.topicIDs))
+
+
+class RefusalIsNoError(logging.Filter):
+    """Turns py-libp2p's ERROR "Failed to open stream to peer …" into a DEBUG record when
+    the peer only refused the protocol; other failures to open a stream stay errors."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message.startswith("Failed to open stream to peer") and (
+            "protocols not supported" in message
+        ):
+            record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+        return True
+
+
+# Once, when the host first imports us: a filter on the very logger that says it.
+logging.getLogger(_REFUSAL_LOGGER).addFilter(RefusalIsNoError())

@@ -7,9 +7,10 @@ A Waku light client joins no gossipsub mesh: it asks *service nodes* (nwaku, go-
 published on its content topics (12/WAKU2-FILTER v2). :class:`WakuLightTransport` is
 such a client behind the :class:`~sdsync.transport.Transport` contract, so a
 ReliableChannel runs over it as over relay. Its libp2p host is a
-:class:`~sdsync.transport.libp2p.Libp2pTransport` that subscribes to no pubsub topic but
-names the shards of its content topics in its metadata (go-waku on cluster 1 drops a peer
-that names none).
+:class:`~sdsync.transport.libp2p.Libp2pTransport` made with ``relay=False``: it mounts no
+gossipsub at all (a relay peer would otherwise queue it every publication, in case it
+subscribed), but names the shards of its content topics in its metadata (go-waku on
+cluster 1 drops a peer that names none).
 
 *Publishing.* :meth:`~WakuLightTransport.publish` wraps the SDS bytes in a WakuMessage
 (the channel's content topic, a fresh timestamp), returns its Waku message hash at once
@@ -394,6 +395,7 @@ class WakuLightTransport(AsyncLifecycle):
             key=key,
             waku=self.waku,
             announce_shards=announced_shards(self.waku, topics, content_topic),
+            relay=False,
         )
         self.peer_id = self.host.peer_id
         self._by_peer = {service.peer_id: index for index, service in enumerate(self.services)}
