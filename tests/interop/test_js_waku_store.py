@@ -17,15 +17,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from storeprocess import StoreProcess, store_serve
 from testdeps import require
-from waku_drivers import (
-    StoreProcess,
-    WakuDriver,
-    connected_client,
-    light_node,
-    send_cut_frames,
-    store_serve,
-)
+from waku_drivers import WakuDriver, connected_client, light_node, send_cut_frames
 
 from sdsync.store import StoredMessage, StoreQuery, WakuStoreClient, open_archive
 from sdsync.wire.waku import WakuMessage
