@@ -85,6 +85,7 @@ from sdsync.errors import LocalProtocolError, ProtocolNotSupportedError, RemoteP
 from sdsync.lifecycle import AsyncLifecycle
 from sdsync.transport.base import Envelope, Received, default_content_topic
 from sdsync.transport.libp2p_host import Handler, PushHandler, RelayTrioHost, TrioHost, run_host
+from sdsync.transport.libp2p_patches import ConnectionLimits
 from sdsync.wire.waku import MAX_WAKU_MESSAGE_BYTES, WakuMessage
 from sdsync.wire.waku_protocols import (
     MAX_RPC_BYTES,
@@ -170,6 +171,7 @@ class Libp2pTransport(AsyncLifecycle):
         waku: WakuRelayConfig = _THE_WAKU_NETWORK,
         announce_shards: Sequence[int] = (),
         relay: bool = True,
+        limits: ConnectionLimits | None = None,
     ) -> None:
         if any(shard < 0 for shard in announce_shards):
             raise LocalProtocolError(f"no shard among {list(announce_shards)}")
@@ -191,7 +193,10 @@ class Libp2pTransport(AsyncLifecycle):
         self.announce_shards = tuple(sorted(set(announce_shards)))
         # False: a light client's host, which mounts no gossipsub at all.
         self.relay = relay
+        self.limits = limits if limits is not None else ConnectionLimits()
         self._rng = random.Random(seed)
+        # Inbound connections closed unserved, by reason (ConnectionLimits).
+        self.connections_refused: Counter[str] = Counter()
         # Written on the trio thread; plain counters, read for reporting.
         self.rejected: Counter[str] = Counter()
         # Request/response streams that timed out, or broke, by protocol id.

@@ -95,8 +95,10 @@ from libp2p import new_host
 from libp2p.abc import IHost, INetStream
 from libp2p.custom_types import TProtocol
 from libp2p.host.exceptions import StreamFailure
+from libp2p.network.config import ConnectionConfig
 from libp2p.network.stream.exceptions import StreamEOF, StreamReset
 from libp2p.network.stream.net_stream import NetStream
+from libp2p.network.swarm import Swarm
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 from libp2p.protocol_muxer.exceptions import MultiselectClientError
@@ -111,7 +113,12 @@ from sdsync.errors import (
     RemoteProtocolError,
 )
 from sdsync.transport.base import Envelope, Received
-from sdsync.transport.libp2p_patches import PEER_QUEUE_RPCS, DeliveringPubsub, WakuGossipSub
+from sdsync.transport.libp2p_patches import (
+    PEER_QUEUE_RPCS,
+    BoundedSwarm,
+    DeliveringPubsub,
+    WakuGossipSub,
+)
 from sdsync.wire.waku import WakuMessage, decode_waku_message
 from sdsync.wire.waku_protocols import (
     METADATA_PROTOCOL,
@@ -183,7 +190,18 @@ class TrioHost:
 
     def __init__(self, transport: Libp2pTransport) -> None:
         self.transport = transport
-        self.host: IHost = new_host(key_pair=transport._key_pair, listen_addrs=transport._listen)
+        limits = transport.limits
+        self.host: IHost = new_host(
+            key_pair=transport._key_pair,
+            listen_addrs=transport._listen,
+            connection_config=ConnectionConfig(
+                max_connections=limits.max_connections,
+                inbound_upgrade_timeout=limits.handshake_timeout_s,
+            ),
+        )
+        swarm = self.host.get_network()
+        assert isinstance(swarm, Swarm)
+        BoundedSwarm.adopt(swarm, limits, transport.connections_refused)
         self.token: trio.lowlevel.TrioToken | None = None
         self.nursery: trio.Nursery | None = None
         self._lanes: dict[tuple[ID, str], _PushLane] = {}
