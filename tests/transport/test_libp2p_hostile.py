@@ -35,6 +35,10 @@ HONEST_S = 20.0
 CHURN = 2_000 if os.environ.get("SDSYNC_SOAK") == "1" else 300
 #: The attacker's connections in flight at once (each opened and closed in turn).
 ATTACKERS = 16
+TOPIC = "/sds/1/hostile"
+#: A published message leaves the gossip cache within this: 5 one-second heartbeats,
+#: with room for a loaded machine.
+CACHE_BOUND_S = 20.0
 
 
 async def serving(**options: object) -> tuple[Libp2pTransport, str]:
@@ -182,5 +186,35 @@ def test_one_ip_holds_at_most_its_share_of_connections(monkeypatch: pytest.Monke
             attacker.release()
             await attack
             await server.close()
+
+    run(scenario)
+
+
+def test_message_cache_empties_without_mesh_peers() -> None:
+    """Row 6: py-libp2p's adaptive gossip rated a node without mesh peers unhealthy and
+    slowed its heartbeat to 30-60 s, so its message cache (5 heartbeats) held every
+    message for minutes. With adaptive gossip off it holds them ~5 heartbeats."""
+
+    async def scenario() -> None:
+        node = Libp2pTransport()
+        node.subscribe(TOPIC)
+        await node.start()
+        router = node._relaying("test").router
+        try:
+
+            async def judge_health_now() -> None:
+                router.last_health_update = 0  # its health is judged every 30 s otherwise
+
+            await node._call(judge_health_now)
+            await asyncio.sleep(3 * node.gossip.heartbeat_interval_s)
+            for n in range(20):
+                await node.publish(TOPIC, b"unheard %d" % n)
+            await until(lambda: len(router.mcache.msgs) == 20)
+            started = time.monotonic()
+            while router.mcache.msgs:
+                assert time.monotonic() - started < CACHE_BOUND_S, router.heartbeat_interval
+                await asyncio.sleep(0.1)
+        finally:
+            await node.close()
 
     run(scenario)

@@ -570,6 +570,9 @@ class RelayTrioHost(TrioHost):
             # Its per-peer limit (10 msg/s) would silently drop a fast sender's frames
             # and our own publications; SDS rate control belongs to the application.
             spam_protection_enabled=False,
+            # Adaptive gossip slows the heartbeat to 30-60 s while the mesh is thin, and
+            # the message cache holds 5 heartbeats: memory would follow mesh health.
+            adaptive_gossip_enabled=False,
         )
         self.pubsub = DeliveringPubsub(
             self.host,
