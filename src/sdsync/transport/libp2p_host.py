@@ -119,7 +119,7 @@ from sdsync.transport.libp2p_patches import (
     DeliveringPubsub,
     WakuGossipSub,
 )
-from sdsync.wire.waku import WakuMessage, decode_waku_message
+from sdsync.wire.waku import WakuMessage, check_relayable, decode_waku_message
 from sdsync.wire.waku_protocols import (
     METADATA_PROTOCOL,
     RELAY_PROTOCOL,
@@ -651,7 +651,10 @@ class RelayTrioHost(TrioHost):
         valid 14/WAKU2-MESSAGE on any well-formed content topic (other applications share
         the shard; we relay theirs)."""
         try:
-            _check_relay_message(msg, self.transport.max_message_bytes)
+            transport = self.transport
+            _check_relay_message(
+                msg, transport.max_message_bytes, transport.clock_ns(), transport.max_future_ns
+            )
         except RemoteProtocolError as exc:
             topic = msg.topicIDs[0] if msg.topicIDs else ""
             self.transport.rejected[exc.reason] += 1
@@ -816,19 +819,20 @@ class _DrainWatch:
         return {p for p, (_, since) in self._progress.items() if now - since >= for_s}
 
 
-def _check_relay_message(msg: rpc_pb2.Message, max_bytes: int) -> None:
+def _check_relay_message(
+    msg: rpc_pb2.Message, max_bytes: int, now_ns: int, max_future_ns: int
+) -> None:
     """Raises RemoteProtocolError unless ``msg`` is an unsigned relay message holding a
-    WakuMessage of at most ``max_bytes`` with a timestamp and a well-formed content topic."""
+    WakuMessage of at most ``max_bytes`` with a well-formed content topic that an archive
+    would take (:func:`~sdsync.wire.waku.check_relayable`: the same rule as the store's)."""
     if msg.from_id or msg.seqno or msg.signature or msg.key:
         raise RemoteProtocolError(
             "a Waku relay message must carry no from, seqno, signature or key (StrictNoSign)",
             reason=RejectReason.SIGNED_RELAY_MESSAGE,
         )
     message = decode_waku_message(msg.data, max_bytes=max_bytes)
-    if message.timestamp is None:
-        raise RemoteProtocolError(
-            "a relayed WakuMessage needs a timestamp", reason=RejectReason.NO_TIMESTAMP
-        )
+    for pubsub_topic in msg.topicIDs:
+        check_relayable(message, pubsub_topic, now_ns, max_future_ns)
     parse_content_topic(message.content_topic, remote=True)
 
 
