@@ -76,6 +76,12 @@ class RejectReason(enum.StrEnum):
     NO_TIMESTAMP = "no timestamp"
     #: A Waku relay message with ``from``, ``seqno``, a signature or a key (StrictNoSign).
     SIGNED_RELAY_MESSAGE = "signed relay message"
+    #: A pubsub or content topic no archive can store (not UTF-8, a NUL, too long).
+    BAD_TOPIC = "bad topic"
+    #: A WakuMessage timestamp that is zero or negative.
+    TIMESTAMP_NOT_POSITIVE = "timestamp not positive"
+    #: A WakuMessage timestamp further ahead of our clock than the allowed variance.
+    TIMESTAMP_IN_FUTURE = "timestamp in future"
 
     # The SDS message (sdsync.wire.codec), judged against its WireLimits.
     #: An SDS message larger than ``WireLimits.max_message_bytes``.

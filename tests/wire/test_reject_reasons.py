@@ -97,6 +97,8 @@ def test_every_reason_has_a_case_here_or_in_the_transport_tests() -> None:
     elsewhere = {R.WRONG_CONTENT_TOPIC, R.PROTOCOL_VIOLATION}  # the transport, the default
     elsewhere |= {R.MALFORMED_RPC, R.TRUNCATED_FRAME, R.MALFORMED_CONTENT_TOPIC}  # Waku RPCs
     elsewhere |= {R.NO_TIMESTAMP, R.SIGNED_RELAY_MESSAGE}  # the transport's Waku mode
+    # check_relayable: tests/store/test_relay_hostile.py
+    elsewhere |= {R.BAD_TOPIC, R.TIMESTAMP_NOT_POSITIVE, R.TIMESTAMP_IN_FUTURE}
     assert given | elsewhere == set(RejectReason)
 
 

@@ -46,9 +46,8 @@ from sdsync.store.model import (
     Refused,
     check_timestamp,
     refusal_reason,
-    topic_problem,
 )
-from sdsync.wire.waku import WakuMessage
+from sdsync.wire.waku import WakuMessage, topic_problem
 from sdsync.wire.waku_protocols import (
     TWN_CLUSTER_ID,
     TWN_SHARD_COUNT,

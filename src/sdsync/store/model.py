@@ -32,7 +32,14 @@ from enum import IntEnum
 from typing import Generic, TypeVar
 
 from sdsync.errors import LocalProtocolError, RejectReason, RemoteProtocolError
-from sdsync.wire.waku import HASH_SIZE, MAX_WAKU_MESSAGE_BYTES, WakuMessage
+from sdsync.wire import waku
+from sdsync.wire.waku import (
+    DEFAULT_TIMESTAMP_VARIANCE_S,
+    HASH_SIZE,
+    MAX_WAKU_MESSAGE_BYTES,
+    WakuMessage,
+    topic_problem,
+)
 from sdsync.wire.waku_protocols import MAX_STORE_PAGE_SIZE, StoreQueryRequest
 
 DEFAULT_PAGE_SIZE = 20
@@ -40,12 +47,6 @@ MAX_PAGE_SIZE = MAX_STORE_PAGE_SIZE
 MAX_CONTENT_TOPICS = 10
 """Per query, as nwaku's archive allows."""
 MAX_HASHES = 100
-MAX_TOPIC_BYTES = 1024
-"""Of a pubsub or a content topic, in UTF-8: both go into PostgreSQL index entries,
-which may not exceed 2,704 bytes."""
-DEFAULT_TIMESTAMP_VARIANCE_S = 20.0
-"""How far ahead of the node's clock a message timestamp may be (nwaku's
-``MaxMessageTimestampVariance``)."""
 INT64_MIN = -(1 << 63)
 INT64_MAX = (1 << 63) - 1
 
@@ -167,33 +168,23 @@ def check_hash(value: bytes, reason: str = "bad_hash") -> bytes:
     return value
 
 
-def topic_problem(topic: str) -> str | None:
-    """Why ``topic`` cannot be archived and indexed on every backend, or None."""
-    try:
-        size = len(topic.encode())
-    except UnicodeEncodeError:
-        return "is not valid UTF-8 text"
-    if "\x00" in topic:
-        return "contains a NUL character"
-    if size > MAX_TOPIC_BYTES:
-        return f"has {size} bytes (at most {MAX_TOPIC_BYTES})"
-    return None
+#: The store's refusal labels for the shared message checks of sdsync.wire.waku.
+_LABELS: dict[str, str] = {
+    RejectReason.BAD_TOPIC: "bad_topic",
+    RejectReason.NO_TIMESTAMP: "no_timestamp",
+    RejectReason.TIMESTAMP_NOT_POSITIVE: "timestamp_not_positive",
+    RejectReason.TIMESTAMP_IN_FUTURE: "timestamp_in_future",
+}
 
 
 def check_timestamp(timestamp: int, now_ns: int, max_future_ns: int) -> None:
     """Refuse a timestamp that is not positive, or more than ``max_future_ns`` ahead of
     ``now_ns``: :class:`InvalidMessageError` with reason ``timestamp_not_positive`` or
     ``timestamp_in_future``.  Old timestamps pass."""
-    if timestamp <= 0:
-        raise InvalidMessageError(
-            "timestamp_not_positive", f"message timestamp {timestamp} is not positive"
-        )
-    if timestamp > now_ns + max_future_ns:
-        raise InvalidMessageError(
-            "timestamp_in_future",
-            f"message timestamp {timestamp} is {(timestamp - now_ns) / 1e9:.3g} s ahead of "
-            f"this node's clock (at most {max_future_ns / 1e9:g} s)",
-        )
+    try:
+        waku.check_timestamp(timestamp, now_ns, max_future_ns)
+    except RemoteProtocolError as exc:
+        raise InvalidMessageError(_LABELS[exc.reason], str(exc)) from None
 
 
 def check_ingestible(
@@ -205,20 +196,16 @@ def check_ingestible(
     already): storable topics (reason ``bad_topic``), nwaku's maximum message size
     (``too_large``) and a plausible timestamp (:func:`check_timestamp`).  Raises
     :class:`InvalidMessageError`."""
-    for what, topic in (
-        ("pubsub topic", message.pubsub_topic),
-        ("content topic", message.message.content_topic),
-    ):
-        problem = topic_problem(topic)
-        if problem is not None:
-            raise InvalidMessageError("bad_topic", f"the {what} {problem}")
     msg = message.message
+    try:
+        waku.check_relayable(msg, message.pubsub_topic, now_ns, max_future_ns)
+    except RemoteProtocolError as exc:
+        raise InvalidMessageError(_LABELS[exc.reason], str(exc)) from None
     size = len(msg.payload) + len(msg.meta) + len(msg.content_topic.encode())
     if size > MAX_WAKU_MESSAGE_BYTES:
         raise InvalidMessageError(
             "too_large", f"a message of {size} bytes exceeds {MAX_WAKU_MESSAGE_BYTES}"
         )
-    check_timestamp(message.timestamp, now_ns, max_future_ns)
 
 
 @dataclass(frozen=True, slots=True)

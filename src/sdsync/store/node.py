@@ -64,7 +64,6 @@ from sdsync.store.archive import Archive, ArchiveUnavailable
 from sdsync.store.host import ArchiveHost, QueriesBusy
 from sdsync.store.light import LightConfig, LightHost, LightServices
 from sdsync.store.model import (
-    DEFAULT_TIMESTAMP_VARIANCE_S,
     InvalidMessageError,
     Page,
     StoredMessage,
@@ -77,7 +76,7 @@ from sdsync.store.server import create_app
 from sdsync.store.sync import PREFIX as SYNC_PREFIX
 from sdsync.store.sync import PeriodicSync, SyncConfig, responder_app
 from sdsync.store.waku_store import answer_store_query
-from sdsync.wire.waku import WakuMessage
+from sdsync.wire.waku import DEFAULT_TIMESTAMP_VARIANCE_S, WakuMessage
 from sdsync.wire.waku_protocols import STORE_QUERY_PROTOCOL
 
 logger = logging.getLogger("sdsync.store")

@@ -35,11 +35,13 @@ are guarded by a lock). The host, pubsub and router live in a dedicated thread r
 
 Inbound frames are validated as a gossipsub topic validator, so a bad frame is neither
 delivered nor relayed: it must be unsigned, and a WakuMessage no larger than
-``max_message_bytes`` with a timestamp and a well-formed content topic (any application's:
-we relay them all). Each rejection is counted by its :class:`~sdsync.errors.RejectReason`
-in :attr:`Libp2pTransport.rejected` and logged. ``drop_rate`` then discards a seeded random
-share of the valid frames (after relaying: only this node's application misses them), to
-exercise SDS under loss.
+``max_message_bytes`` with a well-formed content topic (any application's: we relay them
+all) that an archive would take: the store's rule
+(:func:`~sdsync.wire.waku.check_relayable`), topics it can index, and a positive timestamp
+at most ``timestamp_variance_s`` ahead of ``clock_ns()``. Each rejection is counted by its
+:class:`~sdsync.errors.RejectReason` in :attr:`Libp2pTransport.rejected` and logged.
+``drop_rate`` then discards a seeded random share of the valid frames (after relaying:
+only this node's application misses them), to exercise SDS under loss.
 
 Request/response streams serve the Waku services (store query, LightPush, Filter):
 :meth:`Libp2pTransport.serve` answers a protocol with a handler on the asyncio loop and
@@ -48,9 +50,12 @@ not speak the protocol is a :class:`~sdsync.errors.ProtocolNotSupportedError`. P
 (Filter's MessagePush) are unanswered frames: :meth:`Libp2pTransport.push` writes them on
 one long-lived stream per peer and protocol, its push lane (a stream per push would run
 into js-waku's limit of 100 inbound streams), and :meth:`Libp2pTransport.serve_pushes`
-takes them, any number per stream. The lanes, and the bounds on a peer's inbound
-streams, are :mod:`sdsync.transport.libp2p_host`'s. ``announce_shards`` names shards in
-our metadata that we do not relay (a light client's). ``relay=False`` makes a light
+takes them, any number per stream. The lanes, and the bounds on a peer's inbound streams,
+are :mod:`sdsync.transport.libp2p_host`'s. Inbound connections are bounded
+(:class:`ConnectionLimits`: per IP, handshakes in progress, a handshake deadline), each
+freeing its slot when it ends; those closed unserved are counted in
+:attr:`Libp2pTransport.connections_refused`. ``announce_shards`` names shards in our
+metadata that we do not relay (a light client's). ``relay=False`` makes a light
 client's host: no gossipsub at all (the relay protocol is not offered, so a relay peer
 neither meshes with it nor queues it publications), only metadata, request/response
 streams and push lanes; publishing, subscribing or asking for the mesh is a
@@ -85,7 +90,8 @@ from sdsync.errors import LocalProtocolError, ProtocolNotSupportedError, RemoteP
 from sdsync.lifecycle import AsyncLifecycle
 from sdsync.transport.base import Envelope, Received, default_content_topic
 from sdsync.transport.libp2p_host import Handler, PushHandler, RelayTrioHost, TrioHost, run_host
-from sdsync.wire.waku import MAX_WAKU_MESSAGE_BYTES, WakuMessage
+from sdsync.transport.libp2p_patches import ConnectionLimits
+from sdsync.wire.waku import DEFAULT_TIMESTAMP_VARIANCE_S, MAX_WAKU_MESSAGE_BYTES, WakuMessage
 from sdsync.wire.waku_protocols import (
     MAX_RPC_BYTES,
     SHARD_TOPIC_PREFIX,
@@ -170,6 +176,9 @@ class Libp2pTransport(AsyncLifecycle):
         waku: WakuRelayConfig = _THE_WAKU_NETWORK,
         announce_shards: Sequence[int] = (),
         relay: bool = True,
+        limits: ConnectionLimits | None = None,
+        clock_ns: Callable[[], int] = time.time_ns,
+        timestamp_variance_s: float = DEFAULT_TIMESTAMP_VARIANCE_S,
     ) -> None:
         if any(shard < 0 for shard in announce_shards):
             raise LocalProtocolError(f"no shard among {list(announce_shards)}")
@@ -191,7 +200,14 @@ class Libp2pTransport(AsyncLifecycle):
         self.announce_shards = tuple(sorted(set(announce_shards)))
         # False: a light client's host, which mounts no gossipsub at all.
         self.relay = relay
+        self.limits = limits if limits is not None else ConnectionLimits()
+        # A relayed message's timestamp may be this far ahead of clock_ns() (as the
+        # archive's): further, it is neither delivered nor relayed.
+        self.clock_ns = clock_ns
+        self.max_future_ns = int(timestamp_variance_s * 1e9)
         self._rng = random.Random(seed)
+        # Inbound connections closed unserved, by reason (ConnectionLimits).
+        self.connections_refused: Counter[str] = Counter()
         # Written on the trio thread; plain counters, read for reporting.
         self.rejected: Counter[str] = Counter()
         # Request/response streams that timed out, or broke, by protocol id.

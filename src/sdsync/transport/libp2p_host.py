@@ -95,8 +95,10 @@ from libp2p import new_host
 from libp2p.abc import IHost, INetStream
 from libp2p.custom_types import TProtocol
 from libp2p.host.exceptions import StreamFailure
+from libp2p.network.config import ConnectionConfig
 from libp2p.network.stream.exceptions import StreamEOF, StreamReset
 from libp2p.network.stream.net_stream import NetStream
+from libp2p.network.swarm import Swarm
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 from libp2p.protocol_muxer.exceptions import MultiselectClientError
@@ -111,8 +113,13 @@ from sdsync.errors import (
     RemoteProtocolError,
 )
 from sdsync.transport.base import Envelope, Received
-from sdsync.transport.libp2p_patches import PEER_QUEUE_RPCS, DeliveringPubsub, WakuGossipSub
-from sdsync.wire.waku import WakuMessage, decode_waku_message
+from sdsync.transport.libp2p_patches import (
+    PEER_QUEUE_RPCS,
+    BoundedSwarm,
+    DeliveringPubsub,
+    WakuGossipSub,
+)
+from sdsync.wire.waku import WakuMessage, check_relayable, decode_waku_message
 from sdsync.wire.waku_protocols import (
     METADATA_PROTOCOL,
     RELAY_PROTOCOL,
@@ -183,7 +190,18 @@ class TrioHost:
 
     def __init__(self, transport: Libp2pTransport) -> None:
         self.transport = transport
-        self.host: IHost = new_host(key_pair=transport._key_pair, listen_addrs=transport._listen)
+        limits = transport.limits
+        self.host: IHost = new_host(
+            key_pair=transport._key_pair,
+            listen_addrs=transport._listen,
+            connection_config=ConnectionConfig(
+                max_connections=limits.max_connections,
+                inbound_upgrade_timeout=limits.handshake_timeout_s,
+            ),
+        )
+        swarm = self.host.get_network()
+        assert isinstance(swarm, Swarm)
+        BoundedSwarm.adopt(swarm, limits, transport.connections_refused)
         self.token: trio.lowlevel.TrioToken | None = None
         self.nursery: trio.Nursery | None = None
         self._lanes: dict[tuple[ID, str], _PushLane] = {}
@@ -552,6 +570,9 @@ class RelayTrioHost(TrioHost):
             # Its per-peer limit (10 msg/s) would silently drop a fast sender's frames
             # and our own publications; SDS rate control belongs to the application.
             spam_protection_enabled=False,
+            # Adaptive gossip slows the heartbeat to 30-60 s while the mesh is thin, and
+            # the message cache holds 5 heartbeats: memory would follow mesh health.
+            adaptive_gossip_enabled=False,
         )
         self.pubsub = DeliveringPubsub(
             self.host,
@@ -630,7 +651,10 @@ class RelayTrioHost(TrioHost):
         valid 14/WAKU2-MESSAGE on any well-formed content topic (other applications share
         the shard; we relay theirs)."""
         try:
-            _check_relay_message(msg, self.transport.max_message_bytes)
+            transport = self.transport
+            _check_relay_message(
+                msg, transport.max_message_bytes, transport.clock_ns(), transport.max_future_ns
+            )
         except RemoteProtocolError as exc:
             topic = msg.topicIDs[0] if msg.topicIDs else ""
             self.transport.rejected[exc.reason] += 1
@@ -795,19 +819,20 @@ class _DrainWatch:
         return {p for p, (_, since) in self._progress.items() if now - since >= for_s}
 
 
-def _check_relay_message(msg: rpc_pb2.Message, max_bytes: int) -> None:
+def _check_relay_message(
+    msg: rpc_pb2.Message, max_bytes: int, now_ns: int, max_future_ns: int
+) -> None:
     """Raises RemoteProtocolError unless ``msg`` is an unsigned relay message holding a
-    WakuMessage of at most ``max_bytes`` with a timestamp and a well-formed content topic."""
+    WakuMessage of at most ``max_bytes`` with a well-formed content topic that an archive
+    would take (:func:`~sdsync.wire.waku.check_relayable`: the same rule as the store's)."""
     if msg.from_id or msg.seqno or msg.signature or msg.key:
         raise RemoteProtocolError(
             "a Waku relay message must carry no from, seqno, signature or key (StrictNoSign)",
             reason=RejectReason.SIGNED_RELAY_MESSAGE,
         )
     message = decode_waku_message(msg.data, max_bytes=max_bytes)
-    if message.timestamp is None:
-        raise RemoteProtocolError(
-            "a relayed WakuMessage needs a timestamp", reason=RejectReason.NO_TIMESTAMP
-        )
+    for pubsub_topic in msg.topicIDs:
+        check_relayable(message, pubsub_topic, now_ns, max_future_ns)
     parse_content_topic(message.content_topic, remote=True)
 
 

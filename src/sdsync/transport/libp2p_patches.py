@@ -23,6 +23,10 @@ replaces one behaviour of the pinned py-libp2p:
   forwarded); and keys its message cache, which answers IWANT and feeds IHAVE, by the
   pubsub's message id instead of ``from``+``seqno`` (:class:`KeyedMessageCache`: keyed on
   the empty ``from``+``seqno``, it would hold the first unsigned message only);
+* :class:`BoundedSwarm` frees an inbound connection's slot when the connection ends
+  (py-libp2p holds it until the whole swarm stops, so after 250 inbound connections in a
+  node's life every dial was refused), and bounds inbound connections per remote IP and
+  handshakes in progress, each within a deadline (:class:`ConnectionLimits`);
 * :class:`RefusalIsNoError` logs a peer's refusal of a protocol (multistream "na") at
   DEBUG: py-libp2p logs each one as a seven-line ERROR, yet it is routine (every light
   client, ours or js-waku's, refuses the relay protocol that pubsub opens to each new
@@ -36,12 +40,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
+import trio
 from google.protobuf.message import DecodeError
-from libp2p.abc import INetStream
+from libp2p.abc import IMuxedConn, INetStream
 from libp2p.custom_types import TProtocol
+from libp2p.io.abc import ReadWriteCloser
+from libp2p.network.connection.raw_connection import RawConnection
+from libp2p.network.connection.swarm_connection import SwarmConn
+from libp2p.network.swarm import Swarm
 from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.mcache import CacheEntry, MessageCache
@@ -162,6 +173,114 @@ class KeyedMessageCache(MessageCache):
             return
         self.msgs[mid] = msg
         self.history[0].append(CacheEntry(mid, msg.topicIDs))
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """Bounds on a host's inbound connections (threat model: one unauthenticated remote
+    host opening connections it never uses, or never finishes).
+
+    ``per_ip``: connections from one IP address at once, handshaking or established
+    (nwaku's colocation limit, 5 by default; 0: none). Addresses in ``exempt_ips`` are
+    not counted per IP: by default this machine's own (127.0.0.1, ::1), whose local
+    clients and tests may open many. ``pending``: handshakes (security and muxer
+    negotiation) in progress at once, from all addresses. ``handshake_timeout_s``: a
+    connection not upgraded by then is closed. ``max_connections``: py-libp2p's total,
+    of which all but its 50 reserved for outbound dials may be inbound.
+    """
+
+    per_ip: int = 5
+    pending: int = 64
+    handshake_timeout_s: float = 10.0
+    max_connections: int = 300
+    exempt_ips: frozenset[str] = field(default_factory=lambda: frozenset({"127.0.0.1", "::1"}))
+
+
+class BoundedSwarm(Swarm):
+    """py-libp2p's swarm, whose inbound connections are bounded (:class:`ConnectionLimits`)
+    and give their slot back when they end.
+
+    py-libp2p 0.8.1 admits an inbound connection under a capacity limiter and keeps
+    the handler holding it until the swarm finishes, so the slot outlives the
+    connection. Here the handler returns once the connection closes. Refusals are
+    counted in ``refused`` by reason. A swarm is made by ``new_host`` deep inside it, so
+    :meth:`adopt` turns that one into a BoundedSwarm. Only TCP and websocket connections
+    (ours) take this path; the connection gate (allow and deny lists), which we never
+    configure, is not consulted.
+    """
+
+    limits: ConnectionLimits
+    refused: Counter[str]
+    _by_ip: Counter[str]
+    _pending: int
+
+    @classmethod
+    def adopt(cls, swarm: Swarm, limits: ConnectionLimits, refused: Counter[str]) -> BoundedSwarm:
+        if type(swarm) is not Swarm:
+            raise TypeError(f"cannot bound a {type(swarm).__name__}")
+        swarm.__class__ = cls
+        assert isinstance(swarm, BoundedSwarm)
+        swarm.limits, swarm.refused, swarm._by_ip, swarm._pending = limits, refused, Counter(), 0
+        return swarm
+
+    async def _do_handle_inbound_connection(
+        self, read_write_closer: ReadWriteCloser, maddr: Any, failure_event: Any
+    ) -> None:
+        if isinstance(read_write_closer, IMuxedConn):  # QUIC and the like: not ours
+            await super()._do_handle_inbound_connection(read_write_closer, maddr, failure_event)
+            return
+        ip = _remote_ip(read_write_closer)
+        refusal = self._refusal(ip)
+        if refusal is not None:
+            self.refused[refusal] += 1
+            with contextlib.suppress(Exception):
+                await read_write_closer.close()
+            return
+        self._by_ip[ip] += 1
+        try:
+            muxed = await self._handshake(read_write_closer, maddr)
+            if muxed is not None:
+                await self._until_closed(muxed)
+        finally:
+            self._by_ip[ip] -= 1
+            if not self._by_ip[ip]:
+                del self._by_ip[ip]
+
+    def _refusal(self, ip: str) -> str | None:
+        if self._pending >= self.limits.pending:
+            return "pending handshakes"
+        per_ip = self.limits.per_ip
+        if per_ip and ip not in self.limits.exempt_ips and self._by_ip[ip] >= per_ip:
+            return "per-IP limit"
+        return None
+
+    async def _handshake(self, read_write_closer: ReadWriteCloser, maddr: Any) -> IMuxedConn | None:
+        """The upgraded connection, or None (the socket closed) if the upgrade failed or
+        did not finish within the deadline."""
+        raw = RawConnection(read_write_closer, False)
+        self._pending += 1
+        try:
+            with trio.move_on_after(self.limits.handshake_timeout_s):
+                return await self.upgrade_inbound_raw_conn(raw, maddr)
+            self.refused["handshake timeout"] += 1
+        except Exception as exc:
+            logger.debug("inbound connection from %s failed its handshake: %r", maddr, exc)
+        finally:
+            self._pending -= 1
+        with contextlib.suppress(Exception):
+            await raw.close()
+        return None
+
+    async def _until_closed(self, muxed: IMuxedConn) -> None:
+        for conn in list(self.connections.get(muxed.peer_id, ())):
+            if conn.muxed_conn is muxed and isinstance(conn, SwarmConn):
+                await conn.event_closed.wait()
+
+
+def _remote_ip(read_write_closer: ReadWriteCloser) -> str:
+    get = getattr(read_write_closer, "get_remote_address", None)
+    address = get() if get is not None else None
+    return str(address[0]) if address else ""
 
 
 class RefusalIsNoError(logging.Filter):

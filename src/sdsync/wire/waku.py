@@ -29,6 +29,12 @@ from sdsync.wire.untrusted import parse_untrusted
 #: nwaku's default maximum message size (150 KiB payload plus envelope).
 MAX_WAKU_MESSAGE_BYTES = 150 * 1024 + 4096
 HASH_SIZE = 32
+#: Of a pubsub or a content topic, in UTF-8: both go into PostgreSQL index entries,
+#: which may not exceed 2,704 bytes.
+MAX_TOPIC_BYTES = 1024
+#: How far ahead of the node's clock a message timestamp may be (nwaku's
+#: ``MaxMessageTimestampVariance``).
+DEFAULT_TIMESTAMP_VARIANCE_S = 20.0
 _INT64_MIN = -(1 << 63)
 _INT64_MAX = (1 << 63) - 1
 
@@ -111,3 +117,49 @@ def decode_waku_message(data: bytes, *, max_bytes: int = MAX_WAKU_MESSAGE_BYTES)
         version=parsed.version,
         ephemeral=parsed.ephemeral,
     )
+
+
+def topic_problem(topic: str) -> str | None:
+    """Why ``topic`` cannot be archived and indexed on every backend, or None."""
+    try:
+        size = len(topic.encode())
+    except UnicodeEncodeError:
+        return "is not valid UTF-8 text"
+    if "\x00" in topic:
+        return "contains a NUL character"
+    if size > MAX_TOPIC_BYTES:
+        return f"has {size} bytes (at most {MAX_TOPIC_BYTES})"
+    return None
+
+
+def check_timestamp(timestamp: int, now_ns: int, max_future_ns: int) -> None:
+    """Refuse a timestamp that is not positive, or more than ``max_future_ns`` ahead of
+    ``now_ns`` (RemoteProtocolError). Old timestamps pass."""
+    if timestamp <= 0:
+        raise RemoteProtocolError(
+            f"message timestamp {timestamp} is not positive",
+            reason=RejectReason.TIMESTAMP_NOT_POSITIVE,
+        )
+    if timestamp > now_ns + max_future_ns:
+        raise RemoteProtocolError(
+            f"message timestamp {timestamp} is {(timestamp - now_ns) / 1e9:.3g} s ahead of "
+            f"this node's clock (at most {max_future_ns / 1e9:g} s)",
+            reason=RejectReason.TIMESTAMP_IN_FUTURE,
+        )
+
+
+def check_relayable(
+    message: WakuMessage, pubsub_topic: str, now_ns: int, max_future_ns: int
+) -> None:
+    """What a message must be to be relayed or archived, the same rule for both: topics
+    an archive can store, and a timestamp present and plausible (:func:`check_timestamp`).
+    Raises RemoteProtocolError."""
+    for what, topic in (("pubsub topic", pubsub_topic), ("content topic", message.content_topic)):
+        problem = topic_problem(topic)
+        if problem is not None:
+            raise RemoteProtocolError(f"the {what} {problem}", reason=RejectReason.BAD_TOPIC)
+    if message.timestamp is None:
+        raise RemoteProtocolError(
+            "a WakuMessage needs a timestamp", reason=RejectReason.NO_TIMESTAMP
+        )
+    check_timestamp(message.timestamp, now_ns, max_future_ns)
