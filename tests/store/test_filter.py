@@ -1,12 +1,16 @@
-"""The Filter v2 subscription table, alone: who gets what, the limits, expiry, drops; and
-how LightServices drops a subscriber its pushes cannot reach."""
+"""The Filter v2 subscription table, alone: who gets what, the limits, expiry, drops, the
+fair share between hosts and liveness; and how LightServices drops a subscriber its
+pushes cannot reach."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from storetest import running
 
 from sdsync.errors import ProtocolNotSupportedError
@@ -46,10 +50,14 @@ def request(
 
 
 def refusal(
-    subscriptions: FilterSubscriptions, peer: str, req: FilterSubscribeRequest
+    subscriptions: FilterSubscriptions,
+    peer: str,
+    req: FilterSubscribeRequest,
+    *,
+    host: str | None = None,
 ) -> tuple[FilterStatus, str]:
     with pytest.raises(FilterRefused) as caught:
-        subscriptions.answer(peer, req, 0.0)
+        subscriptions.answer(peer, req, 0.0, host=host)
     return caught.value.status, caught.value.reason
 
 
@@ -182,6 +190,12 @@ class PushFailingHost:
     async def mesh_peers(self, topic: str) -> list[str]:
         return []
 
+    async def connected_peers(self) -> list[str]:
+        return []  # nobody, but the tests end before the first liveness check
+
+    async def peer_host(self, peer: str) -> str | None:
+        return None
+
 
 def test_light_services_drop_a_subscriber_that_takes_no_pushes_and_count_it(
     sqlite_archive: SqlArchive, tmp_path: Path
@@ -216,3 +230,98 @@ def test_light_services_drop_a_subscriber_that_takes_no_pushes_and_count_it(
             assert sample(pushes, {"outcome": "dropped"}) == 7 + 5 + 3 * 2
 
     asyncio.run(scenario())
+
+
+# -- fair share between hosts, liveness (issue 27, row 13)
+
+
+def test_a_host_holds_at_most_max_peers_per_host_subscriptions() -> None:
+    subscriptions = table(max_peers_per_host=2)
+    for peer in ("a", "b"):
+        subscriptions.answer(peer, request(SUBSCRIBE, X), 0.0, host="10.0.0.1")
+    with pytest.raises(FilterRefused) as caught:
+        subscriptions.answer("c", request(SUBSCRIBE, X), 0.0, host="10.0.0.1")
+    assert caught.value.reason == "too_many_subscribers_per_host"
+    subscriptions.answer("a", request(SUBSCRIBE, Y), 0.0, host="10.0.0.1")  # not a new one
+    subscriptions.answer("c", request(SUBSCRIBE, X), 0.0, host="10.0.0.2")
+    assert subscriptions.per_host() == {"10.0.0.1": 2, "10.0.0.2": 1}
+
+
+def test_a_full_table_drops_the_stalest_subscriber_of_the_largest_host() -> None:
+    drops: list[tuple[str, str]] = []
+    subscriptions = table(max_peers=4)
+    subscriptions.on_drop = lambda peer, reason: drops.append((peer, reason))
+    for now, (peer, host) in enumerate([("a1", "A"), ("a2", "A"), ("a3", "A"), ("b1", "B")]):
+        subscriptions.answer(peer, request(SUBSCRIBE, X), float(now), host=host)
+    subscriptions.answer("a1", request(FilterSubscribeType.SUBSCRIBER_PING), 5.0, host="A")
+    subscriptions.answer("c1", request(SUBSCRIBE, X), 6.0, host="C")
+    assert drops == [("a2", "fair_share")]  # a1 pinged since
+    # A holds 2, B 1: B's second would leave the shares as unequal as they are.
+    assert refusal(subscriptions, "b2", request(SUBSCRIBE, X), host="B") == (
+        FilterStatus.SERVICE_UNAVAILABLE,
+        "too_many_subscribers",
+    )
+    subscriptions.answer("d1", request(SUBSCRIBE, X), 8.0, host="D")
+    assert drops[-1] == ("a3", "fair_share")
+    assert subscriptions.per_host() == {"A": 1, "B": 1, "C": 1, "D": 1}
+
+
+def test_a_subscriber_disconnected_past_the_grace_is_dropped() -> None:
+    drops: list[tuple[str, str]] = []
+    subscriptions = table(disconnect_grace_s=30.0)
+    subscriptions.on_drop = lambda peer, reason: drops.append((peer, reason))
+    for peer in ("a", "b"):
+        subscriptions.answer(peer, request(SUBSCRIBE, X), 0.0, host="h")
+    assert subscriptions.connected({"a"}, 10.0) == []  # b is absent from now on
+    assert subscriptions.connected({"a", "b"}, 20.0) == []  # b came back: forgiven
+    assert subscriptions.connected({"a"}, 30.0) == []
+    assert subscriptions.connected({"a"}, 60.0) == []  # exactly the grace
+    assert subscriptions.connected({"a"}, 60.5) == ["b"]
+    assert drops == [("b", "disconnected")] and "a" in subscriptions
+    assert subscriptions.per_host() == {"h": 1}
+
+
+def test_an_expired_subscription_is_reported() -> None:
+    drops: list[tuple[str, str]] = []
+    subscriptions = table(subscription_ttl_s=300.0)
+    subscriptions.on_drop = lambda peer, reason: drops.append((peer, reason))
+    subscriptions.answer("a", request(SUBSCRIBE, X), 0.0)
+    assert subscriptions.expire(301.0) == ["a"]
+    assert drops == [("a", "expired")] and subscriptions.per_host() == {}
+
+
+PEERS = st.sampled_from([f"p{i}" for i in range(12)])
+HOSTS = st.sampled_from(["A", "B", "C", "D"])
+OPS = st.lists(
+    st.tuples(st.sampled_from(["subscribe", "unsubscribe", "connected", "fail"]), PEERS, HOSTS),
+    max_size=60,
+)
+
+
+@given(OPS)
+@settings(max_examples=200, deadline=None)
+def test_the_table_keeps_its_bounds_and_always_makes_room_for_a_new_host(
+    ops: list[tuple[str, str, str]],
+) -> None:
+    subscriptions = table(max_peers=6, max_peers_per_host=3, disconnect_grace_s=1.0)
+    for now, (op, peer, host) in enumerate(ops):
+        with contextlib.suppress(FilterRefused):
+            if op == "subscribe":
+                subscriptions.answer(peer, request(SUBSCRIBE, X), float(now), host=host)
+            elif op == "unsubscribe":
+                subscriptions.answer(peer, request(UNSUBSCRIBE, X), float(now), host=host)
+            elif op == "connected":
+                subscriptions.connected({peer}, float(now))
+            else:
+                subscriptions.push_failed(peer)
+        per_host = subscriptions.per_host()
+        assert sum(per_host.values()) == len(subscriptions) <= 6
+        assert all(0 < count <= 3 for count in per_host.values())
+    # A host new to the table is refused only when no host holds two or more.
+    fits = len(subscriptions) < 6 or max(subscriptions.per_host().values()) >= 2
+    try:
+        subscriptions.answer("newcomer", request(SUBSCRIBE, X), float(len(ops)), host="E")
+    except FilterRefused:
+        assert not fits
+    else:
+        assert fits and "newcomer" in subscriptions

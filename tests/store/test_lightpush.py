@@ -174,6 +174,12 @@ class FakeHost:
     async def mesh_peers(self, topic: str) -> list[str]:
         return list(self.peers)
 
+    async def connected_peers(self) -> list[str]:
+        return []  # nobody, but the tests end before the first liveness check
+
+    async def peer_host(self, peer: str) -> str | None:
+        return None
+
 
 async def ask(host: FakeHost, protocol: str, peer: str, request: bytes) -> bytes:
     handler = host.handlers[protocol]

@@ -175,15 +175,33 @@ def serve(
             " Filter v2, on the topics archived."
         ),
     ] = True,
+    http_idle_timeout: Annotated[
+        float,
+        typer.Option(
+            min=0.1,
+            help="Seconds an HTTP connection may go without sending a whole request head,"
+            " from its opening or its last answer, before it is closed (nginx's"
+            " client_header_timeout: 60).",
+        ),
+    ] = 60.0,
+    filter_per_host: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Filter subscriptions one host (IP address) may hold, of the node's 1000.",
+        ),
+    ] = 100,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO.")] = False,
 ) -> None:
     """Serve the archive over HTTP until SIGINT or SIGTERM."""
     from sdsync.errors import LocalProtocolError
     from sdsync.store import NodeConfig, RetentionPolicy, StoreNode
     from sdsync.store import serve as serve_node
+    from sdsync.store.filter import FilterLimits
     from sdsync.store.light import LIGHT_PROTOCOLS, LightConfig
     from sdsync.store.lightpush import ServedTopics
     from sdsync.store.retention import DEFAULT_POLICY
+    from sdsync.store.server import HttpLimits
     from sdsync.store.sync import SyncConfig
     from sdsync.wire.waku_protocols import STORE_QUERY_PROTOCOL
 
@@ -209,7 +227,11 @@ def serve(
         peers=tuple(peer or ()),
         relay_topics=relay_topics,
         timestamp_variance_s=timestamp_variance,
-        light=LightConfig(served=ServedTopics(served, cluster_id=relay_cluster_id)),
+        light=LightConfig(
+            served=ServedTopics(served, cluster_id=relay_cluster_id),
+            filter=FilterLimits(max_peers_per_host=filter_per_host),
+        ),
+        http=HttpLimits(idle_timeout_s=http_idle_timeout),
         sync=SyncConfig(
             interval_s=sync_interval or None,
             method=sync_method.value,

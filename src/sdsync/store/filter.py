@@ -31,6 +31,23 @@ speak the push protocol at all is dropped at once (:meth:`FilterSubscriptions.dr
 offered once: the table remembers the hashes of the last ``recent_messages`` messages it
 handed out, so one heard twice (relayed back after a LightPush, say) is not pushed twice.
 
+The table is shared fairly between the *hosts* (IP addresses) its subscribers connect
+from, since a peer id costs nothing (issue 27: fresh identities from one host filled it
+and locked every honest subscriber out):
+
+* a host holds at most ``max_peers_per_host`` subscriptions; one more is 503
+  (``too_many_subscribers_per_host``);
+* when the table is full, a subscriber from a host holding fewer subscriptions than the
+  largest host takes the place of that host's stalest subscriber (the one renewed
+  longest ago), which is dropped (reason ``fair_share``); only when no host holds more
+  than the newcomer's would after joining is it refused (503, ``too_many_subscribers``);
+* liveness: the caller reports who is connected (:meth:`FilterSubscriptions.connected`);
+  a subscriber not connected for more than ``disconnect_grace_s`` is dropped
+  (``disconnected``), so subscriptions do not outlive their peers by the 5-minute TTL.
+
+Each subscription the table drops by itself is reported to ``on_drop(peer, reason)``
+(``expired``, ``fair_share``, ``disconnected``) for the caller to count.
+
 A request that does not parse is answered 400 with an empty request id; each refusal is
 counted by the caller under a fixed ``reason`` word.
 """
@@ -38,8 +55,8 @@ counted by the caller under a fixed ``reason`` word.
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
-from collections.abc import Callable
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -77,6 +94,12 @@ class FilterLimits:
     subscription_ttl_s: float = 300.0
     max_push_failures: int = 3
     recent_messages: int = 4096
+    max_peers_per_host: int = 100
+    """Not nwaku's (its colocation limit bounds connections per IP, 5 by default): a
+    tenth of ``max_peers``, so filling the table takes ten hosts, and many light clients
+    behind one NAT (or on one test machine) are still served."""
+    disconnect_grace_s: float = 30.0
+    """How long a subscriber may stay disconnected (to reconnect) before it is dropped."""
 
 
 class FilterRefused(Refused[FilterStatus]):
@@ -87,7 +110,13 @@ class FilterRefused(Refused[FilterStatus]):
 class _Subscriber:
     criteria: set[Criterion]
     renewed: float
+    host: str
     failures: int = 0
+    absent_since: float | None = None
+
+
+def _ignore_drop(peer: str, reason: str) -> None:
+    """The default ``on_drop``: nobody counts."""
 
 
 @dataclass
@@ -97,7 +126,9 @@ class FilterSubscriptions:
 
     serves: Callable[[str, str], bool]
     limits: FilterLimits = field(default_factory=FilterLimits)
+    on_drop: Callable[[str, str], None] = _ignore_drop
     _peers: dict[str, _Subscriber] = field(default_factory=dict)
+    _per_host: Counter[str] = field(default_factory=Counter)
     _recent: OrderedDict[bytes, None] = field(default_factory=OrderedDict)
 
     def __len__(self) -> int:
@@ -111,14 +142,22 @@ class FilterSubscriptions:
         subscriber = self._peers.get(peer)
         return set(subscriber.criteria) if subscriber else set()
 
+    def per_host(self) -> dict[str, int]:
+        """How many subscribers each host has."""
+        return dict(self._per_host)
+
     # -- requests
 
-    def answer(self, peer: str, request: FilterSubscribeRequest, now: float) -> None:
-        """Apply ``request`` of ``peer``; raises :class:`FilterRefused` unless it is 200."""
+    def answer(
+        self, peer: str, request: FilterSubscribeRequest, now: float, *, host: str | None = None
+    ) -> None:
+        """Apply ``request`` of ``peer``, which connects from ``host`` (its IP address;
+        None: unknown, the peer counts as a host of its own); raises
+        :class:`FilterRefused` unless it is 200."""
         self.expire(now)
         kind = request.filter_subscribe_type
         if kind is FilterSubscribeType.SUBSCRIBE:
-            self._subscribe(peer, self._criteria(request), now)
+            self._subscribe(peer, host or peer, self._criteria(request), now)
             return
         subscriber = self._peers.get(peer)
         if subscriber is None:
@@ -127,9 +166,9 @@ class FilterSubscriptions:
         if kind is FilterSubscribeType.UNSUBSCRIBE:
             subscriber.criteria -= self._criteria(request, check_served=False)
             if not subscriber.criteria:
-                del self._peers[peer]
+                self._remove(peer)
         elif kind is FilterSubscribeType.UNSUBSCRIBE_ALL:
-            del self._peers[peer]
+            self._remove(peer)
 
     def _criteria(
         self, request: FilterSubscribeRequest, *, check_served: bool = True
@@ -163,14 +202,8 @@ class FilterSubscriptions:
                 )
         return {(topic, content_topic) for content_topic in content_topics}
 
-    def _subscribe(self, peer: str, criteria: set[Criterion], now: float) -> None:
+    def _subscribe(self, peer: str, host: str, criteria: set[Criterion], now: float) -> None:
         subscriber = self._peers.get(peer)
-        if subscriber is None and len(self._peers) >= self.limits.max_peers:
-            raise FilterRefused(
-                FilterStatus.SERVICE_UNAVAILABLE,
-                "too_many_subscribers",
-                f"this node serves {self.limits.max_peers} subscribers already",
-            )
         held = subscriber.criteria if subscriber else set()
         if len(held | criteria) > self.limits.max_criteria_per_peer:
             raise FilterRefused(
@@ -178,11 +211,36 @@ class FilterSubscriptions:
                 "too_many_criteria",
                 f"at most {self.limits.max_criteria_per_peer} criteria per subscriber",
             )
-        if subscriber is None:
-            self._peers[peer] = _Subscriber(set(criteria), now)
-        else:
+        if subscriber is not None:
             subscriber.criteria |= criteria
             subscriber.renewed = now
+            return
+        self._make_room(host)
+        self._peers[peer] = _Subscriber(set(criteria), now, host)
+        self._per_host[host] += 1
+
+    def _make_room(self, host: str) -> None:
+        """Refuse a new subscriber from ``host``, or drop one to make room for it."""
+        if self._per_host[host] >= self.limits.max_peers_per_host:
+            raise FilterRefused(
+                FilterStatus.SERVICE_UNAVAILABLE,
+                "too_many_subscribers_per_host",
+                f"at most {self.limits.max_peers_per_host} subscribers per host",
+            )
+        if len(self._peers) < self.limits.max_peers:
+            return
+        largest, count = max(self._per_host.items(), key=lambda item: item[1])
+        if count <= self._per_host[host] + 1:  # the newcomer's host would be as large
+            raise FilterRefused(
+                FilterStatus.SERVICE_UNAVAILABLE,
+                "too_many_subscribers",
+                f"this node serves {self.limits.max_peers} subscribers already",
+            )
+        stalest = min(
+            (p for p, s in self._peers.items() if s.host == largest),
+            key=lambda p: self._peers[p].renewed,
+        )
+        self._drop(stalest, "fair_share")
 
     def expire(self, now: float) -> list[str]:
         """Drop the subscriptions not renewed for ``subscription_ttl_s``; their peers."""
@@ -192,8 +250,33 @@ class FilterSubscriptions:
             if now - subscriber.renewed > self.limits.subscription_ttl_s
         ]
         for peer in stale:
-            del self._peers[peer]
+            self._drop(peer, "expired")
         return stale
+
+    def connected(self, peers: Collection[str], now: float) -> list[str]:
+        """Note that exactly ``peers`` are connected at ``now``; drop the subscribers
+        not connected for more than ``disconnect_grace_s``, and return them."""
+        gone = []
+        for peer, subscriber in self._peers.items():
+            if peer in peers:
+                subscriber.absent_since = None
+            elif subscriber.absent_since is None:
+                subscriber.absent_since = now
+            elif now - subscriber.absent_since > self.limits.disconnect_grace_s:
+                gone.append(peer)
+        for peer in gone:
+            self._drop(peer, "disconnected")
+        return gone
+
+    def _drop(self, peer: str, reason: str) -> None:
+        self._remove(peer)
+        self.on_drop(peer, reason)
+
+    def _remove(self, peer: str) -> None:
+        host = self._peers.pop(peer).host
+        self._per_host[host] -= 1
+        if not self._per_host[host]:
+            del self._per_host[host]
 
     # -- messages
 
@@ -224,13 +307,16 @@ class FilterSubscriptions:
         subscriber.failures += 1
         if subscriber.failures < self.limits.max_push_failures:
             return False
-        del self._peers[peer]
+        self._remove(peer)
         return True
 
     def drop(self, peer: str) -> bool:
         """Drop ``peer``'s subscription at once (it cannot take pushes at all); True if
         it had one."""
-        return self._peers.pop(peer, None) is not None
+        if peer not in self._peers:
+            return False
+        self._remove(peer)
+        return True
 
 
 def answer_filter_subscribe(
@@ -239,9 +325,11 @@ def answer_filter_subscribe(
     request: bytes,
     now: float,
     refuse: Callable[[str], None],
+    *,
+    host: str | None = None,
 ) -> bytes:
     """The FilterSubscribeResponse bytes that answer the request bytes ``request`` of
-    ``peer``; ``refuse(reason)`` counts each answer that is not 200."""
+    ``peer`` (from ``host``); ``refuse(reason)`` counts each answer that is not 200."""
     try:
         parsed = FilterSubscribeRequest.from_bytes(request)
     except RemoteProtocolError as exc:
@@ -250,7 +338,7 @@ def answer_filter_subscribe(
             refuse, "", FilterRefused(FilterStatus.BAD_REQUEST, "malformed_rpc", str(exc))
         )
     try:
-        table.answer(peer, parsed, now)
+        table.answer(peer, parsed, now, host=host)
     except FilterRefused as exc:
         logger.info("filter request from %s refused: %s", peer, exc)
         return _refused(refuse, parsed.request_id, exc)

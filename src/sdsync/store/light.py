@@ -38,6 +38,12 @@ answered push in ``sdsync_store_lightpush_total{status}``, and every refusal in
 ``sdsync_store_refused_total{route, reason}`` with the protocol id as ``route``.  Frames
 that are truncated, too long or never sent are refused by the transport before they get
 here, which bounds, times out, counts and summarises such streams (docs/network.md).
+
+Filter is shared between hosts, not peer ids (:mod:`sdsync.store.filter`): each
+subscribe request is judged with the IP address the peer connects from
+(:meth:`LightHost.peer_host`), and every ``liveness_interval_s`` the services tell the
+table who is connected (:meth:`LightHost.connected_peers`), so a subscriber whose
+connection is gone is dropped within ``disconnect_grace_s`` plus one interval.
 """
 
 from __future__ import annotations
@@ -96,6 +102,12 @@ class LightHost(Protocol):
 
     async def mesh_peers(self, topic: str) -> list[str]: ...
 
+    async def connected_peers(self) -> list[str]: ...
+
+    async def peer_host(self, peer: str) -> str | None:
+        """The IP address ``peer`` is connected from; None if it is not connected."""
+        ...
+
 
 @dataclass(frozen=True)
 class LightConfig:
@@ -105,6 +117,8 @@ class LightConfig:
     filter: FilterLimits = field(default_factory=FilterLimits)
     push_timeout_s: float = 5.0
     push_queue: int = 256
+    liveness_interval_s: float = 10.0
+    """How often Filter subscribers are checked for a connection."""
 
 
 class LightServices:
@@ -121,10 +135,13 @@ class LightServices:
         self.node = node
         self.host = host
         self.config = config
-        self.filters = FilterSubscriptions(config.served.serves, config.filter)
+        self.filters = FilterSubscriptions(
+            config.served.serves, config.filter, on_drop=self._subscription_dropped
+        )
         self._clock = clock
         self._queues: dict[str, deque[bytes]] = {}
         self._workers: dict[str, asyncio.Task[None]] = {}
+        self._liveness: asyncio.Task[None] | None = None
         self._overflowing: set[str] = set()  # peers whose overflow was logged
         self._archive = GroupCommit(functools.partial(node.ingest, source="lightpush"))
 
@@ -132,12 +149,14 @@ class LightServices:
         await self.host.serve(LIGHTPUSH_PROTOCOL, self._answer_lightpush)
         await self.host.serve(LIGHTPUSH_V2_PROTOCOL, self._answer_lightpush_v2)
         await self.host.serve(FILTER_SUBSCRIBE_PROTOCOL, self._answer_filter)
+        self._liveness = asyncio.create_task(self._check_liveness(), name="filter-liveness")
 
     async def close(self) -> None:
         await self._archive.close()
-        for task in list(self._workers.values()):
+        tasks = [*self._workers.values(), *([self._liveness] if self._liveness else [])]
+        for task in tasks:
             task.cancel()
-        for task in list(self._workers.values()):
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
@@ -195,7 +214,25 @@ class LightServices:
         def refuse(reason: str) -> None:
             self.refuse(FILTER_SUBSCRIBE_PROTOCOL, reason)
 
-        return answer_filter_subscribe(self.filters, peer, request, self._clock(), refuse)
+        host = await self.host.peer_host(peer)
+        return answer_filter_subscribe(
+            self.filters, peer, request, self._clock(), refuse, host=host
+        )
+
+    # -- Filter liveness
+
+    async def _check_liveness(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.liveness_interval_s)
+            try:
+                connected = set(await self.host.connected_peers())
+            except LocalProtocolError:  # the host is closing
+                return
+            self.filters.connected(connected, self._clock())
+
+    def _subscription_dropped(self, peer: str, reason: str) -> None:
+        self.node.metrics.filter_drops.labels(reason=reason).inc()
+        logger.info("filter subscription of %s dropped (%s)", peer, reason)
 
     # -- Filter pushes
 

@@ -71,7 +71,9 @@ class StoreMetrics:
         self.filter_drops = Counter(
             "sdsync_store_filter_subscriptions_dropped",
             "Filter subscriptions the node dropped, by reason (push_failures: too many "
-            "failed pushes in a row; no_push_protocol: the peer does not take pushes).",
+            "failed pushes in a row; no_push_protocol: the peer does not take pushes; "
+            "expired: not renewed in time; disconnected: no connection for longer than the "
+            "grace; fair_share: the stalest of the largest host's, for a smaller host's).",
             ["reason"],
             registry=r,
         )

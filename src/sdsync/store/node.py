@@ -72,7 +72,7 @@ from sdsync.store.model import (
 )
 from sdsync.store.resume import LastOnline, ResumeReport, resume, resume_window
 from sdsync.store.retention import DEFAULT_POLICY, RetentionPolicy
-from sdsync.store.server import create_app
+from sdsync.store.server import HttpLimits, create_app
 from sdsync.store.sync import PREFIX as SYNC_PREFIX
 from sdsync.store.sync import PeriodicSync, SyncConfig, responder_app
 from sdsync.store.waku_store import answer_store_query
@@ -105,6 +105,8 @@ class NodeConfig:
     """How far ahead of the node's clock an ingested message's timestamp may be."""
     light: LightConfig = field(default_factory=LightConfig)
     """What LightPush and Filter serve, when the node has a light-client host."""
+    http: HttpLimits = field(default_factory=HttpLimits)
+    """Time bounds of the HTTP API's connections."""
 
 
 class Envelope(Protocol):
@@ -179,7 +181,7 @@ class StoreNode(ArchiveHost):
         mounts = dict(config.mounts)
         if config.sync.serve:
             mounts.setdefault(SYNC_PREFIX, responder_app(config.sync, wall_clock_ns=self._clock_ns))
-        self._runner = web.AppRunner(create_app(self, mounts=mounts))
+        self._runner = web.AppRunner(create_app(self, mounts=mounts, http=config.http))
         await self._runner.setup()
         # Bound here, not by aiohttp, so that port 0 tells us which port we got.
         sock = socket.create_server((config.host, config.port))

@@ -16,6 +16,15 @@ Routes, and who may call them:
 * ``POST /admin/v1/retention`` and ``GET /admin/v1/info`` — token.
 * ``GET /metrics`` (Prometheus) and ``GET /health`` — anyone, as scrapers expect.
 
+Connections are bounded in time (:class:`HttpLimits`): one that has not sent a whole
+request head within ``idle_timeout_s`` of opening, or of its last answer, is closed.
+That is aiohttp's keep-alive timer (``keepalive_timeout``), which runs from the moment a
+connection opens and fires whenever no request is in progress, so one deadline covers a
+silent connection, a half-sent request head and an idle keep-alive connection; aiohttp's
+default (3,630 s) let 600 such connections hold 600 descriptors.  A request being
+handled is never cut by it, and aiohttp's own bounds cap a request head's size
+(request line and each header 8,190 bytes, 128 headers).
+
 The token is sent as ``Authorization: Bearer <token>`` and compared in constant time;
 a node started without a token refuses every write (403).
 
@@ -46,6 +55,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -73,10 +83,26 @@ NODE: web.AppKey[ServedNode] = web.AppKey("node")
 MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
+@dataclass(frozen=True, slots=True)
+class HttpLimits:
+    """Time bounds of the HTTP connections (module doc)."""
+
+    idle_timeout_s: float = 60.0
+    """nginx's ``client_header_timeout`` (60 s), which is stricter than its 75 s
+    ``keepalive_timeout``: the one timer does both jobs here."""
+
+
 def create_app(
-    node: ServedNode, *, mounts: Mapping[str, web.Application] | None = None
+    node: ServedNode,
+    *,
+    mounts: Mapping[str, web.Application] | None = None,
+    http: HttpLimits = HttpLimits(),
 ) -> web.Application:
-    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[archive_unavailable])
+    app = web.Application(
+        client_max_size=MAX_BODY_BYTES,
+        middlewares=[archive_unavailable],
+        handler_args={"keepalive_timeout": http.idle_timeout_s},
+    )
     app[NODE] = node
     app.add_routes(
         [
