@@ -118,6 +118,7 @@ from sdsync.transport.libp2p_patches import (
     BoundedSwarm,
     DeliveringPubsub,
     WakuGossipSub,
+    remote_ip,
 )
 from sdsync.wire.waku import WakuMessage, check_relayable, decode_waku_message
 from sdsync.wire.waku_protocols import (
@@ -247,6 +248,13 @@ class TrioHost:
 
     async def connected_peers(self) -> list[str]:
         return sorted(p.to_base58() for p in self.host.get_connected_peers())
+
+    async def peer_host(self, peer: str) -> str | None:
+        """The IP address ``peer`` is connected from; None while it is not connected."""
+        for conn in self.host.get_network().get_connections(ID.from_base58(peer)):
+            if ip := remote_ip(conn.muxed_conn):
+                return ip
+        return None
 
     # Trio side proper.
 

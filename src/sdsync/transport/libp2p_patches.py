@@ -229,7 +229,7 @@ class BoundedSwarm(Swarm):
         if isinstance(read_write_closer, IMuxedConn):  # QUIC and the like: not ours
             await super()._do_handle_inbound_connection(read_write_closer, maddr, failure_event)
             return
-        ip = _remote_ip(read_write_closer)
+        ip = remote_ip(read_write_closer)
         refusal = self._refusal(ip)
         if refusal is not None:
             self.refused[refusal] += 1
@@ -277,7 +277,8 @@ class BoundedSwarm(Swarm):
                 await conn.event_closed.wait()
 
 
-def _remote_ip(read_write_closer: ReadWriteCloser) -> str:
+def remote_ip(read_write_closer: object) -> str:
+    """The IP address at the other end of a connection (raw or muxed); "" if unknown."""
     get = getattr(read_write_closer, "get_remote_address", None)
     address = get() if get is not None else None
     return str(address[0]) if address else ""
