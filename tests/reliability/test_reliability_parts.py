@@ -20,11 +20,23 @@ from sdsync.runtime.manager import ReliabilityManager
 
 
 def test_the_hub_bounds_subscribers_and_wakes_waiters_on_new_events() -> None:
-    hub = EventHub(max_subscribers=2)
-    assert hub.subscribe() and hub.subscribe()
-    assert not hub.subscribe()  # max_subscribers
-    hub.unsubscribe()
-    assert hub.subscribe()  # the place is free again
+    hub = EventHub(max_subscribers=3, max_per_peer=2, write_timeout_s=5.0)
+    first = hub.subscribe("a", lambda: None)
+    hub.subscribe("a", lambda: None)
+    with pytest.raises(Exception, match="2 event streams on this connection"):
+        hub.subscribe("a", lambda: None)
+    busy = hub.subscribe("b", lambda: None)
+    with pytest.raises(Exception, match="already 3 event streams"):
+        hub.subscribe("c", lambda: None)
+    assert hub.refused == 2
+    hub.unsubscribe(first)
+    hub.unsubscribe(first)  # idempotent: a cut stream's call ends later
+    assert hub.subscribers == 2
+    hub.subscribe("c", lambda: None)  # the place is free again
+    busy.writing_since = 100.0
+    assert hub.cut_stalled(104.9) == []
+    assert hub.cut_stalled(105.0) == [busy]
+    assert (hub.cut, hub.subscribers) == (1, 2)
     before = hub.generation
     woke = threading.Event()
 

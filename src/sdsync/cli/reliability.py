@@ -16,6 +16,10 @@ The server acknowledges events only when the application does (``AckEvents`` or 
 there that the application did not close (``CloseChannel``); more than
 ``--max-channels`` of them is an error at start.
 
+Event streams are bounded (``--max-event-streams`` in all,
+``--max-event-streams-per-peer`` per client connection) and a stream whose reader takes
+nothing for ``--event-write-timeout-s`` is cancelled (:mod:`sdsync.reliability.server`).
+
 Without ``--participant`` the participant id is a random one, kept in
 ``<state-dir>/participant`` when there is a state directory, so that a restart from the
 same directory is the same participant.
@@ -170,6 +174,22 @@ def serve_command(
             min=1, help="Bytes of unacknowledged events (payloads, transmits) kept per channel."
         ),
     ] = DEFAULT_MAX_EVENT_BYTES,
+    # Defaults: the server's (grpc is imported only once the options are checked).
+    max_event_streams: Annotated[
+        int | None,
+        typer.Option(min=1, help="Events/EventBatches streams open at once [default: 8]."),
+    ] = None,
+    max_event_streams_per_peer: Annotated[
+        int | None,
+        typer.Option(min=1, help="Event streams on one client connection [default: 4]."),
+    ] = None,
+    event_write_timeout_s: Annotated[
+        float | None,
+        typer.Option(
+            min=0.1,
+            help="Cancel an event stream whose reader takes nothing for this long [default: 10].",
+        ),
+    ] = None,
 ) -> None:
     """Serve one participant's reliability state over gRPC until SIGINT or SIGTERM."""
     from sdsync.reliability import ReliabilityServer
@@ -230,7 +250,16 @@ def serve_command(
     except (OSError, LocalProtocolError) as exc:
         raise fail(str(exc)) from None
     try:
-        server = ReliabilityServer(manager, listen, token=token)
+        server = ReliabilityServer(
+            manager,
+            listen,
+            token=token,
+            **given(
+                max_subscribers=max_event_streams,
+                max_subscribers_per_peer=max_event_streams_per_peer,
+                write_timeout_s=event_write_timeout_s,
+            ),
+        )
     except OSError as exc:
         manager.close()
         raise fail(str(exc)) from None

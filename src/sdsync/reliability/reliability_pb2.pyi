@@ -49,6 +49,75 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class StatsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StatsRequest: _TypeAlias = StatsRequest  # noqa: Y015
+
+@_typing.final
+class StatsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class RefusalsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    EVENT_STREAMS_FIELD_NUMBER: _builtins.int
+    EVENT_STREAMS_REFUSED_FIELD_NUMBER: _builtins.int
+    EVENT_STREAMS_CUT_FIELD_NUMBER: _builtins.int
+    REFUSALS_FIELD_NUMBER: _builtins.int
+    event_streams: _builtins.int
+    """Events and EventBatches streams open now."""
+    event_streams_refused: _builtins.int
+    """Streams refused at a cap (in total, or per connection): RESOURCE_EXHAUSTED."""
+    event_streams_cut: _builtins.int
+    """Streams cut because their reader took nothing for the write timeout: CANCELLED."""
+    @_builtins.property
+    def refusals(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Calls and batch items refused, by status code name ("INVALID_ARGUMENT", ...)."""
+
+    def __init__(
+        self,
+        *,
+        event_streams: _builtins.int = ...,
+        event_streams_refused: _builtins.int = ...,
+        event_streams_cut: _builtins.int = ...,
+        refusals: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event_streams", b"event_streams", "event_streams_cut", b"event_streams_cut", "event_streams_refused", b"event_streams_refused", "refusals", b"refusals"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StatsResponse: _TypeAlias = StatsResponse  # noqa: Y015
+
+@_typing.final
 class OpenChannelRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -105,6 +105,11 @@ class ReliabilityStub:
                 request_serializer=sdsync_dot_reliability_dot_reliability__pb2.ListWaitingRequest.SerializeToString,
                 response_deserializer=sdsync_dot_reliability_dot_reliability__pb2.ListWaitingResponse.FromString,
                 _registered_method=True)
+        self.Stats = channel.unary_unary(
+                '/sdsync.reliability.v1.Reliability/Stats',
+                request_serializer=sdsync_dot_reliability_dot_reliability__pb2.StatsRequest.SerializeToString,
+                response_deserializer=sdsync_dot_reliability_dot_reliability__pb2.StatsResponse.FromString,
+                _registered_method=True)
 
 
 class ReliabilityServicer:
@@ -216,6 +221,13 @@ class ReliabilityServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Stats(self, request, context):
+        """What the server refused or cut since it started, for monitoring (needs the token too).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ReliabilityServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -288,6 +300,11 @@ def add_ReliabilityServicer_to_server(servicer, server):
                     servicer.ListWaiting,
                     request_deserializer=sdsync_dot_reliability_dot_reliability__pb2.ListWaitingRequest.FromString,
                     response_serializer=sdsync_dot_reliability_dot_reliability__pb2.ListWaitingResponse.SerializeToString,
+            ),
+            'Stats': grpc.unary_unary_rpc_method_handler(
+                    servicer.Stats,
+                    request_deserializer=sdsync_dot_reliability_dot_reliability__pb2.StatsRequest.FromString,
+                    response_serializer=sdsync_dot_reliability_dot_reliability__pb2.StatsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -669,6 +686,33 @@ class Reliability:
             '/sdsync.reliability.v1.Reliability/ListWaiting',
             sdsync_dot_reliability_dot_reliability__pb2.ListWaitingRequest.SerializeToString,
             sdsync_dot_reliability_dot_reliability__pb2.ListWaitingResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Stats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sdsync.reliability.v1.Reliability/Stats',
+            sdsync_dot_reliability_dot_reliability__pb2.StatsRequest.SerializeToString,
+            sdsync_dot_reliability_dot_reliability__pb2.StatsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -105,6 +105,8 @@ class ReliabilityStub:
     """Our messages not acknowledged yet (still resent), oldest first."""
     ListWaiting: _grpc.UnaryUnaryMultiCallable[_reliability_pb2.ListWaitingRequest, _reliability_pb2.ListWaitingResponse]
     """Received messages waiting for dependencies (not ready yet), and what each waits for."""
+    Stats: _grpc.UnaryUnaryMultiCallable[_reliability_pb2.StatsRequest, _reliability_pb2.StatsResponse]
+    """What the server refused or cut since it started, for monitoring (needs the token too)."""
 
 @_typing.type_check_only
 class ReliabilityAsyncStub(ReliabilityStub):
@@ -153,6 +155,8 @@ class ReliabilityAsyncStub(ReliabilityStub):
     """Our messages not acknowledged yet (still resent), oldest first."""
     ListWaiting: _aio.UnaryUnaryMultiCallable[_reliability_pb2.ListWaitingRequest, _reliability_pb2.ListWaitingResponse]  # type: ignore[assignment]
     """Received messages waiting for dependencies (not ready yet), and what each waits for."""
+    Stats: _aio.UnaryUnaryMultiCallable[_reliability_pb2.StatsRequest, _reliability_pb2.StatsResponse]  # type: ignore[assignment]
+    """What the server refused or cut since it started, for monitoring (needs the token too)."""
 
 class ReliabilityServicer(metaclass=_abc_1.ABCMeta):
     """One participant's SDS state over many channels (seed 004's ReliabilityManager)."""
@@ -282,5 +286,13 @@ class ReliabilityServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_reliability_pb2.ListWaitingResponse, _abc.Awaitable[_reliability_pb2.ListWaitingResponse]]:
         """Received messages waiting for dependencies (not ready yet), and what each waits for."""
+
+    @_abc_1.abstractmethod
+    def Stats(
+        self,
+        request: _reliability_pb2.StatsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_reliability_pb2.StatsResponse, _abc.Awaitable[_reliability_pb2.StatsResponse]]:
+        """What the server refused or cut since it started, for monitoring (needs the token too)."""
 
 def add_ReliabilityServicer_to_server(servicer: ReliabilityServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -26,8 +26,21 @@ the manager: a slow reader is simply behind, and what the manager keeps for it i
 by the manager's ``EventLimits``. Events are forgotten only when acknowledged
 (``AckEvents``, or the ``resume`` point of an ``Events`` call).
 
+A stream holds one of the server's worker threads for as long as it lasts, and gRPC's
+synchronous server blocks that thread in each write until the client's flow-control window
+takes the message: a client that never reads would hold it for ever. So the hub bounds the
+streams (:data:`MAX_EVENT_STREAMS` in all, :data:`MAX_EVENT_STREAMS_PER_PEER` per client
+connection, each below the worker count, beyond: ``RESOURCE_EXHAUSTED``), and a watchdog
+cancels every stream with a write pending for longer than its ``write_timeout_s``
+(:data:`EVENT_WRITE_TIMEOUT_S`): the cancellation completes the blocked write, which frees
+the thread, and the client sees ``CANCELLED``. The events stay (unacknowledged) for its
+next stream. A stream waiting for events has no write pending and is never cut. The
+``Stats`` call counts what was refused and cut.
+
 Every refusal is a gRPC status with a message, never a crash and never a state change:
-bytes that do not decode and requests the manager refuses are ``INVALID_ARGUMENT``; a call
+bytes that do not decode, requests the manager refuses and ids (channel, message) that are
+empty or longer than :data:`MAX_ID_BYTES` in UTF-8 (what peers accept; checked before the
+manager is called) are ``INVALID_ARGUMENT``; a call
 that needs an open channel and names another is ``NOT_FOUND``; opening a channel beyond
 the manager's ``max_channels``, too many subscribers, a batch of more than
 :data:`MAX_BATCH` items or a request larger than :func:`request_limit` is
@@ -44,6 +57,8 @@ import dataclasses
 import hmac
 import logging
 import threading
+import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from typing import Any, NoReturn, TypeVar
@@ -85,6 +100,14 @@ MAX_BATCH = 4_096
 _READ = 256
 #: How long an Events stream waits for an event before it looks whether its client left.
 _POLL_S = 0.25
+#: Event streams open at once, in all and from one client connection (a stream holds a
+#: worker thread: these stay below the server's ``max_workers``).
+MAX_EVENT_STREAMS = 8
+MAX_EVENT_STREAMS_PER_PEER = 4
+#: A stream whose write has waited this long for its reader's flow control is cancelled.
+EVENT_WRITE_TIMEOUT_S = 10.0
+#: Channel and message ids, in UTF-8 bytes: the wire limit peers apply (``WireLimits``).
+MAX_ID_BYTES = 256
 
 Request = TypeVar("Request")
 Answer = TypeVar("Answer")
@@ -124,26 +147,85 @@ class _AnswerRoom:
         self.overhead = max(self.overhead, len(answer.data) - len(payload))
 
 
-class EventHub:
-    """Counts the event subscribers and wakes them when events are recorded."""
+class _RefusedError(Exception):
+    """A call (or one item of a batch) refused with a status and a message for people."""
 
-    def __init__(self, *, max_subscribers: int = 8) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclasses.dataclass(eq=False)
+class EventStream:
+    """One open Events or EventBatches stream: whose, and since when a write waits."""
+
+    peer: str
+    cancel: Callable[[], object]
+    writing_since: float | None = None
+
+
+class EventHub:
+    """The event streams: counts and bounds them, wakes them when events are recorded,
+    and tells which have had a write pending for longer than ``write_timeout_s``."""
+
+    def __init__(
+        self,
+        *,
+        max_subscribers: int = MAX_EVENT_STREAMS,
+        max_per_peer: int = MAX_EVENT_STREAMS_PER_PEER,
+        write_timeout_s: float = EVENT_WRITE_TIMEOUT_S,
+    ) -> None:
         self.max_subscribers = max_subscribers
-        self._subscribers = 0
+        self.max_per_peer = max_per_peer
+        self.write_timeout_s = write_timeout_s
+        self.refused = 0
+        self.cut = 0
+        self._streams: set[EventStream] = set()
         self._generation = 0
         self._changed = threading.Condition()
 
-    def subscribe(self) -> bool:
-        """Room for one more subscriber (False: ``max_subscribers`` already)."""
+    @property
+    def subscribers(self) -> int:
         with self._changed:
-            if self._subscribers >= self.max_subscribers:
-                return False
-            self._subscribers += 1
-            return True
+            return len(self._streams)
 
-    def unsubscribe(self) -> None:
+    def subscribe(self, peer: str, cancel: Callable[[], object]) -> EventStream:
+        """A new stream of ``peer`` (its connection); RESOURCE_EXHAUSTED at either cap."""
         with self._changed:
-            self._subscribers -= 1
+            if len(self._streams) >= self.max_subscribers:
+                self.refused += 1
+                raise _RefusedError(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"already {self.max_subscribers} event streams",
+                )
+            if sum(s.peer == peer for s in self._streams) >= self.max_per_peer:
+                self.refused += 1
+                raise _RefusedError(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"already {self.max_per_peer} event streams on this connection",
+                )
+            stream = EventStream(peer, cancel)
+            self._streams.add(stream)
+            return stream
+
+    def unsubscribe(self, stream: EventStream) -> None:
+        """Idempotent: a stream ends, and may have been cut before."""
+        with self._changed:
+            self._streams.discard(stream)
+
+    def cut_stalled(self, now: float) -> list[EventStream]:
+        """Forget (and count) the streams whose write has waited ``write_timeout_s``:
+        the caller cancels them."""
+        with self._changed:
+            stalled = [
+                s
+                for s in self._streams
+                if s.writing_since is not None and now - s.writing_since >= self.write_timeout_s
+            ]
+            self._streams.difference_update(stalled)
+            self.cut += len(stalled)
+            return stalled
 
     @property
     def generation(self) -> int:
@@ -161,13 +243,29 @@ class EventHub:
             self._changed.wait_for(lambda: self._generation != generation, timeout_s)
 
 
-class _RefusedError(Exception):
-    """A call (or one item of a batch) refused with a status and a message for people."""
+def _written(stream: EventStream, items: Iterator[Answer]) -> Iterator[Answer]:
+    """``items`` as a stream's messages, each marked as being written until gRPC asks for
+    the next one (its write went through)."""
+    for item in items:
+        stream.writing_since = time.monotonic()
+        yield item
+        stream.writing_since = None
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+
+class _Refusals:
+    """Refused calls and batch items, by status code name."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: Counter[str] = Counter()
+
+    def count(self, code: grpc.StatusCode) -> None:
+        with self._lock:
+            self._counts[code.name] += 1
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
 
 
 @contextlib.contextmanager
@@ -190,46 +288,20 @@ def _refusals() -> Iterator[None]:
         ) from None
 
 
-def _answer(
-    context: grpc.ServicerContext, handle: Callable[[Request], Answer], request: Request
-) -> Answer:
-    """One call: its answer, or its refusal as the call's status."""
-    try:
-        with _refusals():
-            answer = handle(request)
-    except _RefusedError as refused:
-        context.abort(refused.code, refused.message)
-    crash_point("answer")
-    return answer
-
-
-def _each(
-    items: Sequence[Request],
-    handle: Callable[[Request], Answer],
-    result: Callable[..., Result],
-    field: str,
-) -> list[Result]:
-    """A batch's items handled one by one: each answer, or its refusal, as a ``result``
-    with the answer in ``field`` (or the refusal in ``refused``)."""
-    if len(items) > MAX_BATCH:
+def _require_id(name: str, value: str) -> None:
+    """Non-empty and at most :data:`MAX_ID_BYTES` in UTF-8, or INVALID_ARGUMENT."""
+    if not value:
+        raise _RefusedError(grpc.StatusCode.INVALID_ARGUMENT, f"{name} must be non-empty")
+    size = len(value.encode())
+    if size > MAX_ID_BYTES:
         raise _RefusedError(
-            grpc.StatusCode.RESOURCE_EXHAUSTED,
-            f"{len(items)} items in one batch; at most {MAX_BATCH}",
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{name} of {size} bytes (UTF-8); at most {MAX_ID_BYTES}",
         )
-    results = []
-    for item in items:
-        try:
-            with _refusals():
-                results.append(result(**{field: handle(item)}))
-        except _RefusedError as refused:
-            refusal = pb.Refusal(code=refused.code.value[0], message=refused.message)
-            results.append(result(refused=refusal))
-    return results
 
 
 def _require_channel_id(channel_id: str) -> None:
-    if not channel_id:
-        raise _RefusedError(grpc.StatusCode.INVALID_ARGUMENT, "channel_id must be non-empty")
+    _require_id("channel_id", channel_id)
 
 
 class ReliabilityService(pb_grpc.ReliabilityServicer):
@@ -247,23 +319,27 @@ class ReliabilityService(pb_grpc.ReliabilityServicer):
         self.manager = manager
         self.hub = hub if hub is not None else EventHub()
         self._clock = clock
+        self.refusals = _Refusals()
         self._stopping = threading.Event()
-        self._ticker = threading.Thread(
-            target=self._tick_loop, name="sdsync-reliability-tick", daemon=True
-        )
+        self._threads = [
+            threading.Thread(target=self._tick_loop, name="sdsync-reliability-tick", daemon=True),
+            threading.Thread(target=self._watch_loop, name="sdsync-reliability-watch", daemon=True),
+        ]
         manager.on_event = lambda _channel_id, _delivery: self.hub.notify()
 
     # ---------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
-        self._ticker.start()
+        for thread in self._threads:
+            thread.start()
 
     def stop(self) -> None:
-        """Stop ticking and end the event streams."""
+        """Stop ticking and watching, and end the event streams."""
         self._stopping.set()
         self.hub.notify()
-        if self._ticker.is_alive():
-            self._ticker.join()
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join()
 
     def close(self) -> None:
         """Close the manager, once no call can come any more (after ``stop``)."""
@@ -282,22 +358,74 @@ class ReliabilityService(pb_grpc.ReliabilityServicer):
             wait = IDLE_TICK_MS if due is None else due - self._clock()
             delay_ms = min(max(wait, MIN_TICK_MS), IDLE_TICK_MS)
 
+    def _watch_loop(self) -> None:
+        """Cancel the streams whose reader stopped taking messages (module doc)."""
+        period_s = min(max(self.hub.write_timeout_s / 4, 0.05), 1.0)
+        while not self._stopping.wait(period_s):
+            for stream in self.hub.cut_stalled(time.monotonic()):
+                logger.warning(
+                    "event stream of %s cut: a write waited %.1f s for its reader",
+                    stream.peer,
+                    self.hub.write_timeout_s,
+                )
+                stream.cancel()
+
+    # ------------------------------------------------------------ refusals
+
+    def _answer(
+        self, context: grpc.ServicerContext, handle: Callable[[Request], Answer], request: Request
+    ) -> Answer:
+        """One call: its answer, or its refusal (counted) as the call's status."""
+        try:
+            with _refusals():
+                answer = handle(request)
+        except _RefusedError as refused:
+            self.refusals.count(refused.code)
+            context.abort(refused.code, refused.message)
+        crash_point("answer")
+        return answer
+
+    def _each(
+        self,
+        items: Sequence[Request],
+        handle: Callable[[Request], Answer],
+        result: Callable[..., Result],
+        field: str,
+    ) -> list[Result]:
+        """A batch's items handled one by one: each answer, or its refusal (counted), as a
+        ``result`` with the answer in ``field`` (or the refusal in ``refused``)."""
+        if len(items) > MAX_BATCH:
+            raise _RefusedError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{len(items)} items in one batch; at most {MAX_BATCH}",
+            )
+        results = []
+        for item in items:
+            try:
+                with _refusals():
+                    results.append(result(**{field: handle(item)}))
+            except _RefusedError as refused:
+                self.refusals.count(refused.code)
+                refusal = pb.Refusal(code=refused.code.value[0], message=refused.message)
+                results.append(result(refused=refusal))
+        return results
+
     # ------------------------------------------------------------ single calls
 
     def OpenChannel(  # noqa: N802 (the .proto's names)
         self, request: pb.OpenChannelRequest, context: grpc.ServicerContext
     ) -> pb.OpenChannelResponse:
-        return _answer(context, self._open, request)
+        return self._answer(context, self._open, request)
 
     def WrapOutgoingMessage(  # noqa: N802 (the .proto's names)
         self, request: pb.WrapOutgoingMessageRequest, context: grpc.ServicerContext
     ) -> pb.WrapOutgoingMessageResponse:
-        return _answer(context, self._wrap, request)
+        return self._answer(context, self._wrap, request)
 
     def UnwrapReceivedMessage(  # noqa: N802 (the .proto's names)
         self, request: pb.UnwrapReceivedMessageRequest, context: grpc.ServicerContext
     ) -> pb.UnwrapReceivedMessageResponse:
-        return _answer(context, self._unwrap, request)
+        return self._answer(context, self._unwrap, request)
 
     def MarkDependenciesMet(  # noqa: N802 (the .proto's names)
         self, request: pb.MarkDependenciesMetRequest, context: grpc.ServicerContext
@@ -307,7 +435,7 @@ class ReliabilityService(pb_grpc.ReliabilityServicer):
             self.manager.mark_dependencies_met(list(request.message_ids), request.channel_id)
             return pb.MarkDependenciesMetResponse()
 
-        return _answer(context, mark, request)
+        return self._answer(context, mark, request)
 
     def AckEvents(  # noqa: N802 (the .proto's names)
         self, request: pb.AckEventsRequest, context: grpc.ServicerContext
@@ -319,7 +447,7 @@ class ReliabilityService(pb_grpc.ReliabilityServicer):
                 self.manager.ack_events(position.channel_id, position.seq)
             return pb.AckEventsResponse()
 
-        return _answer(context, ack, request)
+        return self._answer(context, ack, request)
 
     def CloseChannel(  # noqa: N802 (the .proto's names)
         self, request: pb.CloseChannelRequest, context: grpc.ServicerContext
@@ -329,12 +457,14 @@ class ReliabilityService(pb_grpc.ReliabilityServicer):
             self.manager.close_channel(request.channel_id)
             return pb.CloseChannelResponse()
 
-        return _answer(context, close, request)
+        return self._answer(context, close, request)
 
     def ListChannels(  # noqa: N802 (the .proto's names)
         self, request: pb.ListChannelsRequest, context: grpc.ServicerContext
     ) -> pb.ListChannelsResponse:
-        return _answer(context, lambda _: pb.ListChannelsResponse(channels=self._infos()), request)
+        return self._answer(
+            context, lambda _: pb.ListChannelsResponse(channels=self._infos()), request
+        )
 
     def SetParticipantCount(  # noqa: N802 (the .proto's names)
         self, request: pb.SetParticipantCountRequest, context: grpc.ServicerContext
@@ -344,7 +474,7 @@ class ReliabilityService(pb_grpc.ReliabilityServicer):
             self.manager.set_participant_count(request.channel_id, request.participants)
             return pb.SetParticipantCountResponse()
 
-        return _answer(context, set_count, request)
+        return self._answer(context, set_count, request)
 
     def ListUnacknowledged(  # noqa: N802 (the .proto's names)
         self, request: pb.ListUnacknowledgedRequest, context: grpc.ServicerContext
@@ -355,7 +485,7 @@ class ReliabilityService(pb_grpc.ReliabilityServicer):
                 messages=[pb.UnacknowledgedMessage(**m) for m in found]
             )
 
-        return _answer(context, unacknowledged, request)
+        return self._answer(context, unacknowledged, request)
 
     def ListWaiting(  # noqa: N802 (the .proto's names)
         self, request: pb.ListWaitingRequest, context: grpc.ServicerContext
@@ -364,7 +494,18 @@ class ReliabilityService(pb_grpc.ReliabilityServicer):
             found = self._listed(request.channel_id, self.manager.waiting)
             return pb.ListWaitingResponse(messages=[pb.WaitingMessage(**m) for m in found])
 
-        return _answer(context, waiting, request)
+        return self._answer(context, waiting, request)
+
+    def Stats(  # noqa: N802 (the .proto's names)
+        self, request: pb.StatsRequest, context: grpc.ServicerContext
+    ) -> pb.StatsResponse:
+        hub = self.hub
+        return pb.StatsResponse(
+            event_streams=hub.subscribers,
+            event_streams_refused=hub.refused,
+            event_streams_cut=hub.cut,
+            refusals=self.refusals.counts(),
+        )
 
     def _listed(
         self, channel_id: str, read: Callable[[str], Sequence[object]]
@@ -389,10 +530,10 @@ class ReliabilityService(pb_grpc.ReliabilityServicer):
                 return answer
 
             with self.manager.batch():
-                results = _each(request.messages, wrap, pb.WrapResult, "wrapped")
+                results = self._each(request.messages, wrap, pb.WrapResult, "wrapped")
             return pb.WrapOutgoingMessagesResponse(results=results)
 
-        return _answer(context, wrap_all, request)
+        return self._answer(context, wrap_all, request)
 
     def UnwrapReceivedMessages(  # noqa: N802 (the .proto's names)
         self, request: pb.UnwrapReceivedMessagesRequest, context: grpc.ServicerContext
@@ -401,43 +542,56 @@ class ReliabilityService(pb_grpc.ReliabilityServicer):
             request: pb.UnwrapReceivedMessagesRequest,
         ) -> pb.UnwrapReceivedMessagesResponse:
             with self.manager.batch():
-                results = _each(request.messages, self._unwrap, pb.UnwrapResult, "unwrapped")
+                results = self._each(request.messages, self._unwrap, pb.UnwrapResult, "unwrapped")
             return pb.UnwrapReceivedMessagesResponse(results=results)
 
-        return _answer(context, unwrap_all, request)
+        return self._answer(context, unwrap_all, request)
 
     # ------------------------------------------------------------------- events
 
     def Events(  # noqa: N802 (the .proto's names)
         self, request: pb.EventsRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.Event]:
-        with self._subscription(context):
-            yield pb.Event(subscribed=pb.Subscribed())
-            for batch in self._follow(request, context):
-                for event in batch:
-                    yield event
-                    crash_point("event")
+        with self._subscription(context) as stream:
+            yield from _written(stream, self._events(request, context))
+
+    def _events(
+        self, request: pb.EventsRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.Event]:
+        yield pb.Event(subscribed=pb.Subscribed())
+        for batch in self._follow(request, context):
+            for event in batch:
+                yield event
+                crash_point("event")
 
     def EventBatches(  # noqa: N802 (the .proto's names)
         self, request: pb.EventsRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.EventBatch]:
-        with self._subscription(context):
-            yield pb.EventBatch(events=[pb.Event(subscribed=pb.Subscribed())])
-            for batch in self._follow(request, context):
-                yield pb.EventBatch(events=batch)
-                crash_point("event")
+        with self._subscription(context) as stream:
+            yield from _written(stream, self._event_batches(request, context))
+
+    def _event_batches(
+        self, request: pb.EventsRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.EventBatch]:
+        yield pb.EventBatch(events=[pb.Event(subscribed=pb.Subscribed())])
+        for batch in self._follow(request, context):
+            yield pb.EventBatch(events=batch)
+            crash_point("event")
 
     @contextlib.contextmanager
-    def _subscription(self, context: grpc.ServicerContext) -> Iterator[None]:
-        if not self.hub.subscribe():
-            context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"already {self.hub.max_subscribers} event subscribers",
-            )
+    def _subscription(self, context: grpc.ServicerContext) -> Iterator[EventStream]:
+        """A counted stream slot for the call, given back however the call ends (a cut
+        stream's generator may never run again: gRPC's callback gives it back then)."""
         try:
-            yield
+            stream = self.hub.subscribe(context.peer(), context.cancel)
+        except _RefusedError as refused:
+            self.refusals.count(refused.code)
+            context.abort(refused.code, refused.message)
+        context.add_callback(lambda: self.hub.unsubscribe(stream))
+        try:
+            yield stream
         finally:
-            self.hub.unsubscribe()
+            self.hub.unsubscribe(stream)
 
     def _follow(
         self, request: pb.EventsRequest, context: grpc.ServicerContext
@@ -489,6 +643,8 @@ class ReliabilityService(pb_grpc.ReliabilityServicer):
             raise _RefusedError(grpc.StatusCode.INVALID_ARGUMENT, "payload must be non-empty")
         self._check_room(request.channel_id)
         given_id = request.message_id if request.HasField("message_id") else None
+        if given_id is not None:
+            _require_id("message_id", given_id)
         wrapped = self.manager.wrap(request.payload, request.channel_id, given_id)
         return pb.WrapOutgoingMessageResponse(
             data=wrapped.data, message_id=wrapped.message_id, repeated_wrap=wrapped.repeated
@@ -631,13 +787,23 @@ class ReliabilityServer:
         listen: str,
         *,
         token: str | None = None,
-        max_workers: int = 16,
-        max_subscribers: int = 8,
+        max_workers: int | None = None,
+        max_subscribers: int = MAX_EVENT_STREAMS,
+        max_subscribers_per_peer: int = MAX_EVENT_STREAMS_PER_PEER,
+        write_timeout_s: float = EVENT_WRITE_TIMEOUT_S,
     ) -> None:
-        # Each Events stream holds a worker thread: keep some for the unary calls.
+        # Each Events stream holds a worker thread: keep some for the unary calls (as many
+        # again by default).
+        if max_workers is None:
+            max_workers = 2 * max_subscribers
         if max_subscribers >= max_workers:
             raise LocalProtocolError("max_subscribers must be below max_workers")
-        self.service = ReliabilityService(manager, hub=EventHub(max_subscribers=max_subscribers))
+        hub = EventHub(
+            max_subscribers=max_subscribers,
+            max_per_peer=max_subscribers_per_peer,
+            write_timeout_s=write_timeout_s,
+        )
+        self.service = ReliabilityService(manager, hub=hub)
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers, thread_name_prefix="sdsync-reliability"),
             interceptors=[TokenCheck(token)] if token else None,

@@ -78,6 +78,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import random
 import sqlite3
 import threading
@@ -396,6 +397,8 @@ class ReliabilityManager:
             raise LocalProtocolError("channel_id must be non-empty")
         if len(self._channels) >= self.max_channels:
             raise LocalProtocolError(f"already {self.max_channels} channels open (max_channels)")
+        if self.state_dir is not None:
+            _check_file_name(state_path(self.state_dir, channel_id))
         factory = self._history_store_factory
         now = self._clock()
         channel = MessageChannel(
@@ -757,3 +760,17 @@ def _stored_channels(state_dir: Path, skip: set[str]) -> list[str]:
         if not values.get("closed"):
             found.append(str(values["channel_id"]))
     return found
+
+
+def _check_file_name(path: Path) -> None:
+    """A channel whose (escaped) id is too long for a file name is refused before the
+    disk is touched, rather than failing there with an OSError."""
+    try:
+        limit = os.pathconf(path.parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255  # what common file systems allow
+    if len(path.name.encode()) > limit:
+        raise LocalProtocolError(
+            f"channel id too long: its state file name would be {len(path.name.encode())}"
+            f" bytes, over the {limit} the state directory's file system allows"
+        )
