@@ -101,6 +101,9 @@ class Service:
     def answered(self, status: LightPushStatus) -> None:
         self.statuses.append(int(status))
 
+    def admit(self, peer: str) -> bool:
+        return True
+
     async def accept(self, push: Push) -> int:
         if isinstance(self.outcome, LightPushRefused):
             raise self.outcome
@@ -111,20 +114,20 @@ class Service:
 def test_answers_of_v3() -> None:
     service = Service()
     good = LightPushRequestV3("r1", SHARD, message()).to_bytes()
-    answer = asyncio.run(answer_lightpush(service, LIGHTPUSH_PROTOCOL, good))
+    answer = asyncio.run(answer_lightpush(service, LIGHTPUSH_PROTOCOL, good, peer="p"))
     assert LightPushResponseV3.from_bytes(answer) == LightPushResponseV3("r1", 200, "OK", 2)
     assert service.accepted == [Push(SHARD, message())]
-    bad = asyncio.run(answer_lightpush(service, LIGHTPUSH_PROTOCOL, b"\xff\xff\xff"))
+    bad = asyncio.run(answer_lightpush(service, LIGHTPUSH_PROTOCOL, b"\xff\xff\xff", peer="p"))
     assert LightPushResponseV3.from_bytes(bad).status_code == 400
     huge = WakuMessage(b"x" * MAX_WAKU_MESSAGE_BYTES, SDS, timestamp=NOW)
     big = asyncio.run(
         answer_lightpush(
-            service, LIGHTPUSH_PROTOCOL, LightPushRequestV3("r2", SHARD, huge).to_bytes()
+            service, LIGHTPUSH_PROTOCOL, LightPushRequestV3("r2", SHARD, huge).to_bytes(), peer="p"
         )
     )
     assert LightPushResponseV3.from_bytes(big).status_code == 413
     service.outcome = LightPushRefused(LightPushStatus.NO_PEERS, "no_peers", "nobody")
-    lonely = asyncio.run(answer_lightpush(service, LIGHTPUSH_PROTOCOL, good))
+    lonely = asyncio.run(answer_lightpush(service, LIGHTPUSH_PROTOCOL, good, peer="p"))
     assert LightPushResponseV3.from_bytes(lonely).status_code == 505
     assert service.refusals == [
         (LIGHTPUSH_PROTOCOL, "malformed_rpc"),
@@ -137,13 +140,13 @@ def test_answers_of_v3() -> None:
 def test_answers_of_v2() -> None:
     service = Service()
     good = PushRpc("r1", request=PushRequest("", message())).to_bytes()  # "": autoshard
-    answer = PushRpc.from_bytes(asyncio.run(answer_lightpush_v2(service, "v2", good)))
+    answer = PushRpc.from_bytes(asyncio.run(answer_lightpush_v2(service, "v2", good, peer="p")))
     assert answer.request_id == "r1"
     assert answer.response is not None and answer.response.is_success
     assert answer.response.relay_peer_count == 2
     assert service.accepted == [Push(SHARD, message())]
     empty = PushRpc("r2").to_bytes()
-    answer = PushRpc.from_bytes(asyncio.run(answer_lightpush_v2(service, "v2", empty)))
+    answer = PushRpc.from_bytes(asyncio.run(answer_lightpush_v2(service, "v2", empty, peer="p")))
     assert answer.response is not None and not answer.response.is_success
     assert answer.response.status_code == 400 and answer.response.info
 

@@ -23,7 +23,8 @@ from sdsync.cli.errors import fail
 from sdsync.wire.waku_protocols import SHARD_TOPIC_PREFIX
 
 if TYPE_CHECKING:
-    from sdsync.store import SqlArchive
+    from sdsync.store import RetentionPolicy, SqlArchive
+    from sdsync.transport.ratelimit import RateLimit
 
 store_app = typer.Typer(
     help="Store node: archive of Waku messages, 13/WAKU2-STORE v3 REST API, Store Sync, "
@@ -191,6 +192,22 @@ def serve(
             help="Filter subscriptions one host (IP address) may hold, of the node's 1000.",
         ),
     ] = 100,
+    lightpush_rate_limit: Annotated[
+        str,
+        typer.Option(
+            metavar="VOLUME/PERIOD|off",
+            help="LightPushes one peer may make (a token bucket: nwaku's --rate-limit"
+            " lightpush:5/1s on average, bursts of 100); more are answered 429.",
+        ),
+    ] = "100/20s",
+    relay_rate_limit: Annotated[
+        str,
+        typer.Option(
+            metavar="BYTES/PERIOD|off",
+            help="Relay bytes one forwarding peer may bring (a token bucket); more are"
+            " dropped, neither archived nor relayed.",
+        ),
+    ] = "32MiB/16s",
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO.")] = False,
 ) -> None:
     """Serve the archive over HTTP until SIGINT or SIGTERM."""
@@ -212,11 +229,14 @@ def serve(
         policies = tuple(RetentionPolicy.parse(s) for s in specs if s != "none")
     except LocalProtocolError as exc:
         raise typer.BadParameter(str(exc), param_hint="--retention") from None
+    lightpush_rate = _rate_limit(lightpush_rate_limit, "--lightpush-rate-limit")
+    relay_rate = _rate_limit(relay_rate_limit, "--relay-rate-limit")
     relay_topics = _relay_topics(pubsub_topic or (), relay_shard or (), relay_cluster_id)
     served = _served_topics(relay_topics, relay_cluster_id)
     sync_topics = tuple(dict.fromkeys(pubsub_topic for pubsub_topic, _ in served))
     url = _db_url(db, data_dir)
     archive = _open_archive(url)
+    _budget_bytes(archive, policies)
     config = NodeConfig(
         data_dir=data_dir.expanduser(),
         host=host,
@@ -230,6 +250,7 @@ def serve(
         light=LightConfig(
             served=ServedTopics(served, cluster_id=relay_cluster_id),
             filter=FilterLimits(max_peers_per_host=filter_per_host),
+            lightpush_rate=lightpush_rate,
         ),
         http=HttpLimits(idle_timeout_s=http_idle_timeout),
         sync=SyncConfig(
@@ -267,6 +288,7 @@ def serve(
             listen=relay_listen or [DEFAULT_RELAY_LISTEN],
             peers=relay_peer or (),
             waku=WakuRelayConfig(cluster_id=relay_cluster_id),
+            relay_rate=relay_rate,
         ) as relay:
             relay_addrs.extend(relay.listen_addrs)
             node = StoreNode(
@@ -283,6 +305,26 @@ def serve(
     except ImportError as exc:  # pragma: no cover - depends on the installation
         raise fail(f"the relay needs the 'p2p' extra ({exc})") from None
     print("sdsync store: stopped", flush=True)
+
+
+def _rate_limit(spec: str, option: str) -> RateLimit | None:
+    from sdsync.errors import LocalProtocolError
+    from sdsync.transport.ratelimit import RateLimit
+
+    try:
+        return RateLimit.parse(spec)
+    except LocalProtocolError as exc:
+        raise typer.BadParameter(str(exc), param_hint=option) from None
+
+
+def _budget_bytes(archive: SqlArchive, policies: Iterable[RetentionPolicy]) -> None:
+    """Enforce the smallest size policy as the archive grows too, not only every
+    retention interval: a flood cannot fill the disk in between."""
+    from sdsync.store.retention import ByteBudget
+
+    sizes = [p for p in policies if p.kind == "size"]
+    if sizes:
+        archive.size_watch = ByteBudget(min(sizes, key=lambda p: p.limit))
 
 
 def _relay_topics(

@@ -180,6 +180,13 @@ class Archive(Protocol):
     def close(self) -> None: ...
 
 
+class SizeWatch(Protocol):
+    """Told of every insert (:class:`~sdsync.store.retention.ByteBudget`: a size
+    policy enforced as the archive grows, not only every retention interval)."""
+
+    def inserted(self, archive: Archive, payload_bytes: int) -> None: ...
+
+
 class SqlArchive(ABC):
     """The SQL both backends share; subclasses provide connections and deletions.
 
@@ -187,6 +194,7 @@ class SqlArchive(ABC):
     """
 
     backend: str
+    size_watch: SizeWatch | None = None
 
     # -- backend hooks
 
@@ -221,7 +229,8 @@ class SqlArchive(ABC):
     # -- writing
 
     def insert(self, messages: Iterable[StoredMessage]) -> int:
-        rows = [_row(m) for m in messages]
+        batch = list(messages)
+        rows = [_row(m) for m in batch]
         if not rows:
             return 0
         marks = ", ".join("?" * len(COLUMNS))
@@ -232,7 +241,10 @@ class SqlArchive(ABC):
         with self._write() as conn:
             cursor = conn.cursor()
             cursor.executemany(sql, rows)
-            return int(cursor.rowcount)
+            new = int(cursor.rowcount)
+        if self.size_watch is not None and new:
+            self.size_watch.inserted(self, sum(len(m.message.payload) for m in batch))
+        return new
 
     def delete_before(self, timestamp: int) -> int:
         return self._delete_below((timestamp, b""))

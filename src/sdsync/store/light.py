@@ -34,7 +34,9 @@ A dropped subscription is logged and counted in
 ``sdsync_store_filter_subscriptions_dropped_total{reason}``, and the pushes still queued
 for it under ``dropped``.  Every push is counted in
 ``sdsync_store_filter_pushes_total{outcome}`` (``sent``, ``failed``, ``dropped``), every
-answered push in ``sdsync_store_lightpush_total{status}``, and every refusal in
+answered push in ``sdsync_store_lightpush_total{status}`` (a peer over its
+``lightpush_rate``, a token bucket per peer id, gets 429 and reason ``rate_limited``),
+and every refusal in
 ``sdsync_store_refused_total{route, reason}`` with the protocol id as ``route``.  Frames
 that are truncated, too long or never sent are refused by the transport before they get
 here, which bounds, times out, counts and summarises such streams (docs/network.md).
@@ -71,6 +73,7 @@ from sdsync.store.lightpush import (
     answer_lightpush_v2,
 )
 from sdsync.store.model import StoredMessage
+from sdsync.transport.ratelimit import PeerBuckets, RateLimit
 from sdsync.wire.waku import WakuMessage
 from sdsync.wire.waku_protocols import (
     FILTER_PUSH_PROTOCOL,
@@ -82,6 +85,9 @@ from sdsync.wire.waku_protocols import (
 
 logger = logging.getLogger("sdsync.store.light")
 
+DEFAULT_LIGHTPUSH_RATE = RateLimit(100, 20.0)
+"""nwaku's per-peer LightPush rate (``--rate-limit lightpush:5/1s``) on average, over a
+20 s window so that a chat's burst of up to 100 pushes passes."""
 LIGHT_PROTOCOLS = (LIGHTPUSH_PROTOCOL, LIGHTPUSH_V2_PROTOCOL, FILTER_SUBSCRIBE_PROTOCOL)
 """What :class:`LightServices` serves."""
 
@@ -119,6 +125,8 @@ class LightConfig:
     push_queue: int = 256
     liveness_interval_s: float = 10.0
     """How often Filter subscribers are checked for a connection."""
+    lightpush_rate: RateLimit | None = DEFAULT_LIGHTPUSH_RATE
+    """Pushes one peer may make (None: no limit); more are answered 429."""
 
 
 class LightServices:
@@ -144,6 +152,8 @@ class LightServices:
         self._liveness: asyncio.Task[None] | None = None
         self._overflowing: set[str] = set()  # peers whose overflow was logged
         self._archive = GroupCommit(functools.partial(node.ingest, source="lightpush"))
+        rate = config.lightpush_rate
+        self._push_rates = None if rate is None else PeerBuckets(rate)
 
     async def start(self) -> None:
         await self.host.serve(LIGHTPUSH_PROTOCOL, self._answer_lightpush)
@@ -202,13 +212,16 @@ class LightServices:
     def answered(self, status: LightPushStatus) -> None:
         self.node.metrics.lightpushes.labels(status=str(int(status))).inc()
 
+    def admit(self, peer: str) -> bool:
+        return self._push_rates is None or self._push_rates.take(peer, self._clock())
+
     # -- handlers
 
     async def _answer_lightpush(self, peer: str, request: bytes) -> bytes:
-        return await answer_lightpush(self, LIGHTPUSH_PROTOCOL, request)
+        return await answer_lightpush(self, LIGHTPUSH_PROTOCOL, request, peer=peer)
 
     async def _answer_lightpush_v2(self, peer: str, request: bytes) -> bytes:
-        return await answer_lightpush_v2(self, LIGHTPUSH_V2_PROTOCOL, request)
+        return await answer_lightpush_v2(self, LIGHTPUSH_V2_PROTOCOL, request, peer=peer)
 
     async def _answer_filter(self, peer: str, request: bytes) -> bytes:
         def refuse(reason: str) -> None:

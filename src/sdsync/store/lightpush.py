@@ -19,7 +19,10 @@ as js-waku's ``LightPushStatusCode`` and nwaku name them:
 * 420 — no timestamp, a timestamp not positive or more than the node's variance (20 s)
   ahead of its clock, a malformed content topic or one no backend can store;
 * 421 — a pubsub topic the node does not relay (an absent one is the content topic's
-  autoshard, :meth:`ServedTopics.pubsub_topic`).
+  autoshard, :meth:`ServedTopics.pubsub_topic`);
+* 429 — the pushing peer is over its rate (:meth:`PushService.admit`: a token bucket per
+  peer, nwaku's ``--rate-limit lightpush:5/1s``), judged once the request parsed (so
+  its ``request_id`` is echoed) and before anything is relayed or archived.
 
 An accepted message answers 200 with ``relay_peer_count``, the relay peers it went to,
 as long as it reached somebody: a relay peer, the archive, or a Filter subscriber (a
@@ -69,6 +72,7 @@ class LightPushStatus(IntEnum):
     PAYLOAD_TOO_LARGE = 413
     INVALID_MESSAGE = 420
     UNSUPPORTED_TOPIC = 421
+    TOO_MANY_REQUESTS = 429
     SERVICE_UNAVAILABLE = 503
     NO_PEERS = 505
 
@@ -117,6 +121,10 @@ class PushService(Protocol):
     def refuse(self, route: str, reason: str) -> None: ...
 
     def answered(self, status: LightPushStatus) -> None: ...
+
+    def admit(self, peer: str) -> bool:
+        """May ``peer`` push now (within its rate)?"""
+        ...
 
     async def accept(self, push: Push) -> int:
         """Relay, archive and offer to Filter; the relay peers it went to, or
@@ -180,11 +188,13 @@ class _Outcome(NamedTuple):
 async def _push(
     service: PushService,
     route: str,
+    peer: str,
     request: bytes,
     rpc: type[_R],
     content: Callable[[_R], _Content],
 ) -> _Outcome:
-    """The outcome of one push: the ``rpc`` bytes ``request`` and what they carry."""
+    """The outcome of one push from ``peer``: the ``rpc`` bytes ``request`` and what
+    they carry."""
     request_id = ""  # what is answered to bytes with none
     try:
         try:
@@ -193,6 +203,10 @@ async def _push(
             pubsub_topic, message = content(parsed)
         except RemoteProtocolError as exc:
             raise _decode_refused(exc) from None
+        if not service.admit(peer):
+            raise LightPushRefused(
+                LightPushStatus.TOO_MANY_REQUESTS, "rate_limited", "too many pushes: slow down"
+            )
         push = check_push(
             pubsub_topic, message, service.served, service.now_ns(), service.max_future_ns
         )
@@ -207,10 +221,11 @@ async def _push(
     return _Outcome(request_id, LightPushStatus.OK, "OK", peers)
 
 
-async def answer_lightpush(service: PushService, route: str, request: bytes) -> bytes:
-    """The LightPushResponseV3 bytes that answer the LightPushRequestV3 bytes ``request``."""
+async def answer_lightpush(service: PushService, route: str, request: bytes, *, peer: str) -> bytes:
+    """The LightPushResponseV3 bytes that answer the LightPushRequestV3 bytes ``request``
+    from ``peer``."""
     outcome = await _push(
-        service, route, request, LightPushRequestV3, lambda v3: (v3.pubsub_topic, v3.message)
+        service, route, peer, request, LightPushRequestV3, lambda v3: (v3.pubsub_topic, v3.message)
     )
     return LightPushResponseV3(
         request_id=outcome.request_id,
@@ -226,9 +241,12 @@ def _v2_content(rpc: PushRpc) -> _Content:
     return rpc.request.pubsub_topic or None, rpc.request.message
 
 
-async def answer_lightpush_v2(service: PushService, route: str, request: bytes) -> bytes:
-    """The PushRpc bytes that answer the PushRpc (2.0.0-beta1) bytes ``request``."""
-    outcome = await _push(service, route, request, PushRpc, _v2_content)
+async def answer_lightpush_v2(
+    service: PushService, route: str, request: bytes, *, peer: str
+) -> bytes:
+    """The PushRpc bytes that answer the PushRpc (2.0.0-beta1) bytes ``request`` from
+    ``peer``."""
+    outcome = await _push(service, route, peer, request, PushRpc, _v2_content)
     ok = outcome.status == LightPushStatus.OK
     response = PushResponse(
         is_success=ok,

@@ -75,7 +75,7 @@ from sdsync.store.retention import DEFAULT_POLICY, RetentionPolicy
 from sdsync.store.server import HttpLimits, create_app
 from sdsync.store.sync import PREFIX as SYNC_PREFIX
 from sdsync.store.sync import PeriodicSync, SyncConfig, responder_app
-from sdsync.store.waku_store import answer_store_query
+from sdsync.store.waku_store import AnswerBudget, AnswerLimits, answer_store_query
 from sdsync.wire.waku import DEFAULT_TIMESTAMP_VARIANCE_S, WakuMessage
 from sdsync.wire.waku_protocols import STORE_QUERY_PROTOCOL
 
@@ -107,6 +107,8 @@ class NodeConfig:
     """What LightPush and Filter serve, when the node has a light-client host."""
     http: HttpLimits = field(default_factory=HttpLimits)
     """Time bounds of the HTTP API's connections."""
+    store_answers: AnswerLimits = field(default_factory=AnswerLimits)
+    """Bytes of store-query answers in flight over libp2p, per peer and in all."""
 
 
 class Envelope(Protocol):
@@ -152,6 +154,7 @@ class StoreNode(ArchiveHost):
         self.relay = relay
         self.libp2p = libp2p
         self.light = None if light is None else LightServices(self, light, config.light)
+        self.store_answers = AnswerBudget(config.store_answers)
         self.config = config
         self.last_online = LastOnline(config.data_dir / "last_online")
         self.resume_report: ResumeReport | None = None
@@ -321,7 +324,7 @@ class StoreNode(ArchiveHost):
                 logger.exception("archiving a relay message failed")
 
     async def _answer_store_query(self, peer: str, request: bytes) -> bytes:
-        return await answer_store_query(self, request)
+        return await answer_store_query(self, request, peer=peer, budget=self.store_answers)
 
     async def resume(self, window: tuple[int, int]) -> None:
         async def archive(messages: list[StoredMessage]) -> int:

@@ -12,21 +12,33 @@ messages that should bring the archive under the limit (plus a 10 % margin so it
 not run again at once), and repeats while the archive is still too large and still
 shrinking: PostgreSQL returns space only when whole hourly partitions go, so within
 the last hour it can do no better and stops.
+
+A size policy run every retention interval (30 min) lets a flood fill the disk in
+between (one relay peer brought 98 GB/h).  So the node also enforces it as the
+archive grows (:class:`ByteBudget`, the archive's ``size_watch``): every
+``check_bytes`` of payload inserted (1 % of the limit, at least 1 MiB) it measures the
+archive and, if over, deletes the oldest messages as the policy would, counting them
+in ``deleted``.  One check runs at a time; an insert that finds one running goes on.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import re
+import threading
 from dataclasses import dataclass
 from typing import Literal
 
 from sdsync.errors import LocalProtocolError
 from sdsync.store.archive import Archive
 
+logger = logging.getLogger("sdsync.store.retention")
+
 DEFAULT_POLICY = "time:172800"  # nwaku's default: two days
 SIZE_MARGIN = 0.1
 MAX_SIZE_ROUNDS = 8
+MIN_CHECK_BYTES = 2**20
 _UNITS = {
     "": 1,
     "b": 1,
@@ -87,3 +99,34 @@ class RetentionPolicy:
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.limit}"
+
+
+class ByteBudget:
+    """A size policy enforced as the archive grows (see the module): an archive's
+    :class:`~sdsync.store.archive.SizeWatch`."""
+
+    def __init__(self, policy: RetentionPolicy) -> None:
+        if policy.kind != "size":
+            raise LocalProtocolError(f"a byte budget needs a size policy, not {policy}")
+        self.policy = policy
+        self.check_bytes = max(MIN_CHECK_BYTES, policy.limit // 100)
+        self.deleted = 0
+        self._since = 0
+        self._counting = threading.Lock()
+        self._checking = threading.Lock()
+
+    def inserted(self, archive: Archive, payload_bytes: int) -> None:
+        with self._counting:
+            self._since += payload_bytes
+            if self._since < self.check_bytes:
+                return
+            self._since = 0
+        if not self._checking.acquire(blocking=False):
+            return  # another insert is checking: this one's bytes are on disk for it
+        try:
+            deleted = self.policy.apply(archive, 0)
+            self.deleted += deleted
+        finally:
+            self._checking.release()
+        if deleted:
+            logger.warning("archive over %s: deleted the %d oldest messages", self.policy, deleted)

@@ -29,6 +29,18 @@ with 400, and every refusal is counted in ``sdsync_store_refused_total{route, re
 with ``route`` the protocol id and ``reason`` a fixed word (``malformed_rpc``,
 ``truncated_frame``, ``oversized``, or the query's own, e.g. ``hashes_with_filter``).
 
+Answers in flight are bounded in bytes (:class:`AnswerBudget`), per peer and in all.
+The host holds an answer until the peer has read it or the stream's deadline
+(``hold_s``, the served protocol's 10 s) resets it; a peer that asks for full pages of
+140 kB messages and never reads them would otherwise hold ~20 MB per 41-byte request.
+So every answer's bytes are charged to two token buckets that refill over ``hold_s``:
+its peer's (``per_peer_bytes``) and the node's (``total_bytes``).  An answer that finds
+its peer's bucket empty is not sent: 429 (``answer_budget_peer``); one that finds the
+node's empty, 503 (``answer_budget_total``) — both counted like any refusal.  Whatever
+the peers do, answers produced within any ``hold_s`` — all the host can still hold —
+are at most twice ``total_bytes``; a peer that reads its answers at once is limited to
+``per_peer_bytes`` per ``hold_s`` (a full page of the largest messages is 15 MB).
+
 :class:`WakuStoreClient` is the other side, for the runtime: the same
 :class:`~sdsync.store.client.StoreQueries` interface as the HTTP client (so a
 ReliableChannel fetches missing messages by hash from any Waku store peer), over a
@@ -42,9 +54,10 @@ response limit :data:`~sdsync.wire.waku_protocols.MAX_STORE_RESPONSE_BYTES` into
 from __future__ import annotations
 
 import functools
+import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Protocol
 
 from sdsync.errors import RemoteProtocolError
@@ -59,6 +72,7 @@ from sdsync.store.model import (
     StoreQuery,
     refusal_reason,
 )
+from sdsync.transport.ratelimit import PeerBuckets, RateLimit, TokenBucket
 from sdsync.wire.waku_protocols import (
     MAX_RPC_BYTES,
     MAX_STORE_RESPONSE_BYTES,
@@ -97,6 +111,40 @@ class StreamRequester(Protocol):
 # -- serving
 
 
+@dataclass(frozen=True, slots=True)
+class AnswerLimits:
+    """Bytes of answers a peer, and all peers, may have in flight (see the module)."""
+
+    per_peer_bytes: int = 64 * 2**20
+    total_bytes: int = 256 * 2**20
+    hold_s: float = 10.0
+    """The longest the host holds an unread answer: the served stream's deadline."""
+
+
+class AnswerBudget:
+    """The byte budget of answers in flight, per peer and in all (sans-I/O: ``clock``
+    is only read by :meth:`charge`)."""
+
+    def __init__(
+        self, limits: AnswerLimits, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.limits = limits
+        self._clock = clock
+        self._peers = PeerBuckets(RateLimit(limits.per_peer_bytes, limits.hold_s))
+        self._total = TokenBucket(RateLimit(limits.total_bytes, limits.hold_s), clock())
+
+    def charge(self, peer: str, size: int) -> tuple[StatusCode, str] | None:
+        """Charge an answer of ``size`` bytes to ``peer``; if it may not be sent, the
+        status to answer instead and the reason to count."""
+        now = self._clock()
+        if self._total.tokens(now) < min(size, self.limits.total_bytes):
+            return StatusCode.SERVICE_UNAVAILABLE, "answer_budget_total"
+        if not self._peers.take(peer, now, size):
+            return StatusCode.TOO_MANY_REQUESTS, "answer_budget_peer"
+        self._total.take(now, size)
+        return None
+
+
 def store_query(request: StoreQueryRequest) -> StoreQuery:
     """The query ``request`` asks, with the store's defaults: QueryError (400) if the store
     cannot answer it.  An empty pubsub topic is none, as an empty ``pubsubTopic`` is in
@@ -107,8 +155,11 @@ def store_query(request: StoreQueryRequest) -> StoreQuery:
     return StoreQuery(**asked)
 
 
-async def answer_store_query(node: ServedNode, request: bytes) -> bytes:
-    """The StoreQueryResponse bytes that answer the StoreQueryRequest bytes ``request``."""
+async def answer_store_query(
+    node: ServedNode, request: bytes, *, peer: str = "", budget: AnswerBudget | None = None
+) -> bytes:
+    """The StoreQueryResponse bytes that answer the StoreQueryRequest bytes ``request``
+    from ``peer``, charged to ``budget`` if given."""
     if len(request) > MAX_RPC_BYTES:
         return _refused(node, "", "oversized", f"a request of {len(request)} bytes is too large")
     try:
@@ -122,13 +173,19 @@ async def answer_store_query(node: ServedNode, request: bytes) -> bytes:
     outcome = await answer_query(node, query, ROUTE)
     if isinstance(outcome, QueryFailure):
         return _failure(parsed.request_id, outcome)
-    return StoreQueryResponse(
+    answer = StoreQueryResponse(
         request_id=parsed.request_id,
         status_code=int(StatusCode.OK),
         status_desc="OK",
         messages=_entries(outcome, query.include_data),
         pagination_cursor=outcome.cursor,
     ).to_bytes()
+    over = None if budget is None else budget.charge(peer, len(answer))
+    if over is None:
+        return answer
+    status, reason = over
+    description = f"an answer of {len(answer)} bytes is over the budget of answers in flight"
+    return _failure(parsed.request_id, refuse_query(node, ROUTE, reason, description, status))
 
 
 def _entries(page: Page, include_data: bool) -> tuple[WakuMessageKeyValue, ...]:

@@ -91,6 +91,7 @@ from sdsync.lifecycle import AsyncLifecycle
 from sdsync.transport.base import Envelope, Received, default_content_topic
 from sdsync.transport.libp2p_host import Handler, PushHandler, RelayTrioHost, TrioHost, run_host
 from sdsync.transport.libp2p_patches import ConnectionLimits
+from sdsync.transport.ratelimit import RateLimit
 from sdsync.wire.waku import DEFAULT_TIMESTAMP_VARIANCE_S, MAX_WAKU_MESSAGE_BYTES, WakuMessage
 from sdsync.wire.waku_protocols import (
     MAX_RPC_BYTES,
@@ -111,6 +112,11 @@ _OUTBOX_LIMIT = 256
 _FLUSH_S = 2.0
 _FLUSH_POLL_S = 0.005
 _STREAM_TIMEOUT_S = 10.0
+#: Relay bytes per forwarding peer: 2 MiB/s, 32 MiB at once. Gossipsub brings a mesh's
+#: traffic through a few peers, so this is far above an honest shard's (The Waku
+#: Network's RLN allows a member a message per epoch) yet cuts one peer's flood of
+#: 150-kB frames to ~14 a second.
+DEFAULT_RELAY_RATE = RateLimit(32 * 2**20, 16.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +185,7 @@ class Libp2pTransport(AsyncLifecycle):
         limits: ConnectionLimits | None = None,
         clock_ns: Callable[[], int] = time.time_ns,
         timestamp_variance_s: float = DEFAULT_TIMESTAMP_VARIANCE_S,
+        relay_rate: RateLimit | None = DEFAULT_RELAY_RATE,
     ) -> None:
         if any(shard < 0 for shard in announce_shards):
             raise LocalProtocolError(f"no shard among {list(announce_shards)}")
@@ -205,6 +212,10 @@ class Libp2pTransport(AsyncLifecycle):
         # archive's): further, it is neither delivered nor relayed.
         self.clock_ns = clock_ns
         self.max_future_ns = int(timestamp_variance_s * 1e9)
+        # Bytes of valid relay frames one forwarding peer may bring (None: no limit);
+        # more are dropped by the validator, neither delivered nor relayed, and counted.
+        self.relay_rate = relay_rate
+        self.relay_rate_limited = 0
         self._rng = random.Random(seed)
         # Inbound connections closed unserved, by reason (ConnectionLimits).
         self.connections_refused: Counter[str] = Counter()

@@ -29,7 +29,9 @@ The router is Waku Relay: :class:`~sdsync.transport.libp2p_patches.WakuGossipSub
 ``/vac/waku/relay/2.0.0``, publications unsigned (no ``from`` or ``seqno``), message id
 sha256(data) as js-waku's. Inbound frames are checked as a gossipsub topic validator
 (unsigned, and the 14/WAKU2-MESSAGE checks), so a bad frame is neither delivered nor
-relayed. ``/vac/waku/metadata/1.0.0`` is answered with our cluster and shards.
+relayed; so is a valid one over its forwarding peer's ``relay_rate`` (a token bucket of
+bytes per peer that hands us frames; counted in ``relay_rate_limited``).
+``/vac/waku/metadata/1.0.0`` is answered with our cluster and shards.
 
 Request/response streams (:meth:`TrioHost.serve`, :meth:`TrioHost.request`) carry one
 uvarint-length-prefixed frame each way (:func:`~sdsync.wire.waku_protocols.read_frame`),
@@ -120,6 +122,7 @@ from sdsync.transport.libp2p_patches import (
     WakuGossipSub,
     remote_ip,
 )
+from sdsync.transport.ratelimit import PeerBuckets
 from sdsync.wire.waku import WakuMessage, check_relayable, decode_waku_message
 from sdsync.wire.waku_protocols import (
     METADATA_PROTOCOL,
@@ -593,6 +596,8 @@ class RelayTrioHost(TrioHost):
             max_inbound_rpc_size=max(1 << 20, 2 * transport.max_message_bytes),
         )
         self._joined: set[str] = set()
+        rate = transport.relay_rate
+        self._relay_rates = None if rate is None else PeerBuckets(rate)
         self._drain = _DrainWatch(_QUEUE_HIGH_WATER, _STALL_S)
         self._dropped: set[ID] = set()  # stuck peers we disconnected
         # Unbounded here: the asyncio side bounds what it puts in (its _OUTBOX_LIMIT).
@@ -668,7 +673,18 @@ class RelayTrioHost(TrioHost):
             self.transport.rejected[exc.reason] += 1
             logger.warning("%s: dropped a frame on %s: %s", self.transport.peer_id[-8:], topic, exc)
             return False
-        return True
+        return self._within_rate(forwarder, len(msg.data))
+
+    def _within_rate(self, forwarder: ID, size: int) -> bool:
+        """Is a valid frame of ``size`` bytes within its forwarder's relay rate? Our own
+        publications are not charged; one over it is dropped and counted."""
+        rates = self._relay_rates
+        if rates is None or forwarder == self.host.get_id():
+            return True
+        if rates.take(forwarder.to_base58(), time.monotonic(), size):
+            return True
+        self.transport.relay_rate_limited += 1
+        return False
 
     def _deliver(self, msg: rpc_pb2.Message, own: bool) -> None:
         """A validated publication: hand it to the asyncio subscribers of its pubsub
