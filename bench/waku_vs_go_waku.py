@@ -404,6 +404,8 @@ class StoreServe:
                 sys.executable, "-m", "sdsync.cli", "store", "serve", "--data-dir", str(data_dir),
                 "--listen", "127.0.0.1:0", "--retention", "none", "--relay-shard", str(SHARD),
                 "--relay-peer", relay_peer,
+                # The load is the point: the per-peer rate limit would answer it 429.
+                "--lightpush-rate-limit", "off",
                 stdout=asyncio.subprocess.PIPE, stderr=log,
             )  # fmt: skip
         assert process.stdout is not None

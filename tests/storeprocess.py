@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,12 +44,15 @@ class StoreProcess:
 
 
 @contextmanager
-def store_serve(data_dir: Path, pubsub_topic: str, *protocols: str) -> Iterator[StoreProcess]:
+def store_serve(
+    data_dir: Path, pubsub_topic: str, *protocols: str, flags: Sequence[str] = ()
+) -> Iterator[StoreProcess]:
     """`sdsync store serve` on ``data_dir``, relaying and archiving ``pubsub_topic`` (a
-    shard of cluster 1) and offering ``protocols`` on its relay host; ended by SIGTERM."""
+    shard of cluster 1) and offering ``protocols`` on its relay host, with ``flags``
+    besides; ended by SIGTERM."""
     shard = pubsub_topic.rsplit("/", 1)[1]
     argv = [sys.executable, "-m", "sdsync.cli", "store", "serve", "--data-dir", str(data_dir)]
-    argv += ["--listen", "127.0.0.1:0", "--retention", "none", "--relay-shard", shard]
+    argv += ["--listen", "127.0.0.1:0", "--retention", "none", "--relay-shard", shard, *flags]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stderr: list[str] = []
     threading.Thread(target=lambda: stderr.extend(process.stderr or ()), daemon=True).start()

@@ -43,6 +43,8 @@ require("sdsync.transport.libp2p", "needs the 'p2p' extra")
 pytestmark = pytest.mark.interop
 
 PUBSUB_TOPIC = "/waku/2/rs/1/7"
+# The load is the point: no LightPush rate limit (its default would answer 429).
+UNLIMITED = ("--lightpush-rate-limit", "off")
 TOPIC = "/sds/1/go-filter/proto"
 PUSHES = 200
 WAIT_S = 60.0  # a liveness bound: all of it normally takes a few seconds
@@ -51,7 +53,7 @@ WAIT_S = 60.0  # a liveness bound: all of it normally takes a few seconds
 @pytest.fixture
 def store(tmp_path: Any) -> Iterator[StoreProcess]:
     protocols = (LIGHTPUSH_PROTOCOL, FILTER_SUBSCRIBE_PROTOCOL)
-    with store_serve(tmp_path / "store", PUBSUB_TOPIC, *protocols) as store:
+    with store_serve(tmp_path / "store", PUBSUB_TOPIC, *protocols, flags=UNLIMITED) as store:
         yield store
 
 

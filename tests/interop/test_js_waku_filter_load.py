@@ -44,6 +44,8 @@ require("sdsync.transport.libp2p", "needs the 'p2p' extra")
 pytestmark = pytest.mark.interop
 
 PUBSUB_TOPIC = "/waku/2/rs/1/7"  # /sds/1/... content topics, autosharded on cluster 1
+# The load is the point: no LightPush rate limit (its default would answer 429).
+UNLIMITED = ("--lightpush-rate-limit", "off")
 TOPIC = "/sds/1/filter-load/proto"
 PUSHES = 10_000 if os.environ.get("SDSYNC_SOAK") == "1" else 1_000
 WINDOW = 200
@@ -54,7 +56,8 @@ WAIT_S = 60.0  # a liveness bound per window: one normally takes well under a se
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StoreProcess]:
     protocols = (LIGHTPUSH_PROTOCOL, FILTER_SUBSCRIBE_PROTOCOL)
-    with store_serve(tmp_path_factory.mktemp("filter-load"), PUBSUB_TOPIC, *protocols) as store:
+    data_dir = tmp_path_factory.mktemp("filter-load")
+    with store_serve(data_dir, PUBSUB_TOPIC, *protocols, flags=UNLIMITED) as store:
         yield store
 
 
