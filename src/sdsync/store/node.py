@@ -18,7 +18,9 @@ background tasks:
   one *relay* task per topic archives every message heard on it;
 * when a libp2p host is given (``sdsync store serve`` gives its relay's), the node
   answers ``/vac/waku/store-query/3.0.0`` on it
-  (:func:`~sdsync.store.waku_store.answer_store_query`: the query engine of the REST API);
+  (:func:`~sdsync.store.waku_store.answer_store_query`: the query engine of the REST API)
+  and exports the host's counters (refused connections, rejected frames, stream
+  timeouts...) on ``/metrics`` (:class:`~sdsync.store.metrics.Libp2pCollector`);
 * when a light-client host is given (the same relay), the node is a service node for
   light clients (:class:`~sdsync.store.light.LightServices`): LightPush publishes on the
   relay and archives, Filter pushes every message the relay or LightPush brings.
@@ -63,6 +65,7 @@ from sdsync.errors import RemoteProtocolError
 from sdsync.store.archive import Archive, ArchiveUnavailable
 from sdsync.store.host import ArchiveHost, QueriesBusy
 from sdsync.store.light import LightConfig, LightHost, LightServices
+from sdsync.store.metrics import Libp2pCounters
 from sdsync.store.model import (
     InvalidMessageError,
     Page,
@@ -125,10 +128,11 @@ class Relay(Protocol):
     def subscribe_envelopes(self, topic: str) -> AsyncIterator[Envelope]: ...
 
 
-class StreamServer(Protocol):
+class StreamServer(Libp2pCounters, Protocol):
     """The request/response side of a libp2p host: ``handler(peer, request)`` answers
     each request frame of ``protocol_id`` with a frame (the host frames, bounds and times
-    the exchange, and refuses bad frames itself)."""
+    the exchange, and refuses bad frames itself); and its counters, which the node
+    exports on ``/metrics`` (``sdsync_store_libp2p_*``)."""
 
     async def serve(
         self, protocol_id: str, handler: Callable[[str, bytes], Awaitable[bytes | None]]
@@ -151,6 +155,8 @@ class StoreNode(ArchiveHost):
         super().__init__(archive, executor=self._executor)
         self.relay = relay
         self.libp2p = libp2p
+        if libp2p is not None:
+            self.metrics.export_libp2p(libp2p)
         self.light = None if light is None else LightServices(self, light, config.light)
         self.config = config
         self.last_online = LastOnline(config.data_dir / "last_online")
