@@ -75,7 +75,7 @@ from sdsync.store.model import (
 )
 from sdsync.store.resume import LastOnline, ResumeReport, resume, resume_window
 from sdsync.store.retention import DEFAULT_POLICY, RetentionPolicy
-from sdsync.store.server import HttpLimits, create_app
+from sdsync.store.server import HttpLimits, HttpServer, create_app
 from sdsync.store.sync import PREFIX as SYNC_PREFIX
 from sdsync.store.sync import PeriodicSync, SyncConfig, responder_app
 from sdsync.store.waku_store import answer_store_query
@@ -164,7 +164,7 @@ class StoreNode(ArchiveHost):
         self.queries_in_flight = 0
         self._clock_ns = clock_ns
         self._rng = rng or random.Random()
-        self._runner: web.AppRunner | None = None
+        self._http: HttpServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.port = config.port
         self._retention_lock = asyncio.Lock()
@@ -187,12 +187,10 @@ class StoreNode(ArchiveHost):
         mounts = dict(config.mounts)
         if config.sync.serve:
             mounts.setdefault(SYNC_PREFIX, responder_app(config.sync, wall_clock_ns=self._clock_ns))
-        self._runner = web.AppRunner(create_app(self, mounts=mounts, http=config.http))
-        await self._runner.setup()
         # Bound here, not by aiohttp, so that port 0 tells us which port we got.
         sock = socket.create_server((config.host, config.port))
         self.port = int(sock.getsockname()[1])
-        await web.SockSite(self._runner, sock).start()
+        self._http = await HttpServer.start(create_app(self, mounts=mounts, http=config.http), sock)
         self._tasks = [
             self._spawn(self._every(config.heartbeat_interval_s, self.heartbeat), "heartbeat"),
             self._spawn(
@@ -214,9 +212,9 @@ class StoreNode(ArchiveHost):
             await self.light.start()
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._http is not None:
+            await self._http.stop()
+            self._http = None
         if self.light is not None:
             await self.light.close()
         for task in self._tasks:
