@@ -24,6 +24,7 @@ from sdsync.wire.waku_protocols import SHARD_TOPIC_PREFIX
 
 if TYPE_CHECKING:
     from sdsync.store import RetentionPolicy, SqlArchive
+    from sdsync.transport.libp2p_patches import ConnectionLimits
     from sdsync.transport.ratelimit import RateLimit
 
 store_app = typer.Typer(
@@ -36,6 +37,8 @@ store_app = typer.Typer(
 DEFAULT_DATA_DIR = Path(os.environ.get("XDG_DATA_HOME") or "~/.local/share") / "sdsync" / "store"
 DEFAULT_LISTEN = "127.0.0.1:8645"
 DEFAULT_RELAY_LISTEN = "/ip4/127.0.0.1/tcp/0"
+# ConnectionLimits' own default (sdsync.transport.libp2p_patches, an optional extra).
+RELAY_EXEMPT_IPS = frozenset({"127.0.0.1", "::1"})
 DataDir = Annotated[
     Path,
     typer.Option("--data-dir", file_okay=False, help="State: SQLite archive, last-online time."),
@@ -185,6 +188,54 @@ def serve(
             " client_header_timeout: 60).",
         ),
     ] = 60.0,
+    # -- connection limits (issue 27): the relay host's (ConnectionLimits), the HTTP API's
+    relay_max_connections_per_ip: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="libp2p connections one IP address may hold at once, handshaking or"
+            " established (nwaku's colocation limit: 5); 0: no limit.",
+        ),
+    ] = 5,
+    relay_exempt_ip: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="An IP address not held to --relay-max-connections-per-ip; repeatable;"
+            " 'none': none. [default: 127.0.0.1, ::1]"
+        ),
+    ] = None,
+    relay_pending_handshakes: Annotated[
+        int,
+        typer.Option(min=1, help="libp2p handshakes in progress at once, from all addresses."),
+    ] = 64,
+    relay_handshake_timeout: Annotated[
+        float,
+        typer.Option(min=0.1, help="Seconds a libp2p connection may take to finish its handshake."),
+    ] = 10.0,
+    relay_max_connections: Annotated[
+        int,
+        typer.Option(
+            min=51,
+            help="libp2p connections in all, of which 50 are kept for outbound dials"
+            " (py-libp2p's default: 300).",
+        ),
+    ] = 300,
+    http_max_connections_per_ip: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="HTTP connections one IP address may hold open at once; more are closed at"
+            " once; 0: no limit.",
+        ),
+    ] = 64,
+    http_exempt_ip: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="An IP address not held to --http-max-connections-per-ip (a local reverse"
+            " proxy's); repeatable. [default: none, loopback included]"
+        ),
+    ] = None,
+    # -- end of connection limits
     filter_per_host: Annotated[
         int,
         typer.Option(
@@ -252,7 +303,11 @@ def serve(
             filter=FilterLimits(max_peers_per_host=filter_per_host),
             lightpush_rate=lightpush_rate,
         ),
-        http=HttpLimits(idle_timeout_s=http_idle_timeout),
+        http=HttpLimits(
+            idle_timeout_s=http_idle_timeout,
+            max_connections_per_ip=http_max_connections_per_ip,
+            exempt_ips=_exempt_ips(http_exempt_ip, frozenset()),
+        ),
         sync=SyncConfig(
             interval_s=sync_interval or None,
             method=sync_method.value,
@@ -289,6 +344,13 @@ def serve(
             peers=relay_peer or (),
             waku=WakuRelayConfig(cluster_id=relay_cluster_id),
             relay_rate=relay_rate,
+            limits=_connection_limits(
+                relay_max_connections_per_ip,
+                relay_pending_handshakes,
+                relay_handshake_timeout,
+                relay_max_connections,
+                _exempt_ips(relay_exempt_ip, RELAY_EXEMPT_IPS),
+            ),
         ) as relay:
             relay_addrs.extend(relay.listen_addrs)
             node = StoreNode(
@@ -367,6 +429,33 @@ def _served_topics(
     except LocalProtocolError as exc:
         raise typer.BadParameter(str(exc), param_hint="--pubsub-topic") from None
     return tuple((shards.get(t, t), content.get(t)) for t in relay_topics)
+
+
+def _exempt_ips(given: list[str] | None, default: frozenset[str]) -> frozenset[str]:
+    """The addresses of a repeatable ``--…-exempt-ip``: ``default`` if not given, none
+    for ``none``."""
+    if given is None:
+        return default
+    return frozenset(ip for ip in given if ip != "none")
+
+
+def _connection_limits(
+    per_ip: int,
+    pending: int,
+    handshake_timeout_s: float,
+    max_connections: int,
+    exempt: frozenset[str],
+) -> ConnectionLimits:
+    """The relay host's ConnectionLimits from the --relay-* connection flags."""
+    from sdsync.transport.libp2p_patches import ConnectionLimits
+
+    return ConnectionLimits(
+        per_ip=per_ip,
+        pending=pending,
+        handshake_timeout_s=handshake_timeout_s,
+        max_connections=max_connections,
+        exempt_ips=exempt,
+    )
 
 
 def _redacted(url: str) -> str:

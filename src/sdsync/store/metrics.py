@@ -4,11 +4,21 @@ Each node owns a :class:`~prometheus_client.CollectorRegistry`, so several nodes
 one process (tests, benchmarks) never share or collide on counters.  The Store Sync
 counters are defined now, with their final names, and are incremented by the sync
 component once it is mounted.
+
+The libp2p host keeps its own counters (plain ``Counter``s on
+:class:`~sdsync.transport.libp2p.Libp2pTransport`, written on its trio thread): a node
+with a host exports them through :class:`Libp2pCollector`, which reads them when
+``/metrics`` is scraped, so they are never counted twice nor copied on every event.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from typing import Protocol
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 
 class StoreMetrics:
@@ -102,6 +112,14 @@ class StoreMetrics:
             registry=r,
         )
 
+        self.http_connections_closed = Counter(
+            "sdsync_store_http_connections_closed",
+            "HTTP connections the node closed on its own, by reason (per_ip_limit: refused "
+            "at once, its address holding as many as it may; idle_timeout: no whole request "
+            "head within the idle timeout of its opening or of its last answer).",
+            ["reason"],
+            registry=r,
+        )
         self.sync_symbol_buckets = Counter(
             "sdsync_store_sync_symbol_buckets",
             "RIBLT bucket rows a snapshot took from the node's symbol cache (reused) or "
@@ -110,9 +128,84 @@ class StoreMetrics:
             registry=r,
         )
 
+    def export_libp2p(self, host: Libp2pCounters) -> None:
+        """Export ``host``'s counters on this registry (:class:`Libp2pCollector`)."""
+        self.registry.register(Libp2pCollector(host))
+
     def refuse(self, route: str, reason: str) -> None:
         """Count one refusal: ``route`` is where (``METHOD /path/template`` of an HTTP
         route, or ``relay``, ``resume``, ``sync``...), ``reason`` a short fixed word
         (``bad_time``, ``timestamp_in_future``...).  Both are labels: never put request
         data in them."""
         self.refused.labels(route=route, reason=reason).inc()
+
+
+class Libp2pCounters(Protocol):
+    """The counters of a libp2p host (:class:`~sdsync.transport.libp2p.Libp2pTransport`'s
+    attributes of these names): counts by reason or by protocol id."""
+
+    @property
+    def rejected(self) -> Mapping[str, int]: ...
+    @property
+    def connections_refused(self) -> Mapping[str, int]: ...
+    @property
+    def stream_timeouts(self) -> Mapping[str, int]: ...
+    @property
+    def stream_failures(self) -> Mapping[str, int]: ...
+    @property
+    def streams_refused(self) -> Mapping[str, int]: ...
+    @property
+    def push_streams(self) -> Mapping[str, int]: ...
+    @property
+    def push_retries(self) -> Mapping[str, int]: ...
+    @property
+    def pushes_resent(self) -> Mapping[str, int]: ...
+
+
+# (attribute of Libp2pCounters and metric name, its label, its help)
+LIBP2P_COUNTERS = (
+    ("rejected", "reason", "Frames and requests from peers rejected as bad data."),
+    (
+        "connections_refused",
+        "reason",
+        "Inbound connections closed unserved (ConnectionLimits: per-IP limit, pending "
+        "handshakes, handshake timeout).",
+    ),
+    ("stream_timeouts", "protocol", "Request streams that timed out."),
+    ("stream_failures", "protocol", "Request streams that broke."),
+    (
+        "streams_refused",
+        "protocol",
+        "Inbound streams reset, their peer holding too many of the protocol open.",
+    ),
+    ("push_streams", "protocol", "Push streams opened."),
+    (
+        "push_retries",
+        "protocol",
+        "Pushes written again on a fresh stream after their lane failed.",
+    ),
+    (
+        "pushes_resent",
+        "protocol",
+        "Pushes sent again after a one-frame reader dropped them unread.",
+    ),
+)
+
+
+class Libp2pCollector(Collector):
+    """The libp2p host's counters as ``sdsync_store_libp2p_<name>_total{reason|protocol}``,
+    read at scrape time."""
+
+    def __init__(self, host: Libp2pCounters) -> None:
+        self.host = host
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        for name, label, documentation in LIBP2P_COUNTERS:
+            family = CounterMetricFamily(
+                f"sdsync_store_libp2p_{name}", documentation, labels=[label]
+            )
+            # The trio thread adds to these: dict() copies one in a single C call, under
+            # the GIL, where iterating it here could meet a key being added.
+            for key, count in sorted(dict(getattr(self.host, name)).items()):
+                family.add_metric([key], count)
+            yield family

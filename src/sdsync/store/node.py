@@ -18,7 +18,9 @@ background tasks:
   one *relay* task per topic archives every message heard on it;
 * when a libp2p host is given (``sdsync store serve`` gives its relay's), the node
   answers ``/vac/waku/store-query/3.0.0`` on it
-  (:func:`~sdsync.store.waku_store.answer_store_query`: the query engine of the REST API);
+  (:func:`~sdsync.store.waku_store.answer_store_query`: the query engine of the REST API)
+  and exports the host's counters (refused connections, rejected frames, stream
+  timeouts...) on ``/metrics`` (:class:`~sdsync.store.metrics.Libp2pCollector`);
 * when a light-client host is given (the same relay), the node is a service node for
   light clients (:class:`~sdsync.store.light.LightServices`): LightPush publishes on the
   relay and archives, Filter pushes every message the relay or LightPush brings.
@@ -63,6 +65,7 @@ from sdsync.errors import RemoteProtocolError
 from sdsync.store.archive import Archive, ArchiveUnavailable
 from sdsync.store.host import ArchiveHost, QueriesBusy
 from sdsync.store.light import LightConfig, LightHost, LightServices
+from sdsync.store.metrics import Libp2pCounters
 from sdsync.store.model import (
     InvalidMessageError,
     Page,
@@ -72,7 +75,7 @@ from sdsync.store.model import (
 )
 from sdsync.store.resume import LastOnline, ResumeReport, resume, resume_window
 from sdsync.store.retention import DEFAULT_POLICY, RetentionPolicy
-from sdsync.store.server import HttpLimits, create_app
+from sdsync.store.server import HttpLimits, HttpServer, create_app
 from sdsync.store.sync import PREFIX as SYNC_PREFIX
 from sdsync.store.sync import PeriodicSync, SyncConfig, responder_app
 from sdsync.store.waku_store import AnswerBudget, AnswerLimits, answer_store_query
@@ -127,10 +130,11 @@ class Relay(Protocol):
     def subscribe_envelopes(self, topic: str) -> AsyncIterator[Envelope]: ...
 
 
-class StreamServer(Protocol):
+class StreamServer(Libp2pCounters, Protocol):
     """The request/response side of a libp2p host: ``handler(peer, request)`` answers
     each request frame of ``protocol_id`` with a frame (the host frames, bounds and times
-    the exchange, and refuses bad frames itself)."""
+    the exchange, and refuses bad frames itself); and its counters, which the node
+    exports on ``/metrics`` (``sdsync_store_libp2p_*``)."""
 
     async def serve(
         self, protocol_id: str, handler: Callable[[str, bytes], Awaitable[bytes | None]]
@@ -153,6 +157,8 @@ class StoreNode(ArchiveHost):
         super().__init__(archive, executor=self._executor)
         self.relay = relay
         self.libp2p = libp2p
+        if libp2p is not None:
+            self.metrics.export_libp2p(libp2p)
         self.light = None if light is None else LightServices(self, light, config.light)
         self.store_answers = AnswerBudget(config.store_answers)
         self.config = config
@@ -161,7 +167,7 @@ class StoreNode(ArchiveHost):
         self.queries_in_flight = 0
         self._clock_ns = clock_ns
         self._rng = rng or random.Random()
-        self._runner: web.AppRunner | None = None
+        self._http: HttpServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.port = config.port
         self._retention_lock = asyncio.Lock()
@@ -184,12 +190,10 @@ class StoreNode(ArchiveHost):
         mounts = dict(config.mounts)
         if config.sync.serve:
             mounts.setdefault(SYNC_PREFIX, responder_app(config.sync, wall_clock_ns=self._clock_ns))
-        self._runner = web.AppRunner(create_app(self, mounts=mounts, http=config.http))
-        await self._runner.setup()
         # Bound here, not by aiohttp, so that port 0 tells us which port we got.
         sock = socket.create_server((config.host, config.port))
         self.port = int(sock.getsockname()[1])
-        await web.SockSite(self._runner, sock).start()
+        self._http = await HttpServer.start(create_app(self, mounts=mounts, http=config.http), sock)
         self._tasks = [
             self._spawn(self._every(config.heartbeat_interval_s, self.heartbeat), "heartbeat"),
             self._spawn(
@@ -211,9 +215,9 @@ class StoreNode(ArchiveHost):
             await self.light.start()
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._http is not None:
+            await self._http.stop()
+            self._http = None
         if self.light is not None:
             await self.light.close()
         for task in self._tasks:

@@ -23,7 +23,12 @@ connection opens and fires whenever no request is in progress, so one deadline c
 silent connection, a half-sent request head and an idle keep-alive connection; aiohttp's
 default (3,630 s) let 600 such connections hold 600 descriptors.  A request being
 handled is never cut by it, and aiohttp's own bounds cap a request head's size
-(request line and each header 8,190 bytes, 128 headers).
+(request line and each header 8,190 bytes, 128 headers).  Connections are bounded in
+number per IP address too: one past ``max_connections_per_ip`` is closed as soon as it
+opens.  Both closes are counted in ``sdsync_store_http_connections_closed_total{reason}``
+(``idle_timeout``, ``per_ip_limit``): :class:`HttpServer` serves the app on a listener
+of its own, whose :class:`GuardedConnection` protocol sees each connection open and end
+around aiohttp's handler (:class:`ConnectionGuard`).
 
 The token is sent as ``Authorization: Bearer <token>`` and compared in constant time;
 a node started without a token refuses every write (403).
@@ -53,13 +58,15 @@ module knows neither the node nor a database driver.
 from __future__ import annotations
 
 import asyncio
+import collections
 import hmac
-from collections.abc import Mapping
+import socket
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from aiohttp.typedefs import Handler, Middleware
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 
 from sdsync.errors import RemoteProtocolError
 from sdsync.store import rest
@@ -80,6 +87,7 @@ from sdsync.store.model import (
 )
 
 NODE: web.AppKey[ServedNode] = web.AppKey("node")
+CONNECTIONS: web.AppKey[ConnectionGuard] = web.AppKey("connections")
 MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
@@ -90,6 +98,13 @@ class HttpLimits:
     idle_timeout_s: float = 60.0
     """nginx's ``client_header_timeout`` (60 s), which is stricter than its 75 s
     ``keepalive_timeout``: the one timer does both jobs here."""
+    max_connections_per_ip: int = 64
+    """Connections one IP address may hold open at once (0: no limit); more are closed
+    as soon as they open.  Neither nginx (``limit_conn``) nor aiohttp limits them by
+    default; 64 is ten browsers' six connections behind one NAT, with room."""
+    exempt_ips: frozenset[str] = frozenset()
+    """Addresses not held to ``max_connections_per_ip`` (a local reverse proxy's, which
+    carries every client's connections).  Loopback is not exempt by default."""
 
 
 def create_app(
@@ -98,12 +113,14 @@ def create_app(
     mounts: Mapping[str, web.Application] | None = None,
     http: HttpLimits = HttpLimits(),
 ) -> web.Application:
+    guard = ConnectionGuard(http, node.metrics.http_connections_closed)
     app = web.Application(
         client_max_size=MAX_BODY_BYTES,
-        middlewares=[archive_unavailable],
+        middlewares=[guard.middleware(), archive_unavailable],
         handler_args={"keepalive_timeout": http.idle_timeout_s},
     )
     app[NODE] = node
+    app[CONNECTIONS] = guard
     app.add_routes(
         [
             web.get("/store/v3/messages", query_messages),
@@ -118,6 +135,157 @@ def create_app(
         subapp[NODE] = node
         app.add_subapp(prefix, subapp)
     return app
+
+
+# -- connections
+
+
+class HttpServer:
+    """``app`` (made by :func:`create_app`) served on a listening socket, each
+    connection admitted by the app's :class:`ConnectionGuard`."""
+
+    def __init__(self, runner: web.AppRunner, listener: asyncio.Server, guard: ConnectionGuard):
+        self._runner = runner
+        self._listener = listener
+        self._guard = guard
+
+    @classmethod
+    async def start(cls, app: web.Application, sock: socket.socket) -> HttpServer:
+        runner = web.AppRunner(app)
+        await runner.setup()
+        server = runner.server
+        assert server is not None  # set up
+        guard = app[CONNECTIONS]
+        # Our own listener rather than an aiohttp site: its protocol factory is where a
+        # connection is seen before aiohttp's handler exists (public asyncio API).
+        listener = await asyncio.get_running_loop().create_server(
+            lambda: GuardedConnection(guard, server), sock=sock
+        )
+        return cls(runner, listener, guard)
+
+    async def stop(self) -> None:
+        """Stop accepting, then let aiohttp close the connections (none is counted)."""
+        self._guard.stopping = True
+        self._listener.close()
+        await self._runner.cleanup()
+        await self._listener.wait_closed()
+
+
+class ConnectionGuard:
+    """The open HTTP connections, per IP address (:class:`HttpLimits`), and the count of
+    those closed by the server on its own (``sdsync_store_http_connections_closed_total``).
+
+    aiohttp closes a connection whose idle timer fires without a word; a connection the
+    server closes is told to be the timer's by what we see: its peer did not close it
+    (no EOF, no error), no request was being handled on it (:meth:`middleware`), and
+    the idle timeout has passed since it opened or its last request was answered.  A
+    400 for a bad request head, or ``Connection: close``, close it sooner; a shutdown
+    is not counted.
+    """
+
+    def __init__(self, limits: HttpLimits, closed: Counter) -> None:
+        self.limits = limits
+        self.stopping = False
+        self._closed = closed
+        self._by_ip: collections.Counter[str] = collections.Counter()
+        self._open: dict[asyncio.BaseTransport, GuardedConnection] = {}
+
+    def admit(self, connection: GuardedConnection, transport: asyncio.BaseTransport) -> bool:
+        """Whether ``connection`` may be served; counted either way."""
+        ip, cap = connection.ip, self.limits.max_connections_per_ip
+        if cap and ip not in self.limits.exempt_ips and self._by_ip[ip] >= cap:
+            self._closed.labels(reason="per_ip_limit").inc()
+            return False
+        self._by_ip[ip] += 1
+        self._open[transport] = connection
+        return True
+
+    def release(self, connection: GuardedConnection, transport: asyncio.BaseTransport) -> None:
+        """``connection`` (admitted) ended; counted if the idle timer closed it."""
+        del self._open[transport]
+        self._by_ip[connection.ip] -= 1
+        if not self._by_ip[connection.ip]:
+            del self._by_ip[connection.ip]
+        if self._idle_closed(connection):
+            self._closed.labels(reason="idle_timeout").inc()
+
+    def _idle_closed(self, connection: GuardedConnection) -> bool:
+        idle_s = asyncio.get_running_loop().time() - connection.idle_since
+        return (
+            not self.stopping
+            and not connection.peer_closed
+            and not connection.requests
+            and idle_s >= self.limits.idle_timeout_s
+        )
+
+    def middleware(self) -> Middleware:
+        """Marks a connection busy while one of its requests is handled."""
+
+        @web.middleware
+        async def busy(request: web.Request, handler: Handler) -> web.StreamResponse:
+            connection = self._open.get(request.transport) if request.transport else None
+            if connection is None:  # an app served some other way
+                return await handler(request)
+            connection.requests += 1
+            try:
+                return await handler(request)
+            finally:
+                connection.requests -= 1
+                connection.idle_since = asyncio.get_running_loop().time()
+
+        return busy
+
+
+class GuardedConnection(asyncio.Protocol):
+    """One HTTP connection: closed at once if its :class:`ConnectionGuard` does not admit
+    it, else handed to aiohttp's handler, which sees every event as it would alone."""
+
+    def __init__(self, guard: ConnectionGuard, make_handler: Callable[[], asyncio.Protocol]):
+        self._guard = guard
+        self._make_handler = make_handler
+        self._handler: asyncio.Protocol | None = None
+        self._transport: asyncio.BaseTransport | None = None
+        self.ip = ""
+        self.requests = 0
+        self.idle_since = 0.0
+        self.peer_closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        peer = transport.get_extra_info("peername")
+        self.ip = str(peer[0]) if peer else ""
+        if not self._guard.admit(self, transport):
+            transport.close()
+            return
+        self._transport = transport
+        self.idle_since = asyncio.get_running_loop().time()
+        self._handler = self._make_handler()
+        self._handler.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self._handler is not None:
+            self._handler.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        self.peer_closed = True
+        return self._handler.eof_received() if self._handler is not None else None
+
+    def pause_writing(self) -> None:
+        if self._handler is not None:
+            self._handler.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self._handler is not None:
+            self._handler.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._handler is None or self._transport is None:
+            return  # refused
+        self.peer_closed |= exc is not None
+        self._guard.release(self, self._transport)
+        self._handler.connection_lost(exc)
+
+
+# -- errors
 
 
 @web.middleware
