@@ -151,7 +151,9 @@ def serve(db: str, data_dir: Path) -> tuple[subprocess.Popen[str], str]:
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "sdsync.cli", "store", "serve", "--db", db,
-         "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{port}", "--retention", "none"],
+         "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{port}", "--retention", "none",
+         # Every client comes from 127.0.0.1: the per-IP cap would refuse --concurrency > 64.
+         "--http-max-connections-per-ip", "0"],
         stdout=subprocess.PIPE,
         text=True,
     )  # fmt: skip
