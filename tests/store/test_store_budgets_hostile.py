@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections import Counter
 from pathlib import Path
 
 from storetest import PUBSUB, T0, running
@@ -16,6 +17,7 @@ from test_lightpush import NOW, SERVED, SHARD, FakeHost, ask, message
 
 from sdsync.store import SqlArchive, StoredMessage
 from sdsync.store.light import LightConfig
+from sdsync.store.metrics import LIBP2P_COUNTERS
 from sdsync.store.retention import ByteBudget, RetentionPolicy
 from sdsync.store.waku_store import AnswerLimits
 from sdsync.transport.ratelimit import RateLimit
@@ -44,6 +46,8 @@ class Streams:
 
     def __init__(self) -> None:
         self.handlers: dict[str, object] = {}
+        for name, _, _ in LIBP2P_COUNTERS:  # what the node exports on /metrics
+            setattr(self, name, Counter())
 
     async def serve(self, protocol_id: str, handler: object) -> None:
         self.handlers[protocol_id] = handler
