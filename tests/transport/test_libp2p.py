@@ -7,6 +7,7 @@ request/response streams) is in test_waku_relay.py.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import threading
@@ -22,7 +23,7 @@ from trio.testing import MockClock
 
 from sdsync.errors import LocalProtocolError, ProtocolNotSupportedError
 from sdsync.transport import Envelope, Libp2pTransport, Received
-from sdsync.transport.libp2p import new_identity_key
+from sdsync.transport.libp2p import Handover, new_identity_key
 from sdsync.transport.libp2p_host import _QUEUE_HIGH_WATER, _STALL_S, _UNIDENTIFIED_S, RelayTrioHost
 from sdsync.transport.libp2p_patches import PEER_QUEUE_RPCS
 from sdsync.wire import WakuMessage, message_hash
@@ -219,6 +220,46 @@ def test_bad_frames_from_a_raw_peer_are_dropped_counted_and_not_relayed() -> Non
         finally:
             for t in (receiver, honest, raw):
                 await t.close()
+
+    run(scenario)
+
+
+def test_the_handover_wakes_the_loop_once_per_batch_and_keeps_the_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A frame per ``call_soon_threadsafe`` cost the trio thread a self-pipe write each;
+    calls posted while the loop has not yet run the batch ride along with it."""
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        wakeups: list[object] = []
+        real = loop.call_soon_threadsafe
+
+        def counted(callback: object, *args: object) -> asyncio.Handle:
+            wakeups.append(callback)
+            return real(callback, *args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(loop, "call_soon_threadsafe", counted)
+        handover = Handover(loop)
+        ran: list[int] = []
+        after: list[str] = []
+
+        def post(first: int, count: int) -> None:
+            for i in range(first, first + count):
+                handover.post(ran.append, i)
+            loop.call_soon_threadsafe(after.append, f"after {first + count}")
+
+        # The loop is busy (blocked here) while the other thread posts a batch.
+        poster = threading.Thread(target=post, args=(0, 500))
+        poster.start()
+        poster.join()
+        assert ran == [] and wakeups.count(handover._run) == 1
+        await until(lambda: after == ["after 500"])
+        assert ran == list(range(500))  # all of it, in order, before what came after
+        # Posted once the loop took the batch: a wake-up of its own, nothing left waiting.
+        await asyncio.to_thread(post, 500, 1)
+        await until(lambda: len(after) == 2)
+        assert ran == list(range(501)) and wakeups.count(handover._run) == 2
 
     run(scenario)
 

@@ -6,19 +6,35 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
+import time
 from typing import Any
 
+import multiaddr
 import pytest
+import trio
+from libp2p import new_host
+from libp2p.peer.envelope import consume_envelope
 from libp2p.peer.id import ID
+from libp2p.peer.peer_record import PEER_RECORD_ENVELOPE_DOMAIN
+from libp2p.peer.peerstore import env_to_send_in_RPC
+from libp2p.pubsub import gossipsub
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.mcache import MessageCache
 from libp2p.pubsub.pb import rpc_pb2
 from transporttest import PATIENCE_S, nothing_more, run, take, until
 
 from sdsync.errors import LocalProtocolError, RejectReason, RemoteProtocolError
+from sdsync.transport import libp2p_patches
 from sdsync.transport.libp2p import Libp2pTransport, WakuRelayConfig
 from sdsync.transport.libp2p_host import RelayTrioHost
-from sdsync.transport.libp2p_patches import KeyedMessageCache, WakuGossipSub
+from sdsync.transport.libp2p_patches import (
+    PEER_RECORD_CHECK_S,
+    SUBSCRIPTION_GRACE_S,
+    KeyedMessageCache,
+    WakuGossipSub,
+    cached_peer_record,
+)
 from sdsync.wire import WakuMessage
 from sdsync.wire.waku_protocols import (
     METADATA_PROTOCOL,
@@ -170,6 +186,107 @@ def test_waku_relay_config_maps_content_topics_to_shards() -> None:
         WAKU.pubsub_topic("/sds/1/probe")
     with pytest.raises(LocalProtocolError):
         WakuRelayConfig(shard_count=0)
+
+
+def test_only_a_new_peer_has_publications_queued_for_its_subscription() -> None:
+    router = waku_router()
+    stranger, newcomer = ID(b"\x01" * 34), ID(b"\x02" * 34)
+    router.add_peer(newcomer, RELAY_PROTOCOL)  # type: ignore[arg-type]
+    limit = router._max_pending_messages_per_peer
+    for peer in (stranger, newcomer):  # not identified yet; identified just now
+        for _ in range(limit + 5):
+            router._prune_pending_messages(peer)
+            router._pending_messages[peer].append((time.time(), rpc_pb2.RPC()))
+        assert len(router._pending_messages[peer]) == limit + 1  # py-libp2p's cap, +1
+    # Some time after it was added, its subscriptions are known: nothing is kept for it.
+    router._added_at[newcomer] -= SUBSCRIPTION_GRACE_S
+    router._prune_pending_messages(newcomer)
+    assert newcomer not in router._pending_messages
+    router._pending_messages[newcomer].append((time.time(), rpc_pb2.RPC()))
+    assert newcomer not in router._pending_messages
+    assert stranger in router._pending_messages  # still in identify: still queued
+
+
+def test_a_relay_peer_of_another_shard_is_queued_nothing_and_no_warning_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """py-libp2p queued every publication for a settled pubsub peer not subscribed to
+    its topic (100 kept per peer for 30 s), re-filtering that queue and logging a
+    WARNING on every publish; a peer subscribing late still gets what was just sent."""
+
+    async def scenario() -> None:
+        publisher = await waku_node()
+        other_shard = await waku_node(*publisher.listen_addrs)
+        try:
+            inbox = publisher.subscribe(TOPIC)
+            other_shard.subscribe("/waku/2/rs/1/3")
+            side = publisher._running()
+            other = ID.from_base58(other_shard.peer_id)
+            await until(lambda: other in side.router.peer_protocol)
+            await until(lambda: other in side.pubsub.peer_topics.get("/waku/2/rs/1/3", ()))
+
+            async def settle() -> None:  # as if added SUBSCRIPTION_GRACE_S ago
+                side.router._added_at[other] -= SUBSCRIPTION_GRACE_S
+
+            await publisher._call(settle)
+            for i in range(side.router._max_pending_messages_per_peer + 20):
+                await publisher.publish(TOPIC, b"%d" % i)
+            await until(lambda: publisher._outbox == 0)
+            assert other not in side.router._pending_messages
+            late = other_shard.subscribe(TOPIC)
+            await publisher.publish(TOPIC, b"for the late subscriber")
+            async with asyncio.timeout(PATIENCE_S):  # after a replay of recent ones
+                async for received in late:
+                    if received.data == b"for the late subscriber":
+                        break
+            assert await nothing_more(inbox)  # our own publications are not delivered to us
+        finally:
+            await other_shard.close()
+            await publisher.close()
+
+    with caplog.at_level(logging.WARNING, logger="libp2p"):
+        run(scenario)
+    assert not [r for r in caplog.records if "pending message queue" in r.getMessage()]
+
+
+def test_the_signed_peer_record_is_cached_yet_follows_the_listen_addresses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """py-libp2p rebuilt every listen address on every publish to check its cached
+    record; gossipsub now asks :func:`cached_peer_record`, which checks once a while."""
+    assert gossipsub.env_to_send_in_RPC is cached_peer_record
+    listen = [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]
+    moved = multiaddr.Multiaddr("/ip4/127.0.0.2/tcp/4001")
+
+    def addrs_in(record: bytes) -> set[str]:
+        _, peer_record = consume_envelope(record, PEER_RECORD_ENVELOPE_DOMAIN)
+        assert peer_record.peer_id == host.get_id()  # and the signature checked
+        return {str(a) for a in peer_record.addrs}
+
+    async def scenario() -> None:
+        async with host.run(listen):
+            record, _ = cached_peer_record(host)
+            assert record == env_to_send_in_RPC(host)[0]
+            assert addrs_in(record) == {str(a) for a in host.get_addrs()}
+            calls: list[object] = []
+            real_get_addrs = host.get_addrs
+
+            def moved_too() -> list[multiaddr.Multiaddr]:
+                calls.append(None)
+                return [*real_get_addrs(), moved]
+
+            monkeypatch.setattr(host, "get_addrs", moved_too)
+            assert cached_peer_record(host) == (record, False)
+            assert calls == []  # not even looked at
+            checked, cached = libp2p_patches._PEER_RECORDS[host]
+            libp2p_patches._PEER_RECORDS[host] = (checked - PEER_RECORD_CHECK_S, cached)
+            refreshed, fresh = cached_peer_record(host)
+            assert fresh and refreshed != record
+            assert str(moved) in addrs_in(refreshed)
+            assert cached_peer_record(host) == (refreshed, False)
+
+    host = new_host(listen_addrs=listen)
+    trio.run(scenario)
 
 
 # --- ours to ours ------------------------------------------------------------------

@@ -29,9 +29,13 @@ are guarded by a lock). The host, pubsub and router live in a dedicated thread r
   trio thread publishes from, in order; ``publish`` returns once it is queued and waits
   only while ``_OUTBOX_LIMIT`` frames are. Other work (dialling, queries) runs as a trio
   task whose outcome settles an asyncio future (:meth:`Libp2pTransport._call`);
-* trio → asyncio: ``loop.call_soon_threadsafe``. Every frame that passes validation is
-  put in the subscribers' unbounded asyncio queues, and each publication handed to pubsub
-  makes room in the outbox.
+* trio → asyncio: a :class:`Handover`, whose calls the loop runs in order. Every frame
+  that passes validation is put in the subscribers' unbounded asyncio queues, and each
+  publication handed to pubsub makes room in the outbox. ``loop.call_soon_threadsafe``
+  per frame wrote to the loop's self-pipe each time (a syscall, and a wake-up, per
+  frame: a seventh of the trio thread's time under load); the handover wakes the loop
+  only when it had nothing waiting, and the loop then runs all that has come since.
+  Outcomes of other work settle their futures through ``call_soon_threadsafe``.
 
 Inbound frames are validated as a gossipsub topic validator, so a bad frame is neither
 delivered nor relayed: it must be unsigned, and a WakuMessage no larger than
@@ -70,12 +74,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import random
 import socket
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -244,6 +249,7 @@ class Libp2pTransport(AsyncLifecycle):
         self._envelopes: dict[str, list[asyncio.Queue[Envelope | None]]] = {}
         self._last_timestamp = 0
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._handover: Handover | None = None
         self._thread: threading.Thread | None = None
         self._trio: TrioHost | None = None
         self._pending: set[asyncio.Future[Any]] = set()
@@ -260,6 +266,7 @@ class Libp2pTransport(AsyncLifecycle):
             raise LocalProtocolError("transport already started")
         _refuse_ports_in_use(self._listen)
         self._loop = asyncio.get_running_loop()
+        self._handover = Handover(self._loop)
         ready: concurrent.futures.Future[TrioHost] = concurrent.futures.Future()
         self._thread = threading.Thread(
             target=run_host, args=(self, ready), name=f"libp2p-{self.peer_id[-8:]}", daemon=True
@@ -334,7 +341,8 @@ class Libp2pTransport(AsyncLifecycle):
         return message.hash(pubsub_topic)
 
     def _sent(self) -> None:
-        """The trio thread handed one more publication to pubsub (runs on the loop)."""
+        """The trio thread handed one more publication to pubsub (runs on the loop, by
+        the :class:`Handover`)."""
         self._outbox -= 1
         if self._outbox < _OUTBOX_LIMIT:
             self._outbox_room.set()
@@ -511,12 +519,18 @@ class Libp2pTransport(AsyncLifecycle):
         missing, :class:`~sdsync.errors.ProtocolNotSupportedError` if the peer does not
         speak ``protocol_id``, and ConnectionError if it cannot be reached.
         """
-        peer_id = await self._reach(peer)
+        peer_id, info = _target(peer)
         trio_side = self._running()
         return await self._stream_call(
             peer,
             protocol_id,
-            lambda: trio_side.request(peer_id, protocol_id, payload, max_response_bytes, timeout_s),
+            lambda: _reached(
+                trio_side,
+                info,
+                lambda: trio_side.request(
+                    peer_id, protocol_id, payload, max_response_bytes, timeout_s
+                ),
+            ),
         )
 
     async def push(
@@ -528,10 +542,14 @@ class Libp2pTransport(AsyncLifecycle):
         written once more on a fresh stream; to a peer that reads one frame per stream
         (go-waku's Filter client), a stream per push (:mod:`~sdsync.transport.libp2p_host`).
         Returns once the frame is written. Raises as :meth:`request` does."""
-        peer_id = await self._reach(peer)
+        peer_id, info = _target(peer)
         trio_side = self._running()
         await self._stream_call(
-            peer, protocol_id, lambda: trio_side.push(peer_id, protocol_id, payload, timeout_s)
+            peer,
+            protocol_id,
+            lambda: _reached(
+                trio_side, info, lambda: trio_side.push(peer_id, protocol_id, payload, timeout_s)
+            ),
         )
 
     async def metadata(self) -> WakuMetadata:
@@ -544,22 +562,6 @@ class Libp2pTransport(AsyncLifecycle):
 
         return WakuMetadata(cluster_id=self.waku.cluster_id, shards=await self._call(shards))
 
-    async def _reach(self, peer: str) -> ID:
-        if not peer.startswith("/"):
-            try:
-                return ID.from_base58(peer)
-            except Exception as exc:
-                raise LocalProtocolError(f"bad peer id {peer!r}: {exc}") from None
-        info = _peer_info(peer)
-        trio_side = self._running()
-        try:
-            await self._call(lambda: trio_side.dial(info))
-        except (LocalProtocolError, asyncio.CancelledError):
-            raise
-        except Exception as exc:
-            raise ConnectionError(f"cannot reach {peer}: {exc!r}") from exc
-        return info.peer_id
-
     async def _stream_call(
         self, peer: str, protocol_id: str, work: Callable[[], Awaitable[T]]
     ) -> T:
@@ -571,6 +573,7 @@ class Libp2pTransport(AsyncLifecycle):
             RemoteProtocolError,
             LocalProtocolError,
             ProtocolNotSupportedError,
+            _UnreachableError,
             asyncio.CancelledError,
         ):
             raise
@@ -630,6 +633,79 @@ class Libp2pTransport(AsyncLifecycle):
             raise
         finally:
             self._pending.discard(future)
+
+
+class Handover:
+    """Calls from another thread (the trio thread) for an asyncio loop to run, in the
+    order posted, with one wake-up of the loop per batch rather than per call.
+
+    ``post`` wakes the loop (``call_soon_threadsafe``: a write to its self-pipe) only if
+    nothing was waiting; the loop then runs every call waiting by then. Under load the
+    loop thus wakes once for many frames. A call posted after the loop took the batch
+    finds the queue empty and wakes it again, so none waits for a later post. Anything
+    the other thread asks through ``call_soon_threadsafe`` after a ``post`` still runs
+    after it: the wake-up that runs the post was queued first.
+    """
+
+    __slots__ = ("_calls", "_lock", "_loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._calls: deque[tuple[Callable[..., object], tuple[Any, ...]]] = deque()
+
+    def post(self, call: Callable[..., object], *args: Any) -> None:
+        """Have the loop run ``call(*args)`` (from any thread; does not wait)."""
+        with self._lock:
+            idle = not self._calls
+            self._calls.append((call, args))
+        if idle:
+            self._loop.call_soon_threadsafe(self._run)
+
+    def _run(self) -> None:
+        with self._lock:
+            calls, self._calls = self._calls, deque()
+        for call, args in calls:
+            try:
+                call(*args)
+            except Exception:  # as the loop treats a failing callback: logged, not fatal
+                logger.exception("a call handed over to the loop failed")
+
+
+class _UnreachableError(ConnectionError):
+    """The peer of a request or push could not be dialled."""
+
+
+def _target(peer: str) -> tuple[ID, PeerInfo | None]:
+    """The id of ``peer`` (a peer id, or a multiaddr with ``/p2p/<id>``), and the
+    address to dial it at (None: a peer id, dialled already or never)."""
+    if peer.startswith("/"):
+        info = _peer_info(peer)
+        return info.peer_id, info
+    return _peer_id(peer), None
+
+
+@functools.lru_cache(maxsize=1024)
+def _peer_id(text: str) -> ID:
+    # Parsed on every push to a subscriber (base58): its few ids are worth remembering.
+    try:
+        return ID.from_base58(text)
+    except Exception as exc:
+        raise LocalProtocolError(f"bad peer id {text!r}: {exc}") from None
+
+
+async def _reached(
+    trio_side: TrioHost, info: PeerInfo | None, work: Callable[[], Awaitable[T]]
+) -> T:
+    """``work()`` after dialling ``info`` (if any), in the one trio task: a request or
+    push to a multiaddr costs one hand-over between the threads, not two."""
+    if info is not None:
+        try:
+            await trio_side.dial(info)
+        except Exception as exc:
+            addrs = ", ".join(map(str, info.addrs))
+            raise _UnreachableError(f"cannot reach {info.peer_id} at {addrs}: {exc!r}") from exc
+    return await work()
 
 
 def _refuse_ports_in_use(listen: Sequence[multiaddr.Multiaddr]) -> None:

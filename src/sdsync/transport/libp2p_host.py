@@ -10,9 +10,11 @@ the asyncio loop, which only hand work over. Neither loop ever blocks on the oth
   :meth:`TrioHost.spawn` starts any other work (joining a topic, dialling, a query), both
   through ``TrioToken.run_sync_soon``, which is thread-safe and does not wait;
   :meth:`TrioHost.stop` cancels the nursery the same way;
-* trio → asyncio: through ``loop.call_soon_threadsafe`` only — each frame that passes
-  validation goes to the subscribers' queues, each publication handed to pubsub to the
-  transport's outbox count, the outcome of spawned work to the future awaiting it.
+* trio → asyncio: each frame that passes validation goes to the subscribers' queues,
+  and each publication handed to pubsub to the transport's outbox count, through the
+  transport's :class:`~sdsync.transport.libp2p.Handover` (one wake-up of the loop per
+  batch); the outcome of spawned work goes to the future awaiting it through
+  ``loop.call_soon_threadsafe``.
 
 A :class:`TrioHost` is the transport's other half: it reads the transport's settings and
 its subscriber tables (under the transport's lock), and keeps its counters (``rejected``,
@@ -696,17 +698,17 @@ class RelayTrioHost(TrioHost):
         if transport.drop_rate and transport._rng.random() < transport.drop_rate:
             transport.randomly_dropped += 1
             return
-        loop = transport._loop
-        assert loop is not None
+        handover = transport._handover
+        assert handover is not None
         message = decode_waku_message(msg.data, max_bytes=transport.max_message_bytes)
         for pubsub_topic in msg.topicIDs:
             envelope = Envelope(pubsub_topic, message, message.hash(pubsub_topic))
             frame = Received(message.payload, envelope.message_hash)
             frames, envelopes = self._subscribers(pubsub_topic, message)
             for queue in frames:
-                loop.call_soon_threadsafe(queue.put_nowait, frame)
+                handover.post(queue.put_nowait, frame)
             for envelope_queue in envelopes:
-                loop.call_soon_threadsafe(envelope_queue.put_nowait, envelope)
+                handover.post(envelope_queue.put_nowait, envelope)
 
     def _subscribers(
         self, pubsub_topic: str, message: WakuMessage
@@ -724,8 +726,8 @@ class RelayTrioHost(TrioHost):
         return frames, envelopes
 
     async def _send_forever(self) -> None:
-        loop = self.transport._loop
-        assert loop is not None
+        handover = self.transport._handover
+        assert handover is not None
         async for topic, frame in self._outbox_out:
             try:
                 await self._room_to_send()
@@ -734,7 +736,7 @@ class RelayTrioHost(TrioHost):
                 self.transport.publish_failures += 1
                 logger.warning("publishing on %s failed: %r", topic, exc)
             finally:
-                loop.call_soon_threadsafe(self.transport._sent)
+                handover.post(self.transport._sent)
 
     async def _room_to_send(self) -> None:
         """Wait while a peer's outbound queue is nearly full and still draining.
@@ -773,9 +775,9 @@ class RelayTrioHost(TrioHost):
         at its cap, our publications never reached that peer (in a line, the rest of the
         group) and the chat never converged. A fresh connection identifies afresh.
 
-        It also queues every publication for a known peer not subscribed to its topic
-        (a light client, a relay peer of other shards), in case its subscription is on
-        the way, and keeps it 30 s: such a queue is old, yet its peer is identified."""
+        It also queues publications for a new peer identified but not (yet) subscribed
+        to their topic (:class:`~sdsync.transport.libp2p_patches.NewcomerQueues`): such
+        a queue may be old, yet its peer is identified."""
         pending = self.router._pending_messages
         known = self.router.peer_protocol
         return {

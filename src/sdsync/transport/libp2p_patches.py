@@ -22,7 +22,14 @@ replaces one behaviour of the pinned py-libp2p:
   ``from``+``seqno``, empty for all of them, so from the second message on nothing was
   forwarded); and keys its message cache, which answers IWANT and feeds IHAVE, by the
   pubsub's message id instead of ``from``+``seqno`` (:class:`KeyedMessageCache`: keyed on
-  the empty ``from``+``seqno``, it would hold the first unsigned message only);
+  the empty ``from``+``seqno``, it would hold the first unsigned message only); and
+  queues a publication for a peer not subscribed to its topic only while that peer is
+  new (:class:`NewcomerQueues`): py-libp2p queues every publication for every such peer,
+  re-filters each 100-entry queue on every publish and logs a WARNING each time;
+* :func:`cached_peer_record` stands in for py-libp2p's ``env_to_send_in_RPC`` in its
+  gossipsub module: every RPC carries our signed peer record, and py-libp2p rebuilds
+  every listen address (multiaddr, base58) to check the record it has is current, on
+  every publish; the check is made at most once per ``PEER_RECORD_CHECK_S`` per host;
 * :class:`BoundedSwarm` frees an inbound connection's slot when the connection ends
   (py-libp2p holds it until the whole swarm stops, so after 250 inbound connections in a
   node's life every dial was refused), and bounds inbound connections per remote IP and
@@ -40,20 +47,24 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections import Counter
+import time
+import weakref
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import trio
 from google.protobuf.message import DecodeError
-from libp2p.abc import IMuxedConn, INetStream
+from libp2p.abc import IHost, IMuxedConn, INetStream
 from libp2p.custom_types import TProtocol
 from libp2p.io.abc import ReadWriteCloser
 from libp2p.network.connection.raw_connection import RawConnection
 from libp2p.network.connection.swarm_connection import SwarmConn
 from libp2p.network.swarm import Swarm
+from libp2p.peer import peerstore
 from libp2p.peer.id import ID
+from libp2p.pubsub import gossipsub
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.mcache import CacheEntry, MessageCache
 from libp2p.pubsub.pb import rpc_pb2
@@ -63,6 +74,11 @@ from libp2p.pubsub.rpc_queue import RpcQueue
 logger = logging.getLogger("sdsync.transport.libp2p")
 
 PEER_QUEUE_RPCS = 256
+#: How long after a relay peer is added publications are still queued for it while we
+#: have not seen it subscribe to their topic (see :class:`NewcomerQueues`).
+SUBSCRIPTION_GRACE_S = 5.0
+#: How often a host's signed peer record is checked against its listen addresses.
+PEER_RECORD_CHECK_S = 1.0
 _REFUSAL_LOGGER = "libp2p.host.basic_host"
 
 
@@ -137,6 +153,8 @@ class WakuGossipSub(GossipSub):
     def __init__(self, *args: Any, relay_protocols: tuple[str, ...], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.relay_protocols = relay_protocols
+        self._added_at: dict[ID, float] = {}
+        self._pending_messages = NewcomerQueues(self._new)
 
     def attach(self, pubsub: Pubsub) -> None:
         super().attach(pubsub)
@@ -148,6 +166,34 @@ class WakuGossipSub(GossipSub):
         if protocol_id in self.relay_protocols:
             protocol_id = PROTOCOL_ID_V11
         super().add_peer(peer_id, protocol_id)
+        self._added_at[peer_id] = time.monotonic()
+
+    def remove_peer(self, peer_id: ID) -> None:
+        super().remove_peer(peer_id)
+        self._added_at.pop(peer_id, None)
+
+    def _new(self, peer_id: ID) -> bool:
+        """Not identified yet, or identified less than ``SUBSCRIPTION_GRACE_S`` ago."""
+        if peer_id not in self.peer_protocol:
+            return True
+        added = self._added_at.get(peer_id)
+        return added is not None and time.monotonic() - added < SUBSCRIPTION_GRACE_S
+
+    def _prune_pending_messages(self, peer_id: ID) -> None:
+        queue = self._pending_messages.get(peer_id)
+        if queue is None:
+            return
+        if not self._new(peer_id):
+            # Its subscriptions are known by now: standard gossipsub rules apply to it,
+            # and a subscription arriving later still gets the recent messages replayed.
+            del self._pending_messages[peer_id]
+            return
+        # Full is routine for a peer in identify under load, not worth py-libp2p's
+        # WARNING on every publish: the oldest goes quietly.
+        excess = len(queue) - self._max_pending_messages_per_peer
+        if excess > 0:
+            del queue[:excess]
+        super()._prune_pending_messages(peer_id)
 
     def _check_equivocation(self, msg: rpc_pb2.Message) -> bool:
         # Equivocation is one sender giving one seqno to two messages: an unsigned
@@ -155,6 +201,32 @@ class WakuGossipSub(GossipSub):
         if not msg.from_id and not msg.seqno:
             return True
         return bool(super()._check_equivocation(msg))
+
+
+class NewcomerQueues(defaultdict[ID, list[tuple[float, rpc_pb2.RPC]]]):
+    """GossipSub's queues of publications for peers whose subscription to their topic
+    we have not seen, kept for new peers only (``is_new``).
+
+    py-libp2p queues each publication for every pubsub peer not subscribed to its topic,
+    identified or not, in case its SUBSCRIBE is still on the way, and keeps each for
+    30 s, up to 100 per peer. A relay peer of other shards, or any peer that will never
+    subscribe to the topic, thus costs every publish a re-filtered 100-entry queue and a
+    logged WARNING. The race the queue exists for is a peer's first moments: identify
+    not done, or done but its SUBSCRIBE (sent with its first RPC, milliseconds later)
+    not yet read. So only a new peer gets a queue; an older one gets a list nobody keeps.
+    A SUBSCRIBE read later than ``SUBSCRIPTION_GRACE_S`` is still covered, for what was
+    published over the last gossip window, by py-libp2p's replay of its message cache to
+    a newly subscribed peer.
+    """
+
+    def __init__(self, is_new: Callable[[ID], bool]) -> None:
+        super().__init__(list)
+        self._is_new = is_new
+
+    def __missing__(self, peer: ID) -> list[tuple[float, rpc_pb2.RPC]]:
+        if self._is_new(peer):
+            return super().__missing__(peer)
+        return []
 
 
 class KeyedMessageCache(MessageCache):
@@ -284,6 +356,23 @@ def remote_ip(read_write_closer: object) -> str:
     return str(address[0]) if address else ""
 
 
+def cached_peer_record(host: IHost) -> tuple[bytes, bool]:
+    """``env_to_send_in_RPC(host)``: our signed peer record, and whether it was made
+    afresh; the real one is asked at most once per ``PEER_RECORD_CHECK_S`` per host, which
+    is how long a change of listen addresses may take to show in the record."""
+    now = time.monotonic()
+    cached = _PEER_RECORDS.get(host)
+    if cached is not None and now - cached[0] < PEER_RECORD_CHECK_S:
+        return cached[1], False
+    record, fresh = _env_to_send_in_rpc(host)
+    _PEER_RECORDS[host] = (now, record)
+    return record, fresh
+
+
+_env_to_send_in_rpc = peerstore.env_to_send_in_RPC
+_PEER_RECORDS: weakref.WeakKeyDictionary[IHost, tuple[float, bytes]] = weakref.WeakKeyDictionary()
+
+
 class RefusalIsNoError(logging.Filter):
     """Turns py-libp2p's ERROR "Failed to open stream to peer …" into a DEBUG record when
     the peer only refused the protocol; other failures to open a stream stay errors."""
@@ -297,5 +386,7 @@ class RefusalIsNoError(logging.Filter):
         return True
 
 
-# Once, when the host first imports us: a filter on the very logger that says it.
+# Once, when the host first imports us: a filter on the very logger that says it; and
+# the cached record where gossipsub (publish, IWANT answers, control) looks it up.
 logging.getLogger(_REFUSAL_LOGGER).addFilter(RefusalIsNoError())
+setattr(gossipsub, "env_to_send_in_RPC", cached_peer_record)  # noqa: B010 (not re-exported)
