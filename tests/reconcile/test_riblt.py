@@ -141,7 +141,9 @@ def test_two_round_trips_however_large_the_difference_and_small_the_frames() -> 
     a, b = split_sets(5_000, 3_000, 3_000, seed=10, spread=50_000)
     # Frames of 4 KiB: the stream, DONE and TAILS all go in many parts, still two turns each.
     assert _check(a, b, max_frame_size=4096) == 4
-    assert _check(a, set(), max_frame_size=4096) == 3  # nothing to take: no TAILS
+    # Nothing to take: no TAILS. The responder holds a third of ours (it does not take the
+    # count of an initiator far larger than itself at its word: test_riblt_hostile.py).
+    assert _check(a, set(sorted(a)[::3]), max_frame_size=4096) == 3
 
 
 def test_bytes_stay_near_the_information_limit() -> None:

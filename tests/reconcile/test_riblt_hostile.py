@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 from reconcile_sets import split_sets
 
 from sdsync.errors import LocalProtocolError, RemoteProtocolError
-from sdsync.reconcile import Item, MemoryItemStore, sessions
+from sdsync.reconcile import Item, MemoryItemStore, riblt, sessions
 from sdsync.reconcile.fingerprint import varint
-from sdsync.reconcile.riblt import RIBLT_VERSION, RibltParams, RibltSession
+from sdsync.reconcile.riblt import RIBLT_VERSION, RibltParams, RibltSession, UndecodedError
 from sdsync.reconcile.riblt_coding import encode, item_words
 
 WINDOW = (10**18, 10**18 + 10**6)
@@ -211,21 +211,29 @@ def test_a_rejected_batch_unpeels_what_it_peeled() -> None:
     assert _snapshot(init) == before
 
 
-def _conversation() -> list[tuple[str, bytes]]:
-    """Every frame of a real session, with the side that receives it."""
+def _conversation() -> list[tuple[str, bytes, bool]]:
+    """Every frame of a real session, with the side that receives it and whether the
+    responder streamed it (a replay streams it too: the responder counts what it sent)."""
     a, b = _stores()
     init = RibltSession(a, initiator=True, window=WINDOW)
     resp = RibltSession.responder(b)
-    frames: list[tuple[str, bytes]] = [("resp", init.initiate())]
-    reply = resp.receive(frames[0][1])
+    frames: list[tuple[str, bytes, bool]] = [("resp", init.initiate(), False)]
+    reply, streamed = resp.receive(frames[0][1]), False
     while reply is not None:
-        frames.append(("init", reply))
+        frames.append(("init", reply, streamed))
         answer = init.receive(reply)
-        reply = resp.stream() if answer is None else None
+        reply, streamed = (resp.stream(), True) if answer is None else (None, False)
         if answer is not None:
-            frames.append(("resp", answer))
+            frames.append(("resp", answer, False))
             reply = resp.receive(answer)
     return frames
+
+
+def _replay(sides: dict[str, RibltSession], frames: list[tuple[str, bytes, bool]]) -> None:
+    for side, frame, streamed in frames:
+        if streamed:
+            sides["resp"].stream()
+        sides[side].receive(frame)
 
 
 CONVERSATION = _conversation()
@@ -245,9 +253,10 @@ def test_mutated_frames_raise_only_remote_errors_and_change_nothing(
     resp = RibltSession.responder(b)
     sides = {"init": init, "resp": resp}
     init.initiate()
-    for side, frame in CONVERSATION[:position]:  # replay up to the frame to spoil
-        sides[side].receive(frame)
-    side, frame = CONVERSATION[position]
+    _replay(sides, CONVERSATION[:position])  # up to the frame to spoil
+    side, frame, streamed = CONVERSATION[position]
+    if streamed:
+        resp.stream()
     bad = bytearray(frame)
     for offset, value in edits:
         if bad:
@@ -263,9 +272,69 @@ def test_mutated_frames_raise_only_remote_errors_and_change_nothing(
     else:
         return  # an edit that changed nothing, or that a peer may make: nothing to check
     # Refused and untouched: the real conversation still ends with the exact difference.
-    for side, frame in CONVERSATION[position:]:
-        sides[side].receive(frame)
+    sides[side].receive(frame)
+    _replay(sides, CONVERSATION[position + 1 :])
     mine, theirs = (set(store.items(0, len(store))) for store in (a, b))
     assert init.done and resp.done
     assert (set(init.have), set(init.need)) == (mine - theirs, theirs - mine)
     assert (set(resp.have), set(resp.need)) == (theirs - mine, mine - theirs)
+
+
+def _open(items: int) -> bytes:
+    """An ``OPEN`` of WINDOW claiming ``items`` items (nobody can check the claim)."""
+    span = WINDOW[1] - WINDOW[0]
+    return bytes([RIBLT_VERSION, 0]) + varint(WINDOW[0]) + varint(span) + b"\x08" + varint(items)
+
+
+def _drain(resp: RibltSession, first: bytes) -> int:
+    """Symbols a responder streams in all (its whole stream, read to the end)."""
+    frames = [first]
+    while (more := resp.stream()) is not None:
+        frames.append(more)
+    return resp.symbols
+
+
+def test_a_claimed_count_earns_no_more_symbols_than_the_responder_holds() -> None:
+    """An OPEN claiming 2**40 - 1 items used to earn 2**21 symbols (58.7 MB)."""
+    _, b = _stores()
+    params = RibltParams()
+    for claim in ((1 << 40) - 1, len(b) + params.unverified_items, 0):
+        resp = RibltSession.responder(b)
+        first = resp.receive(_open(claim))
+        assert first is not None
+        trusted = min(claim, len(b) + params.unverified_items)
+        assert _drain(resp, first) == 3 * (len(b) + trusted) + 64 < 7 * len(b) + 3200
+
+
+def test_an_initiator_far_larger_than_the_responder_ends_undecoded() -> None:
+    """The price of not taking a claim at its word: Store Sync then reconciles by RBSR."""
+    a, _ = split_sets(6000, 0, 0, seed=22)
+    init = RibltSession(MemoryItemStore(a), initiator=True, window=WINDOW)
+    resp = RibltSession.responder(MemoryItemStore(sorted(a)[:100]))
+    frame = resp.receive(init.initiate())
+    with pytest.raises(UndecodedError, match="did not decode"):
+        while frame is not None and init.receive(frame) is None:
+            frame = resp.stream()
+
+
+def test_a_done_naming_more_items_than_symbols_streamed_is_refused_unread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 1 MiB DONE of a million references used to be parsed whole (1.5 s) first."""
+    _, b = _stores()
+    resp = RibltSession.responder(b)
+    sent = _drain(resp, resp.receive(_open(0)) or b"")
+    read = [0]
+    real = riblt._read_reference
+    monkeypatch.setattr(
+        riblt, "_read_reference", lambda r: read.__setitem__(0, read[0] + 1) or real(r)
+    )
+    refs = 1_048_000
+    long = bytes([RIBLT_VERSION, 2, 1]) + varint(0) + varint(refs) + varint(2) * refs
+    short = bytes([RIBLT_VERSION, 2, 1]) + varint(0) + varint(sent + 1) + varint(2) * (sent + 1)
+    for done in (long, short):
+        before = (list(resp.have), list(resp.need), resp.done)
+        with pytest.raises(RemoteProtocolError, match=r"too long|out of range"):
+            resp.receive(done)
+        assert (list(resp.have), list(resp.need), resp.done) == before
+    assert read[0] == 0

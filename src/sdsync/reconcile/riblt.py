@@ -48,13 +48,21 @@ Frames, version 2 (varints are negentropy's)::
 
 Hostile peers
 ~~~~~~~~~~~~~
-A responder streams at most ``cap = min(max_symbols, 3 * (items both sides) + 64)``
-symbols; an initiator accepts no more, so the decoder holds at most ``cap`` symbols (32
-bytes each) and peels at most ``cap`` items, each once: a pure symbol that names an item
-already peeled, or one outside the window, ends the session (``RemoteProtocolError``),
-and so does a stream that ends undecoded. A ``DONE`` is checked item by item (one store
-lookup each: a ``give`` item we hold, or a ``take`` reference that names none or several
-of our items, is refused). Nothing
+A responder streams at most ``cap = min(max_symbols, 3 * (n + min(m, n + unverified_items))
++ 64)`` symbols for its own ``n`` items and the initiator's claimed ``m``: the claim is
+taken at its word only up to what the responder holds (plus ``unverified_items``), so an
+``OPEN`` claiming 2**40 items earns no more symbols than one claiming ``n``. An initiator
+holding more than that may not decode (:class:`UndecodedError`; Store Sync then
+reconciles by RBSR). An initiator accepts no more than the same cap (computed from the
+responder's claimed count), so the decoder holds at most ``cap`` symbols (32 bytes each)
+and peels at most ``cap`` items, each once: a pure symbol that names an item already
+peeled, or one outside the window, ends the session (``RemoteProtocolError``), and so
+does a stream that ends undecoded. Every item peeled takes a symbol of its own, so a
+``DONE`` names at most as many items, in all its parts, as symbols were streamed: the
+responder refuses one that names more, or is longer than that many entries take, before
+it reads a single entry. The entries it reads are checked one by one (one store lookup
+each: a ``give`` item we hold, or a ``take`` reference that names none or several of our
+items, is refused). Nothing
 changes on a refused frame: a batch lands past the symbols held and the items it peeled
 are XORed out again (XOR is its own inverse); other frames are checked whole before they
 are applied. The transfer step's hash checks stay the final word on what is stored.
@@ -105,6 +113,8 @@ TAIL_SIZE = HASH_SIZE - ID_SIZE
 _LAST = 1
 _HEADER = 2 + 1 + 10 + 10 + 1 + 10
 """Bytes a frame's header takes at most."""
+_DONE_ENTRY = 10 + HASH_SIZE
+"""Bytes a ``DONE`` entry takes at most (a ``give``; a ``take`` reference is shorter)."""
 Key = tuple[int, bytes]
 """``(timestamp, 16-byte id)``: an item as the symbols know it."""
 
@@ -128,6 +138,9 @@ class RibltParams:
     overshoots the symbols needed by half that on average)."""
     max_symbols: int = 1 << 21
     """Symbols a session sends or accepts at most (the decoder's memory: 32 bytes each)."""
+    unverified_items: int = 1024
+    """How many items the initiator's claim may exceed the responder's own count by and
+    still count towards the stream's cap (the claim cannot be checked)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.first_batch <= 1 << 16:
@@ -136,6 +149,8 @@ class RibltParams:
             raise LocalProtocolError(f"growth {self.growth} outside [1, 1024]")
         if not 1 <= self.max_symbols <= 1 << 26:
             raise LocalProtocolError(f"max_symbols {self.max_symbols} outside [1, 2**26]")
+        if not 0 <= self.unverified_items <= 1 << 26:
+            raise LocalProtocolError(f"unverified_items {self.unverified_items} outside [0, 2**26]")
 
     @property
     def min_frame_size(self) -> int:
@@ -147,9 +162,18 @@ class RibltParams:
         are not turns; the symbol cap bounds them)."""
         return 4
 
-    def cap(self, items: int) -> int:
-        """Symbols streamed at most for windows of ``items`` items together."""
-        return min(self.max_symbols, 3 * items + 64)
+    def cap(self, responder_items: int, initiator_items: int) -> int:
+        """Symbols streamed at most for a responder's ``responder_items`` and the count the
+        initiator claims: its claim counts up to the responder's own plus
+        ``unverified_items``."""
+        trusted = min(initiator_items, responder_items + self.unverified_items)
+        return min(self.max_symbols, 3 * (responder_items + trusted) + 64)
+
+
+class UndecodedError(RemoteProtocolError):
+    """The responder's stream ended before the difference decoded: from an honest
+    responder, the difference is larger than the stream it gives an initiator of
+    unverified size (reconcile by another method); from another, bad symbols."""
 
 
 def _shared(a: bytes, b: bytes) -> int:
@@ -487,6 +511,7 @@ class RibltSession(MethodSession[RibltParams]):
         self._last_take: Key | None = None
         self._tails: list[bytes] = []
         self._done_parts_in = 0
+        self._named = 0  # items the DONE parts named so far
 
     @property
     def symbols(self) -> int:
@@ -555,7 +580,7 @@ class RibltSession(MethodSession[RibltParams]):
         self._start, self._end = bounds
         self._locate()
         self._ts_bytes = max(peer_ts_bytes, self._own_ts_bytes())
-        self._cap = self.params.cap(peer_items + self._hi - self._lo)
+        self._cap = self.params.cap(self._hi - self._lo, peer_items)
         self._phase = _Phase.SYMBOLS
         return FrameOutcome(self._next_batch().frame)
 
@@ -578,11 +603,20 @@ class RibltSession(MethodSession[RibltParams]):
         return StreamPart(frame, finished=False)
 
     def _on_done(self, r: Reader) -> FrameOutcome:
+        # Each item the initiator peeled took one of our symbols: no DONE may name more
+        # items than we streamed, nor be longer than so many entries (checked before any
+        # entry is read, so a long frame costs its length and no more).
+        assert self._symbols is not None
+        allowance = self._symbols.sent - self._named
+        if len(r) > _HEADER + allowance * _DONE_ENTRY:
+            raise RemoteProtocolError(
+                f"a DONE of {len(r)} bytes after {self._symbols.sent} symbols: too long"
+            )
         flags = r.byte()
         if flags & ~_LAST:
             raise RemoteProtocolError(f"unknown DONE flags {flags}")
-        give, last_give = self._read_give(r)
-        held, last_take = self._read_take(r)
+        give, last_give = self._read_give(r, allowance)
+        held, last_take = self._read_take(r, allowance - len(give))
         if not r.at_end:
             raise RemoteProtocolError("trailing bytes after DONE")
         tails = self._tails + [h[ID_SIZE:] for _, h in held]
@@ -592,6 +626,7 @@ class RibltSession(MethodSession[RibltParams]):
         def commit() -> None:
             self._last_give, self._last_take, self._tails = last_give, last_take, tails
             self._done_parts_in += 1
+            self._named += len(give) + len(held)
             self._phase = _Phase.FINISHED if last else _Phase.DONE
             self._parts = parts[1:]
 
@@ -604,15 +639,15 @@ class RibltSession(MethodSession[RibltParams]):
             streamed=self._done_parts_in > 0,
         )
 
-    def _read_give(self, r: Reader) -> tuple[list[Item], Item | None]:
-        items, last = self._read_list(r, self._last_give, _read_hash, 1 + HASH_SIZE)
+    def _read_give(self, r: Reader, limit: int) -> tuple[list[Item], Item | None]:
+        items, last = self._read_list(r, self._last_give, _read_hash, 1 + HASH_SIZE, limit)
         ours = self._ours([self._key(item) for item in items])
         if any(mine == item for mine, item in zip(ours, items, strict=True)):
             raise RemoteProtocolError("DONE offers an item we hold")
         return items, last
 
-    def _read_take(self, r: Reader) -> tuple[list[Item], Key | None]:
-        refs, last = self._read_list(r, self._last_take, _read_reference, 1)
+    def _read_take(self, r: Reader, limit: int) -> tuple[list[Item], Key | None]:
+        refs, last = self._read_list(r, self._last_take, _read_reference, 1, limit)
         held = [item for item in self._ours(refs, unique=True) if item is not None]
         if len(held) < len(refs):
             raise RemoteProtocolError("DONE names an item we do not hold, or several")
@@ -624,12 +659,13 @@ class RibltSession(MethodSession[RibltParams]):
         last: Key | None,
         entry: Callable[[Reader], tuple[int, bytes]],
         min_size: int,
+        limit: int,
     ) -> tuple[list[Key], Key | None]:
         """One of DONE's lists: ``entry`` reads each (timestamp delta, bytes) pair, of
-        ``min_size`` bytes at least; strictly increasing inside the window, continuing
-        after ``last``. The list and its last item."""
+        ``min_size`` bytes at least; at most ``limit`` entries, strictly increasing inside
+        the window, continuing after ``last``. The list and its last item."""
         items: list[Key] = []
-        for _ in range(r.varint(len(r) // min_size + 1)):
+        for _ in range(r.varint(min(len(r) // min_size, limit) + 1)):
             delta, data = entry(r)
             item = ((self._start[0] if last is None else last[0]) + delta, data)
             if not self._inside(item[0]) or (last is not None and item <= last):
@@ -667,7 +703,7 @@ class RibltSession(MethodSession[RibltParams]):
             peer_items = r.varint(1 << 40)
             if not self._own_ts_bytes() <= ts_bytes <= 8:
                 raise RemoteProtocolError(f"timestamps of {ts_bytes} bytes do not fit the window")
-            cap = self.params.cap(peer_items + self._hi - self._lo)
+            cap = self.params.cap(peer_items, self._hi - self._lo)
         if not 1 <= count <= cap - m or len(r) != count * (ID_SIZE + ts_bytes + CHECKSUM_SIZE):
             raise RemoteProtocolError(f"a batch of {count} symbols does not fit (cap {cap})")
         remote = self._unpack(r.take(len(r)), count, ts_bytes)
@@ -729,9 +765,7 @@ class RibltSession(MethodSession[RibltParams]):
             # Symbol 0 holds every item: it is empty first, and rarely alone.
             decoded = not diff[0].any() and not diff.any()
             if last and not decoded:
-                raise RemoteProtocolError(
-                    f"the difference did not decode within {len(diff)} symbols"
-                )
+                raise UndecodedError(f"the difference did not decode within {len(diff)} symbols")
         except RemoteProtocolError:
             for items, payload in done:
                 Encoder(items, payload).extend(diff, len(diff), offset=0)

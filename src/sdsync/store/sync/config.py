@@ -31,7 +31,12 @@ class SyncConfig:
     max_items: int = 2_000_000
     """Items held in all open sessions' snapshots together (112 bytes each; 240 while loading)."""
     idle_timeout_s: float = 30.0
-    """A session that made no progress for this long is dropped."""
+    """A session that made no progress for this long is dropped (and a stream it is
+    writing that the peer does not read is cancelled then)."""
+    sessions_per_minute: float = 12.0
+    """Sessions one remote address may open per minute, on average; more answer 429."""
+    session_burst: int = 8
+    """Sessions one remote address may open in a burst (a token bucket of this size)."""
     max_transfer_bytes: int = 256 * 1024 * 1024
     """Bytes of messages one session may push to the responder."""
     window_margin_s: float = 300.0
@@ -52,6 +57,8 @@ class SyncConfig:
             raise LocalProtocolError("the sync window must be positive and the lag not negative")
         limits = (self.max_sessions, self.max_sessions_per_client, self.max_items)
         if min(limits) < 1 or self.idle_timeout_s <= 0 or self.max_transfer_bytes < 1:
+            raise LocalProtocolError("responder limits must be positive")
+        if self.sessions_per_minute <= 0 or self.session_burst < 1:
             raise LocalProtocolError("responder limits must be positive")
         if self.window_margin_s < 0 or self.clock_skew_s < 0:
             raise LocalProtocolError("the window margin and clock skew must not be negative")

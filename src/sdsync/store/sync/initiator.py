@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ import aiohttp
 from sdsync.errors import RemoteProtocolError
 from sdsync.reconcile import Method, ProllySession, RbsrSession, ReconcileSession
 from sdsync.reconcile.codec import MAX_VARINT_BYTES
-from sdsync.reconcile.riblt import RibltSession
+from sdsync.reconcile.riblt import RibltSession, UndecodedError
 from sdsync.store.client import StoreUnavailableError
 from sdsync.store.host import SyncHost
 from sdsync.store.sync.host import SOURCE, read_batch, snapshot
@@ -67,6 +68,9 @@ DEFAULT_TIMEOUT_S = 60.0
 
 class SyncUnsupportedError(RemoteProtocolError):
     """The peer does not speak Store Sync v1, or not the method asked for."""
+
+
+logger = logging.getLogger("sdsync.store.sync")
 
 
 @dataclass
@@ -129,7 +133,25 @@ async def sync_with_peer(
 ) -> SyncReport:
     """Reconcile ``window`` of our archive with ``peer`` (a base URL), then transfer.
 
-    ``token`` is the federation's sync token, for peers that require one."""
+    ``token`` is the federation's sync token, for peers that require one. A RIBLT round
+    whose difference does not decode within the symbols the peer streams (it sizes them
+    from its own items, not from our count, which it cannot check) is run again by RBSR."""
+    try:
+        return await _round(host, peer, window, method, session, timeout_s, token)
+    except UndecodedError:
+        logger.info("RIBLT with %s did not decode; reconciling by RBSR", peer)
+        return await _round(host, peer, window, "rbsr", session, timeout_s, token)
+
+
+async def _round(
+    host: SyncHost,
+    peer: str,
+    window: tuple[int, int],
+    method: Method,
+    session: aiohttp.ClientSession | None,
+    timeout_s: float,
+    token: str | None,
+) -> SyncReport:
     started = time.perf_counter()
     report = SyncReport(peer.rstrip("/"), method, window)
     store = await snapshot(host, window, method)
@@ -251,12 +273,18 @@ async def _turn(
         peer.report.frame_bytes_sent += len(bodies[-1])
         peer.report.round_trips += 1
         reply: bytes | None = None
-        while reply is None and not reconcile.done:
-            frame = await _read_frame(content, reconcile.max_frame_size)
-            if frame is None:
-                break
-            peer.report.frame_bytes_received += len(frame)
-            reply = await asyncio.to_thread(reconcile.receive, frame)
+        try:
+            while reply is None and not reconcile.done:
+                frame = await _read_frame(content, reconcile.max_frame_size)
+                if frame is None:
+                    break
+                peer.report.frame_bytes_received += len(frame)
+                reply = await asyncio.to_thread(reconcile.receive, frame)
+        except UndecodedError:
+            # An opening turn names its session only here: close it before another round.
+            if session_id := headers.get(SESSION_HEADER):
+                await peer.close(session_id)
+            raise
     return headers.get(SESSION_HEADER), reply
 
 

@@ -30,18 +30,26 @@ ends the session).
 
 Resources are bounded, and one client cannot hold them all: at most ``max_sessions``
 sessions, ``max_sessions_per_client`` per remote address (more answer 503 with
-``Retry-After``); at most ``max_items`` items in all their snapshots together (a window
-larger than the whole budget answers 413 before anything is loaded); a session that made
-no progress — a frame answered, a batch stored or served — for ``idle_timeout_s`` is
-dropped, and one whose transfer is complete is closed by the responder (unknown sessions
-answer 404). Frames are evaluated on a worker thread, one at a time per session, so a
-large window does not stall the node's other requests.
+``Retry-After``); each address opens at most ``session_burst`` sessions at once and
+``sessions_per_minute`` on average (a token bucket: more answer 429 with ``Retry-After``,
+counted as ``session_rate``, before anything is read), so opening and closing sessions in
+a loop loads few snapshots; at most ``max_items`` items in all their snapshots together
+(a window larger than the whole budget answers 413 before anything is loaded); a session
+that made no progress — a frame answered, a batch stored or served — for
+``idle_timeout_s`` is dropped, and one whose transfer is complete is closed by the
+responder (unknown sessions answer 404). A streamed turn is written with the same
+deadline, and a session that ends (dropped, expired, closed) cancels the write it is
+blocked in and closes that connection: a peer that does not read cannot keep a
+snapshot alive past its session. Frames are evaluated on a worker thread, one at a time
+per session, so a large window does not stall the node's other requests. A malformed frame
+is counted as ``bad_frame``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import secrets
 import time
 from collections import Counter
@@ -111,6 +119,20 @@ class Session:
     """:meth:`finish` has run."""
     turn: int = 0
     """Requests answered: a stream goes on only while no later request came."""
+    ended: bool = False
+    """Dropped before its end (expired, closed, refused): its streams stop writing."""
+    writes: set[asyncio.Timeout] = field(default_factory=set)
+    """The deadlines of the writes its streams are in."""
+
+    def cut_writes(self) -> None:
+        """Cut short the writes the session's streams are in (they raise TimeoutError)."""
+        for deadline in self.writes:
+            if not deadline.expired():
+                deadline.reschedule(0)  # due at once
+
+    def end(self) -> None:
+        self.ended = True
+        self.cut_writes()
 
     def finish(self) -> None:
         self.settled = True
@@ -125,6 +147,41 @@ class Session:
         return self.reconcile.done and not self.wanted and self.pulled
 
 
+class OpenRate:
+    """A token bucket per client address: ``burst`` session opens, refilled at ``per_minute``.
+
+    Buckets that have refilled are forgotten once the table holds ``max_clients``; past
+    that, the oldest go (a client forgotten starts with a full bucket again)."""
+
+    def __init__(
+        self, per_minute: float, burst: int, clock: Callable[[], float], max_clients: int = 4096
+    ) -> None:
+        self._rate, self._burst, self._clock = per_minute / 60, burst, clock
+        self._max_clients = max_clients
+        self._buckets: dict[str, tuple[float, float]] = {}  # client: (tokens, when)
+
+    def take(self, client: str) -> float:
+        """0 and one token taken, or the seconds until ``client`` has a token again."""
+        now = self._clock()
+        tokens, when = self._buckets.pop(client, (float(self._burst), now))
+        tokens = min(self._burst, tokens + (now - when) * self._rate)
+        self._buckets[client] = (tokens - 1 if tokens >= 1 else tokens, now)  # most recent last
+        if len(self._buckets) > self._max_clients:
+            self._forget(now)
+        return 0.0 if tokens >= 1 else (1 - tokens) / self._rate
+
+    def _forget(self, now: float) -> None:
+        full = [
+            client
+            for client, (tokens, when) in self._buckets.items()
+            if tokens + (now - when) * self._rate >= self._burst
+        ]
+        for client in full:
+            del self._buckets[client]
+        while len(self._buckets) > self._max_clients:
+            del self._buckets[next(iter(self._buckets))]
+
+
 class SessionTable:
     """Open sessions by id, within the configured bounds."""
 
@@ -133,6 +190,7 @@ class SessionTable:
         self._clock = clock
         self._sessions: dict[str, Session] = {}
         self._opening: Counter[str] = Counter()
+        self.rate = OpenRate(config.sessions_per_minute, config.session_burst, clock)
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -194,13 +252,17 @@ class SessionTable:
         return session
 
     def progress(self, session_id: str, session: Session) -> None:
-        """The session moved on; it is closed once its transfer is complete."""
+        """The session moved on; it is closed once its transfer is complete (what it
+        still streams is sent whole)."""
         session.last_used = self._clock()
         if session.complete:
-            self.drop(session_id)
+            self._sessions.pop(session_id, None)
 
     def drop(self, session_id: str) -> None:
-        self._sessions.pop(session_id, None)
+        """End a session before its end: what it streams is cut short."""
+        session = self._sessions.pop(session_id, None)
+        if session is not None:
+            session.end()
 
     def expire(self) -> int:
         """Drop the sessions idle for too long (not one busy with a request); how many."""
@@ -209,7 +271,7 @@ class SessionTable:
             key for key, s in self._sessions.items() if s.last_used < oldest and not s.lock.locked()
         ]
         for key in idle:
-            del self._sessions[key]
+            self._sessions.pop(key).end()
         return len(idle)
 
 
@@ -248,10 +310,20 @@ def responder_app(
 async def open_session(request: web.Request) -> web.StreamResponse:
     node, table = request.app[NODE], request.app[TABLE]
     method = next(m for m in METHODS if m == request.match_info["method"])
+    client = request.remote or "unknown"
+    wait_s = table.rate.take(client)
+    if wait_s:
+        raise refuse(
+            request,
+            web.HTTPTooManyRequests,
+            "session_rate",
+            f"this address opens sync sessions too often ({table.config.sessions_per_minute:g}"
+            f" a minute, {table.config.session_burst} at once)",
+            headers={"Retry-After": str(math.ceil(wait_s))},
+        )
     window = _window(request.query)
     check_window(table.config, window, request.app[WALL_CLOCK]())
     frames = await _frames(request)
-    client = request.remote or "unknown"
     with table.opening(client):
         # Counted first: a window over the budget is refused before it is read.
         table.check_budget(await node.in_archive(node.archive.count_items, *window))
@@ -275,8 +347,9 @@ async def _answer(
     session = table.get(session_id)
     async with session.lock:
         session.turn += 1
+        session.cut_writes()  # the stream of the turn before, if its peer stopped reading
         turn = session.turn
-        reply = await _receive(node, table, session_id, session, frames)
+        reply = await _receive(request, table, session_id, session, frames)
         _settle(node, table, session_id, session)
     if session.streams:
         return await _stream(request, table, session_id, session, reply, turn)
@@ -286,9 +359,14 @@ async def _answer(
 
 
 async def _receive(
-    node: SyncHost, table: SessionTable, session_id: str, session: Session, frames: list[bytes]
+    request: web.Request,
+    table: SessionTable,
+    session_id: str,
+    session: Session,
+    frames: list[bytes],
 ) -> bytes | None:
     """Feed a turn's frames to the session; its answer (only the last frame may have one)."""
+    node = request.app[NODE]
     reply: bytes | None = None
     for position, frame in enumerate(frames):
         try:
@@ -297,7 +375,9 @@ async def _receive(
             reply = await asyncio.to_thread(session.reconcile.receive, frame)
         except RemoteProtocolError as exc:
             table.drop(session_id)
-            raise web.HTTPBadRequest(text=f"bad sync frame, session ended: {exc}\n") from None
+            raise refuse(
+                request, web.HTTPBadRequest, "bad_frame", f"bad sync frame, session ended: {exc}"
+            ) from None
         except LocalProtocolError as exc:  # a frame after the end
             raise web.HTTPConflict(text=f"{exc}\n") from None
         _count_bytes(node, received=len(frame), sent=len(reply or b""))
@@ -330,17 +410,43 @@ async def _stream(
     response.content_type = FRAMES_TYPE
     await response.prepare(request)
     frame = reply
-    with contextlib.suppress(ConnectionError):
+    limit_s = table.config.idle_timeout_s
+    try:
         while frame is not None:
-            await response.write(varint(len(frame)) + frame)
+            await _send(response, session, limit_s, varint(len(frame)) + frame)
             async with session.lock:
                 if session.turn != turn:  # a later request answers from here on
                     break
                 frame = await asyncio.to_thread(session.reconcile.stream)
                 _count_bytes(node, received=0, sent=len(frame or b""))
                 _settle(node, table, session_id, session)
-        await response.write_eof()
+        await _send(response, session, limit_s, None)
+    except ConnectionError:
+        pass
+    except TimeoutError:
+        # Not read for a whole idle period (no progress: the session goes, and its
+        # snapshot with it), or the session ended or moved to a later turn meanwhile.
+        # The response cannot be finished: its connection goes.
+        if session.turn == turn:
+            table.drop(session_id)
+        if request.transport is not None:
+            request.transport.abort()
     return response
+
+
+async def _send(
+    response: web.StreamResponse, session: Session, limit_s: float, data: bytes | None
+) -> None:
+    """Write ``data`` (None: the response's end) within ``limit_s``, and not past the
+    session's end or turn (TimeoutError)."""
+    if session.ended:
+        raise TimeoutError
+    async with asyncio.timeout(limit_s) as deadline:
+        session.writes.add(deadline)
+        try:
+            await (response.write_eof() if data is None else response.write(data))
+        finally:
+            session.writes.discard(deadline)
 
 
 async def close_session(request: web.Request) -> web.Response:
