@@ -628,8 +628,8 @@ class MessageChannel:
         reason = self._over_cap(1, charge)
         if reason is None:
             return None
-        if charge > self.config.max_incoming_buffer_bytes:
-            return reason
+        # The config's floor holds the largest message peers may send: once the buffer is
+        # empty, the newcomer fits.
         victims: list[_Waiting] = []
         count, freed = 1, charge
         for victim in self._eviction_order():
