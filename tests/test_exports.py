@@ -56,6 +56,7 @@ EXPORTS: dict[str, frozenset[str]] = {
             "MessageDelivered",
             "MessageDeliveredEarly",
             "MessageDropped",
+            "MessageEvicted",
             "MessageIdScheme",
             "MessageLost",
             "MessageMissing",

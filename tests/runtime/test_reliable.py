@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 
@@ -14,6 +15,7 @@ from sdsync.core import (
     DropReason,
     MessageChannel,
     MessageDelivered,
+    MessageEvicted,
     RepairConfig,
     SendFailed,
     system_clock_ms,
@@ -22,7 +24,7 @@ from sdsync.errors import RejectReason
 from sdsync.runtime import MemoryStore, ReliableChannel, RuntimeConfig
 from sdsync.transport import MemoryNetwork
 from sdsync.transport.memory import Faults
-from sdsync.wire import Message, encode
+from sdsync.wire import HistoryEntry, Message, encode
 
 FAST = RuntimeConfig(
     sync_interval_ms=200,
@@ -178,5 +180,39 @@ def test_partition_heals_and_logs_merge() -> None:
         await asyncio.wait_for(converged(members, 4), PATIENCE_S)
         for m in members:
             await m.stop()
+
+    asyncio.run(scenario())
+
+
+def test_forged_histories_are_evicted_under_the_byte_budget_and_the_app_hears_it() -> None:
+    """Issue 27 row 18: a peer's messages naming thousands of never-sent ids give way to an
+    honest one under the byte budget; the application sees each eviction."""
+    budget = dataclasses.replace(CONFIG, max_incoming_buffer_bytes=8 << 20)  # 2 forgeries
+
+    async def scenario() -> None:
+        net = MemoryNetwork(seed=1)
+        (b,) = [ReliableChannel(net.transport("b"), "chat", "b", config=budget, runtime=FAST)]
+        await b.start()
+        rogue = net.transport("rogue")
+        now = system_clock_ms()
+        for i in range(4):
+            history = tuple(HistoryEntry(f"never-{i}-{j}", None, None) for j in range(4_096))
+            forged = Message("rogue", f"forged-{i}", "chat", now, history, None, b"x" * 100_000)
+            await rogue.publish("/sds/1/chat", encode(forged))
+        gap = HistoryEntry("gap", None, "rogue")
+        await rogue.publish(
+            "/sds/1/chat", encode(Message("rogue", "h", "chat", now, (gap,), None, b"hi"))
+        )
+        evicted: list[str] = []
+        async with asyncio.timeout(PATIENCE_S):
+            async for event in b.events():
+                if isinstance(event, MessageEvicted):
+                    assert event.reason == DropReason.INCOMING_BUFFER_BYTES
+                    evicted.append(event.message_id)
+                if "h" in b.channel.incoming_ids() and len(evicted) == 2:
+                    break
+        assert evicted == ["forged-0", "forged-1"]
+        assert b.channel.incoming_bytes() <= budget.max_incoming_buffer_bytes
+        await b.stop()
 
     asyncio.run(scenario())

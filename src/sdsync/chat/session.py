@@ -38,6 +38,7 @@ from sdsync.core import (
     MessageAcknowledged,
     MessageDelivered,
     MessageDeliveredEarly,
+    MessageEvicted,
     MessageLost,
     MessagePossiblyAcknowledged,
     MessageReceived,
@@ -143,6 +144,10 @@ class ChatSession:
             self._delivered(event)
         elif isinstance(event, MessageLost):
             self.say(f"✗ {_tag(mid)} given up as lost", style="red")
+        elif isinstance(event, MessageEvicted):
+            # Shown early, it will not take its place unless it comes again.
+            self.shown_early.discard(mid)
+            self.say(f"✗ {_tag(mid)} dropped while waiting ({event.reason})", style="red")
         elif isinstance(event, MessagePossiblyAcknowledged) and mid in self.status:
             if self.status[mid] == SENT:
                 self._set_status(mid, POSSIBLY_ACKNOWLEDGED, f"(seen by {event.acker_id})")

@@ -160,6 +160,14 @@ def serve_command(
     resend_interval_ms: Annotated[int | None, typer.Option(min=1, help=NOT_GIVEN)] = None,
     max_attempts: Annotated[int | None, typer.Option(min=1, help=NOT_GIVEN)] = None,
     max_channels: Annotated[int, typer.Option(min=1, help="Open channels at most.")] = 1_000,
+    max_incoming_buffer_bytes: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Bytes of received messages waiting for dependencies, per channel; beyond,"
+            " the one missing the most gives way [default: 64 MiB].",
+        ),
+    ] = None,
     max_events: Annotated[
         int,
         typer.Option(
@@ -223,7 +231,11 @@ def serve_command(
             repair_t_max_ms=repair_t_max_ms,
             repair_response_groups=repair_response_groups,
         )
-        config = dataclasses.replace(config, own_log_policy="on_ack")  # seed 004
+        config = dataclasses.replace(
+            config,
+            own_log_policy="on_ack",  # seed 004
+            **given(max_incoming_buffer_bytes=max_incoming_buffer_bytes),
+        )
         runtime = dataclasses.replace(
             chosen.runtime,
             **given(

@@ -35,6 +35,29 @@ and record the dependencies we have never seen as missing. Delivery cascades to
 everything that was waiting on it. A sync message goes through the same steps up to the
 buffer: its gaps are recorded too.
 
+The incoming buffer is bounded twice (``max_incoming_buffer`` messages and
+``max_incoming_buffer_bytes``), because what a waiting message holds grows with what it
+names: its bytes, their decoded copy, and for every unmet dependency a decoded history
+entry and two index entries — a peer naming 4,096 ids that never arrive pins ~3 MB with
+each message. Each message is charged on arrival (:func:`~sdsync.core.config.incoming_charge`:
+twice its encoded size plus a measured per-dependency cost, an upper bound of what Python
+holds) and the charge is released when it leaves. When a message that must wait does not
+fit, the waiting message with the **most unmet dependencies** gives way, the oldest among
+equals: it is the least likely to be delivered (it needs every one of them) and frees the
+most per-dependency state; honest gaps hold messages back for a few ids, forged histories
+for thousands, so the forgers go first whatever their age and an honest message is not
+pushed out by a flood of them; and as later messages name the earlier waiting ones, they
+give way before what they wait for. Among equals the oldest has had its SDS-R request
+answered or not (``t_max_ms``) and has waited longest for nothing. The newcomer counts as
+the newest: when it would be the first to go it is refused unrecorded
+(:class:`~sdsync.core.events.MessageDropped`; it is not in our bloom filter, so its
+sender resends it) and nothing is evicted for it. An evicted message is reported
+(:class:`~sdsync.core.events.MessageEvicted`: why, its unmet dependencies and charge;
+counted in ``stats.evicted``), and if others wait for it it becomes a known-missing gap
+again, so retrieval asks for it. Finding the victim is one pass over the buffer, a sort
+only when one eviction is not enough. The known-missing set is bounded by count alone:
+each entry is bounded by the wire limits (three 256-byte fields), ~13 MB at 10,000.
+
 Where js-waku differs we chose correctness: duplicates are never re-delivered, one peer
 repeating a bloom filter counts once, a saturated or mis-sized bloom filter gives no ack
 evidence (and never aborts processing), every buffer has an explicit cap, and after the
@@ -58,7 +81,7 @@ from sdsync.core.bloom import (
     contains,
     received_filter,
 )
-from sdsync.core.config import ChannelConfig
+from sdsync.core.config import ChannelConfig, incoming_charge
 from sdsync.core.events import (
     DropReason,
     EphemeralReceived,
@@ -67,6 +90,7 @@ from sdsync.core.events import (
     MessageDelivered,
     MessageDeliveredEarly,
     MessageDropped,
+    MessageEvicted,
     MessageLost,
     MessageMissingEvicted,
     MessagePossiblyAcknowledged,
@@ -124,6 +148,8 @@ class _Waiting:
     retrieval_hint: bytes | None
     received_ms: int
     unmet: set[str]
+    # What it counts against the byte budget (config.incoming_charge), fixed on arrival.
+    charge: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +196,8 @@ class ChannelStats:
     bloom_wrong_size: tuple[str, int] | None = None
     # Known missing ids evicted from a full set (ChannelConfig.max_known_missing).
     missing_evicted: int = 0
+    # Waiting messages evicted from the incoming buffer, by DropReason (the cap they met).
+    evicted: dict[str, int] = field(default_factory=dict)
     # Sends refused because the outgoing buffer was full.
     outgoing_full: int = 0
 
@@ -201,7 +229,9 @@ class MessageChannel:
         self._log = LocalLog(self.config.max_log_entries, history_store)
         self._outgoing: dict[str, OutgoingEntry] = {}
         self._wires: WireStore = wire_store if wire_store is not None else MemoryWireStore()
+        # In arrival order: among equals, the first to give way is the first key.
         self._incoming: dict[str, _Waiting] = {}
+        self._incoming_bytes = 0
         # Unmet dependency -> the waiting messages that need it.
         self._waiters: dict[str, set[str]] = {}
         self._missing = KnownMissing(self.config.max_known_missing)
@@ -462,15 +492,20 @@ class MessageChannel:
         # Acks first: with on_ack, a message naming ours may be what puts ours in the log.
         self._review_acks(message, now_ms, events)
         unmet = self._unmet(message)
-        full = len(self._incoming) >= self.config.max_incoming_buffer
-        if unmet and full and kind is MessageKind.CONTENT:
-            # Not recorded, not in our filter: the sender will resend and we try again.
-            self.stats.count(self.stats.dropped, DropReason.INCOMING_BUFFER_FULL)
-            events.append(MessageDropped(message.message_id, DropReason.INCOMING_BUFFER_FULL))
-            return events
         if kind is MessageKind.SYNC:
             self._record_missing(unmet, message.sender_id, now_ms, events)
             return events
+        charge = 0
+        if unmet:
+            charge = incoming_charge(
+                len(data) if data is not None else len(encode(message)), len(unmet)
+            )
+            refused = self._make_room(len(unmet), charge, now_ms, events)
+            if refused is not None:
+                # Not recorded, not in our filter: the sender will resend and we try again.
+                self.stats.count(self.stats.dropped, refused)
+                events.append(MessageDropped(message.message_id, refused))
+                return events
         self._add_to_bloom(message.message_id)
         events.append(
             MessageReceived(
@@ -478,7 +513,7 @@ class MessageChannel:
             )
         )
         if unmet:
-            self._buffer(message, data, retrieval_hint, now_ms, unmet, events)
+            self._buffer(message, data, retrieval_hint, now_ms, unmet, charge, events)
         else:
             self._deliver(message, retrieval_hint, data, events)
         return events
@@ -560,6 +595,7 @@ class MessageChannel:
         retrieval_hint: bytes | None,
         now_ms: int,
         unmet: list[HistoryEntry],
+        charge: int,
         events: list[Event],
     ) -> None:
         waiting_id = message.message_id
@@ -576,11 +612,91 @@ class MessageChannel:
                     len(unmet),
                 )
             )
-        self._wait(_Waiting(message, data, retrieval_hint, now_ms, {e.message_id for e in unmet}))
+        unmet_ids = {e.message_id for e in unmet}
+        self._wait(_Waiting(message, data, retrieval_hint, now_ms, unmet_ids, charge))
+
+    def _make_room(
+        self, unmet: int, charge: int, now_ms: int, events: list[Event]
+    ) -> DropReason | None:
+        """Evict waiting messages until one with ``unmet`` dependencies, charged
+        ``charge`` bytes, fits under both caps; or why it must be refused instead.
+
+        The message with the most unmet dependencies gives way, the oldest among equals
+        (see the module doc); the newcomer counts as the newest, so it is refused —
+        before anything is evicted — when it would be the first to go anyway.
+        """
+        reason = self._over_cap(1, charge)
+        if reason is None:
+            return None
+        # The config's floor holds the largest message peers may send: once the buffer is
+        # empty, the newcomer fits.
+        victims: list[_Waiting] = []
+        count, freed = 1, charge
+        for victim in self._eviction_order():
+            if len(victim.unmet) < unmet:
+                return reason  # everything before it was worth keeping over the newcomer
+            victims.append(victim)
+            count -= 1
+            freed -= victim.charge
+            if self._over_cap(count, freed) is None:
+                break
+        for victim in victims:
+            self._evict(victim, reason, now_ms, events)
+        return None
+
+    def _over_cap(self, added: int, added_bytes: int) -> DropReason | None:
+        """Which cap the buffer would break with ``added`` messages of ``added_bytes``."""
+        if len(self._incoming) + added > self.config.max_incoming_buffer:
+            return DropReason.INCOMING_BUFFER_FULL
+        if self._incoming_bytes + added_bytes > self.config.max_incoming_buffer_bytes:
+            return DropReason.INCOMING_BUFFER_BYTES
+        return None
+
+    def _eviction_order(self) -> Iterator[_Waiting]:
+        """Waiting messages, most unmet dependencies first, oldest among equals."""
+        waiting = self._incoming.values()
+        # Nearly always the first is all it takes: one pass, no sort.
+        first = max(waiting, key=_unmet_count)
+        yield first
+        # Sorting is stable, reversed too: arrival order among equals stays.
+        yield from sorted((w for w in waiting if w is not first), key=_unmet_count, reverse=True)
+
+    def _evict(
+        self, waiting: _Waiting, reason: DropReason, now_ms: int, events: list[Event]
+    ) -> None:
+        message = waiting.message
+        mid = message.message_id
+        for dep_id in waiting.unmet:
+            dependents = self._waiters[dep_id]
+            dependents.discard(mid)
+            if not dependents:
+                del self._waiters[dep_id]
+        self._leave_incoming(mid)
+        self.stats.count(self.stats.evicted, reason)
+        events.append(
+            MessageEvicted(mid, reason, message.sender_id, len(waiting.unmet), waiting.charge)
+        )
+        if mid in self._waiters:  # others wait for it: it is a gap again, to be asked for
+            entry = HistoryEntry(mid, waiting.retrieval_hint, message.sender_id)
+            self._record_missing([entry], message.sender_id, now_ms, events)
+        logger.log(
+            logging.WARNING if sum(self.stats.evicted.values()) == 1 else logging.DEBUG,
+            "channel %s: %s (%d messages, %d bytes); evicted %s from %s, waiting for %d"
+            " (%d evicted so far)",
+            self.channel_id,
+            reason,
+            len(self._incoming),
+            self._incoming_bytes,
+            mid,
+            message.sender_id,
+            len(waiting.unmet),
+            sum(self.stats.evicted.values()),
+        )
 
     def _wait(self, waiting: _Waiting) -> None:
         waiting_id = waiting.message.message_id
         self._incoming[waiting_id] = waiting
+        self._incoming_bytes += waiting.charge
         self._touch_incoming(waiting_id)
         waiters = self._waiters
         for dep_id in waiting.unmet:
@@ -660,9 +776,12 @@ class MessageChannel:
             waiting = self._incoming[waiting_id]
             waiting.unmet.discard(dependency_id)
             if not waiting.unmet:
-                del self._incoming[waiting_id]
-                self._touch_incoming(waiting_id)
+                self._leave_incoming(waiting_id)
                 yield waiting
+
+    def _leave_incoming(self, waiting_id: str) -> None:
+        self._incoming_bytes -= self._incoming.pop(waiting_id).charge
+        self._touch_incoming(waiting_id)
 
     def _insert_log(self, entry: LogEntry, data: bytes | None, content: bytes | None) -> None:
         journal = self.journal
@@ -893,8 +1012,7 @@ class MessageChannel:
             self._declare_lost(dep_id, events)
         if mid in self._incoming:  # only waiting on other buffered messages now
             waiting.unmet.clear()
-            del self._incoming[mid]
-            self._touch_incoming(mid)
+            self._leave_incoming(mid)
             self._deliver(waiting.message, waiting.retrieval_hint, waiting.data, events)
 
     def _resolve_elsewhere(self, dependency_id: str, events: list[Event]) -> None:
@@ -932,6 +1050,7 @@ class MessageChannel:
         for mid in self._incoming:
             self._touch_incoming(mid)
         self._incoming.clear()
+        self._incoming_bytes = 0
         self._waiters.clear()
         self._missing.clear()
         if self._repair is not None:
@@ -986,6 +1105,7 @@ class MessageChannel:
                     stored.retrieval_hint,
                     stored.received_ms,
                     {e.message_id for e in unmet},
+                    incoming_charge(len(stored.data), len(unmet)),
                 )
             )
         for waiting_id in self._incoming:  # it arrived, whatever else named it
@@ -1064,6 +1184,10 @@ class MessageChannel:
         """How many messages wait in the incoming buffer and in the outgoing buffer."""
         return len(self._incoming), len(self._outgoing)
 
+    def incoming_bytes(self) -> int:
+        """What the incoming buffer's messages count against its byte budget."""
+        return self._incoming_bytes
+
     def outgoing_entry(self, message_id: str) -> OutgoingEntry | None:
         return self._outgoing.get(message_id)
 
@@ -1090,3 +1214,7 @@ class MessageChannel:
     def peers_heard(self) -> list[str]:
         """Peers heard from in this channel, at most ``possible_acks_threshold`` of them."""
         return sorted(self._heard)
+
+
+def _unmet_count(waiting: _Waiting) -> int:
+    return len(waiting.unmet)

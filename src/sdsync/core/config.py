@@ -12,6 +12,11 @@ from sdsync.wire import DEFAULT_LIMITS, WireLimits
 OwnLogPolicy = Literal["on_send", "on_ack"]
 MessageIdScheme = Literal["sender-lamport-payload", "payload"]
 MESSAGE_ID_SCHEMES: tuple[MessageIdScheme, ...] = ("sender-lamport-payload", "payload")
+#: What a waiting message is charged per unmet dependency, besides twice its encoded
+#: size (the bytes kept and the decoded copy): the dependency's decoded history entry
+#: and its places in the unmet set and the dependency -> waiters index. Measured at
+#: 480-670 bytes with 64-character ids; a little over, so the budget bounds real memory.
+UNMET_DEPENDENCY_BYTES = 768
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +65,17 @@ class ChannelConfig:
     # Content whose Lamport timestamp (ms) is this far beyond our clock is dropped: one such
     # message would otherwise push every later timestamp of ours out of everyone's range.
     max_lamport_skew_ms: int | None = 24 * 3600 * 1000
+    # The incoming buffer is capped twice: messages waiting, and the bytes they hold as
+    # incoming_charge() counts them (an upper bound of what Python holds). A message naming
+    # 4,096 dependencies that never arrive holds ~3 MB, so the count alone let one peer pin
+    # ~30 GB. 64 MiB holds ~1,400 waiting chat messages (200-entry histories, ~48 kB
+    # charged each: a gap of minutes in a busy channel) but only 12 maximum-size ones
+    # naming 4,096 missing ids (~5 MiB each). At either cap the waiting message with the
+    # most unmet dependencies gives way, the oldest among equals (MessageEvicted; a
+    # newcomer that would be the one is refused: MessageDropped). Validated to hold at
+    # least one message of the largest size peers may send.
     max_incoming_buffer: int = 10_000
+    max_incoming_buffer_bytes: int = 64 << 20
     # Ids named in causal histories that we never received, tracked until they arrive, are
     # marked met or are declared lost; beyond this many the oldest is evicted (reported).
     max_known_missing: int = 10_000
@@ -96,9 +111,21 @@ class ChannelConfig:
         )
         if min(caps) < 1:
             raise LocalProtocolError("buffer and log caps must be positive")
+        largest = incoming_charge(self.limits.max_message_bytes, self.limits.max_causal_history)
+        if self.max_incoming_buffer_bytes < largest:
+            raise LocalProtocolError(
+                f"max_incoming_buffer_bytes must be at least {largest}: a message of the"
+                " largest size peers accept (limits) could never wait otherwise"
+            )
         if self.causal_history_size > self.limits.max_causal_history:
             raise LocalProtocolError("causal_history_size exceeds what peers accept")
         if self.own_log_policy not in ("on_send", "on_ack"):
             raise LocalProtocolError(f"unknown own_log_policy {self.own_log_policy!r}")
         if self.message_id_scheme not in MESSAGE_ID_SCHEMES:
             raise LocalProtocolError(f"unknown message_id_scheme {self.message_id_scheme!r}")
+
+
+def incoming_charge(encoded_bytes: int, unmet_dependencies: int) -> int:
+    """Bytes a message waiting in the incoming buffer counts against
+    ``max_incoming_buffer_bytes``."""
+    return 2 * encoded_bytes + UNMET_DEPENDENCY_BYTES * unmet_dependencies

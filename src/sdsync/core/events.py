@@ -57,7 +57,9 @@ class MessageDeliveredEarly(Event):
 
     ``missing_dependencies`` of its causal history have not arrived: the application may
     show it with "N earlier messages missing". A :class:`MessageDelivered` for the same id
-    follows once it takes its place in the log; neither kind is ever repeated.
+    follows once it takes its place in the log; neither kind is ever repeated, unless a
+    :class:`MessageEvicted` for it came between (it is then received as new if it comes
+    again).
     """
 
     sender_id: str
@@ -141,6 +143,7 @@ class DropReason(enum.StrEnum):
     ID_COLLISION = "id collision"
     FUTURE_LAMPORT = "lamport timestamp too far in the future"
     INCOMING_BUFFER_FULL = "incoming buffer full"
+    INCOMING_BUFFER_BYTES = "incoming buffer over its byte budget"
 
     @property
     def bad_input(self) -> bool:
@@ -155,6 +158,25 @@ class MessageDropped(Event):
 
     reason: DropReason
     type = "message_dropped"
+
+
+@dataclass(frozen=True, slots=True)
+class MessageEvicted(Event):
+    """A message waiting in the incoming buffer that we discarded to make room for a
+    newer one: ``reason`` is the cap it would have broken (``INCOMING_BUFFER_FULL``: the
+    message count, ``INCOMING_BUFFER_BYTES``: the byte budget).
+
+    It had ``unmet_dependencies`` still missing and was charged ``size_bytes`` (see
+    ``ChannelConfig.max_incoming_buffer_bytes``). No :class:`MessageDelivered` follows
+    for it unless it arrives again — a later causal history naming it makes it missing,
+    so retrieval asks for it — and then it is received as new.
+    """
+
+    reason: DropReason
+    sender_id: str
+    unmet_dependencies: int
+    size_bytes: int
+    type = "message_evicted"
 
 
 @dataclass(frozen=True, slots=True)
