@@ -30,10 +30,12 @@ from hypothesis.stateful import (
 )
 
 from sdsync.core import (
+    DropReason,
     MessageAcknowledged,
     MessageChannel,
     MessageDelivered,
     MessageDeliveredEarly,
+    MessageEvicted,
     MessageLost,
     MessageMissing,
     MessagePossiblyAcknowledged,
@@ -75,6 +77,8 @@ def every_kind() -> list[Reported]:
         MessagePossiblyAcknowledged("p", 2, "dave"),
         MessageMissing("x", b"where", "erin"),
         MessageMissing("y", None, None),
+        MessageEvicted("v", DropReason.INCOMING_BUFFER_BYTES, "frank", 4_096, 3_300_000),
+        MessageEvicted("w", DropReason.INCOMING_BUFFER_FULL, "", 0, 0),
         MessageLost("l"),
         SendFailed("f"),
         Transmit(b"\x00bytes", "t", "sync"),
@@ -164,6 +168,21 @@ def test_every_kept_kind_survives_the_database_unchanged(tmp_path: Path) -> None
     stored.crash()
     assert read_all(stored.events) == numbered
     assert [d.event for d in numbered] == events
+
+
+def test_an_eviction_is_kept_until_acknowledged_in_memory_and_stored(tmp_path: Path) -> None:
+    evicted = MessageEvicted("v", DropReason.INCOMING_BUFFER_BYTES, "frank", 2, 1_234)
+    memory, stored = EventLog(), Stored(tmp_path / "s.sqlite")
+    for log, record in ((memory, memory.record), (stored.events, stored.record)):
+        assert record([delivered(1), evicted]) == [Delivery(1, delivered(1)), Delivery(2, evicted)]
+        log.ack(1)
+        assert read_all(log) == [Delivery(2, evicted)]
+    stored.state.commit()
+    stored.restart()
+    assert read_all(stored.events) == [Delivery(2, evicted)]  # the same, under its number
+    stored.events.ack(2)
+    stored.restart()
+    assert read_all(stored.events) == []
 
 
 def test_a_stored_log_keeps_what_is_unacknowledged_across_crashes(tmp_path: Path) -> None:
@@ -352,6 +371,14 @@ EVENTS: st.SearchStrategy[Reported] = st.one_of(
     st.builds(MessageAcknowledged, MIDS, st.booleans(), st.sampled_from(["", "x"])),
     st.builds(MessagePossiblyAcknowledged, MIDS, st.integers(0, 3), st.just("x")),
     st.builds(MessageMissing, MIDS, HINTS, st.none() | st.just("s")),
+    st.builds(
+        MessageEvicted,
+        MIDS,
+        st.sampled_from(DropReason),
+        st.just("s"),
+        st.integers(0, 9),
+        st.integers(0, 99),
+    ),
     st.builds(MessageLost, MIDS),
     st.builds(SendFailed, MIDS),
     st.builds(PeriodicSync, MIDS),

@@ -199,6 +199,25 @@ def test_duplicated_copies_are_dropped_not_delivered_twice() -> None:
     assert summary["receive_events"] > summary["copies_sent"]
 
 
+def one_waiting(
+    channel_id: str, participant_id: str, now_ms: int, config: ChannelConfig
+) -> MessageChannel:
+    """A channel whose incoming buffer holds one waiting message."""
+    config = dataclasses.replace(config, max_incoming_buffer=1)
+    return MessageChannel(channel_id, participant_id, now_ms=now_ms, config=config)
+
+
+def test_evictions_from_a_full_incoming_buffer_are_recorded() -> None:
+    sim = run(tiny(**{"network.loss": 0.3}), one_waiting)
+    summary = holds(sim)  # an evicted message comes again (resend, repair, store)
+    evicted = rows(sim, "evict")
+    assert evicted and summary["evicted"] == len(evicted)
+    assert {r["detail"] for r in evicted} == {"incoming buffer full"}
+    # Received before it was evicted, by the participant that evicted it.
+    received = {(r["participant"], r["message_id"]) for r in rows(sim, "receive")}
+    assert all((r["participant"], r["message_id"]) in received for r in evicted)
+
+
 def test_reordered_copies_arrive_late_and_logs_stay_ordered() -> None:
     config = tiny(
         **{

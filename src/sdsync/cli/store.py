@@ -24,6 +24,7 @@ from sdsync.wire.waku_protocols import SHARD_TOPIC_PREFIX
 
 if TYPE_CHECKING:
     from sdsync.store import RetentionPolicy, SqlArchive
+    from sdsync.store.waku_store import AnswerLimits
     from sdsync.transport.libp2p_patches import ConnectionLimits
     from sdsync.transport.ratelimit import RateLimit
 
@@ -39,6 +40,7 @@ DEFAULT_LISTEN = "127.0.0.1:8645"
 DEFAULT_RELAY_LISTEN = "/ip4/127.0.0.1/tcp/0"
 # ConnectionLimits' own default (sdsync.transport.libp2p_patches, an optional extra).
 RELAY_EXEMPT_IPS = frozenset({"127.0.0.1", "::1"})
+SIZE = "BYTES[KB|MB|GB|KiB|MiB|GiB]"
 DataDir = Annotated[
     Path,
     typer.Option("--data-dir", file_okay=False, help="State: SQLite archive, last-online time."),
@@ -259,6 +261,37 @@ def serve(
             " dropped, neither archived nor relayed.",
         ),
     ] = "32MiB/16s",
+    # -- per-peer budgets (issue 27): Store Sync's session rate (SyncConfig), the
+    # store-query answers in flight over libp2p (AnswerLimits)
+    sync_sessions_per_minute: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="Store Sync sessions one remote address may open per minute, on average"
+            " (a token bucket); more are answered 429. Above 0.",
+        ),
+    ] = 12.0,
+    sync_session_burst: Annotated[
+        int,
+        typer.Option(min=1, help="Store Sync sessions one remote address may open at once."),
+    ] = 8,
+    store_answer_bytes_per_peer: Annotated[
+        str,
+        typer.Option(
+            metavar=SIZE,
+            help="Bytes of store-query answers one libp2p peer may be sent per 10 s, read or"
+            " not (a page of the largest messages is 15 MB); more are answered 429.",
+        ),
+    ] = "64MiB",
+    store_answer_bytes: Annotated[
+        str,
+        typer.Option(
+            metavar=SIZE,
+            help="Bytes of store-query answers all libp2p peers may be sent per 10 s; more"
+            " are answered 503.",
+        ),
+    ] = "256MiB",
+    # -- end of per-peer budgets
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO.")] = False,
 ) -> None:
     """Serve the archive over HTTP until SIGINT or SIGTERM."""
@@ -314,7 +347,10 @@ def serve(
             window_s=sync_window,
             pubsub_topics=sync_topics,
             token=sync_token,
+            sessions_per_minute=_above_zero(sync_sessions_per_minute, "--sync-sessions-per-minute"),
+            session_burst=sync_session_burst,
         ),
+        store_answers=_answer_limits(store_answer_bytes_per_peer, store_answer_bytes),
     )
 
     relay_addrs: list[str] = []
@@ -377,6 +413,35 @@ def _rate_limit(spec: str, option: str) -> RateLimit | None:
         return RateLimit.parse(spec)
     except LocalProtocolError as exc:
         raise typer.BadParameter(str(exc), param_hint=option) from None
+
+
+def _above_zero(value: float, option: str) -> float:
+    if value <= 0:
+        raise typer.BadParameter(f"must be above 0, got {value:g}", param_hint=option)
+    return value
+
+
+def _answer_limits(per_peer: str, total: str) -> AnswerLimits:
+    from sdsync.store.waku_store import AnswerLimits
+
+    return AnswerLimits(
+        per_peer_bytes=_size(per_peer, "--store-answer-bytes-per-peer"),
+        total_bytes=_size(total, "--store-answer-bytes"),
+    )
+
+
+def _size(spec: str, option: str) -> int:
+    """Bytes from ``64MiB`` and the like: --retention's size:… spelling."""
+    from sdsync.errors import LocalProtocolError
+    from sdsync.store import RetentionPolicy
+
+    try:
+        size = RetentionPolicy.parse(f"size:{spec}").limit
+    except LocalProtocolError:
+        size = 0
+    if size < 1:
+        raise typer.BadParameter(f"expected {SIZE} above 0, got {spec!r}", param_hint=option)
+    return size
 
 
 def _budget_bytes(archive: SqlArchive, policies: Iterable[RetentionPolicy]) -> None:

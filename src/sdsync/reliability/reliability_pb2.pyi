@@ -922,6 +922,7 @@ class Event(_message.Message):
     TRANSMIT_FIELD_NUMBER: _builtins.int
     PERIODIC_SYNC_FIELD_NUMBER: _builtins.int
     EVENTS_DISCARDED_FIELD_NUMBER: _builtins.int
+    MESSAGE_EVICTED_FIELD_NUMBER: _builtins.int
     SEQ_FIELD_NUMBER: _builtins.int
     CHANNEL_ID_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
@@ -946,6 +947,8 @@ class Event(_message.Message):
     def periodic_sync(self) -> Global___PeriodicSync: ...
     @_builtins.property
     def events_discarded(self) -> Global___EventsDiscarded: ...
+    @_builtins.property
+    def message_evicted(self) -> Global___MessageEvicted: ...
     def __init__(
         self,
         *,
@@ -958,14 +961,15 @@ class Event(_message.Message):
         transmit: Global___Transmit | None = ...,
         periodic_sync: Global___PeriodicSync | None = ...,
         events_discarded: Global___EventsDiscarded | None = ...,
+        message_evicted: Global___MessageEvicted | None = ...,
         seq: _builtins.int = ...,
         channel_id: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "events_discarded", b"events_discarded", "message_ready", b"message_ready", "message_sent", b"message_sent", "missing_dependencies", b"missing_dependencies", "periodic_sync", b"periodic_sync", "possibly_acknowledged", b"possibly_acknowledged", "send_failed", b"send_failed", "subscribed", b"subscribed", "transmit", b"transmit"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "events_discarded", b"events_discarded", "message_evicted", b"message_evicted", "message_ready", b"message_ready", "message_sent", b"message_sent", "missing_dependencies", b"missing_dependencies", "periodic_sync", b"periodic_sync", "possibly_acknowledged", b"possibly_acknowledged", "send_failed", b"send_failed", "subscribed", b"subscribed", "transmit", b"transmit"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_id", b"channel_id", "event", b"event", "events_discarded", b"events_discarded", "message_ready", b"message_ready", "message_sent", b"message_sent", "missing_dependencies", b"missing_dependencies", "periodic_sync", b"periodic_sync", "possibly_acknowledged", b"possibly_acknowledged", "send_failed", b"send_failed", "seq", b"seq", "subscribed", b"subscribed", "transmit", b"transmit"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_id", b"channel_id", "event", b"event", "events_discarded", b"events_discarded", "message_evicted", b"message_evicted", "message_ready", b"message_ready", "message_sent", b"message_sent", "missing_dependencies", b"missing_dependencies", "periodic_sync", b"periodic_sync", "possibly_acknowledged", b"possibly_acknowledged", "send_failed", b"send_failed", "seq", b"seq", "subscribed", b"subscribed", "transmit", b"transmit"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["subscribed", "message_ready", "message_sent", "possibly_acknowledged", "missing_dependencies", "send_failed", "transmit", "periodic_sync", "events_discarded"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["subscribed", "message_ready", "message_sent", "possibly_acknowledged", "missing_dependencies", "send_failed", "transmit", "periodic_sync", "events_discarded", "message_evicted"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 
@@ -1219,3 +1223,47 @@ class EventsDiscarded(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___EventsDiscarded: _TypeAlias = EventsDiscarded  # noqa: Y015
+
+@_typing.final
+class MessageEvicted(_message.Message):
+    """A received message that waited for dependencies was discarded to make room for a newer
+    one (the channel's incoming buffer is capped in messages and in bytes): no MessageReady
+    follows for it unless it arrives again, and a later message naming it makes it missing
+    again (MissingDependencies). `reason` is the cap it would have broken: "incoming buffer
+    full" (the message count) or "incoming buffer over its byte budget" (see `sdsync
+    reliability serve --max-incoming-buffer-bytes`).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANNEL_ID_FIELD_NUMBER: _builtins.int
+    MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    SENDER_ID_FIELD_NUMBER: _builtins.int
+    UNMET_DEPENDENCIES_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    channel_id: _builtins.str
+    message_id: _builtins.str
+    reason: _builtins.str
+    sender_id: _builtins.str
+    unmet_dependencies: _builtins.int
+    """its dependencies still missing"""
+    size_bytes: _builtins.int
+    """what it counted against the byte budget"""
+    def __init__(
+        self,
+        *,
+        channel_id: _builtins.str = ...,
+        message_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        sender_id: _builtins.str = ...,
+        unmet_dependencies: _builtins.int = ...,
+        size_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_id", b"channel_id", "message_id", b"message_id", "reason", b"reason", "sender_id", b"sender_id", "size_bytes", b"size_bytes", "unmet_dependencies", b"unmet_dependencies"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MessageEvicted: _TypeAlias = MessageEvicted  # noqa: Y015

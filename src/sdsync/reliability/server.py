@@ -68,6 +68,7 @@ import grpc
 from sdsync.core import (
     MessageAcknowledged,
     MessageDelivered,
+    MessageEvicted,
     MessageMissing,
     MessagePossiblyAcknowledged,
     SendFailed,
@@ -731,6 +732,16 @@ def _event(channel_id: str, delivery: Delivery) -> pb.Event:
         case PeriodicSync():
             periodic = pb.PeriodicSync(channel_id=channel_id)
             return pb.Event(periodic_sync=periodic, seq=seq, channel_id=channel_id)
+        case MessageEvicted():
+            evicted = pb.MessageEvicted(
+                channel_id=channel_id,
+                message_id=mid,
+                reason=event.reason.value,
+                sender_id=event.sender_id,
+                unmet_dependencies=event.unmet_dependencies,
+                size_bytes=event.size_bytes,
+            )
+            return pb.Event(message_evicted=evicted, seq=seq, channel_id=channel_id)
         case EventsDiscarded():
             discarded = pb.EventsDiscarded(
                 channel_id=channel_id,

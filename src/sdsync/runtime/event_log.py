@@ -3,14 +3,14 @@
 Theory of operation
 -------------------
 What the application must hear of a channel — a message ready to deliver, one of ours
-acknowledged, possibly acknowledged or given up on, dependencies missing, bytes to
-transmit, a periodic sync — is reported *at least once*: each such event gets the
-channel's next sequence number (1, 2, 3, ...) in the step that caused it and is kept
-until the application acknowledges it, by number (:meth:`EventLog.ack`: "everything up
-to ``seq`` is processed"). Until then it is reported again — after a callback raised,
-after a reconnect, after the process died — always under the same number. So an
-application that remembers the last number it processed per channel processes every
-event exactly once.
+acknowledged, possibly acknowledged or given up on, dependencies missing, a waiting
+message evicted from the incoming buffer, bytes to transmit, a periodic sync — is
+reported *at least once*: each such event gets the channel's next sequence number (1, 2,
+3, ...) in the step that caused it and is kept until the application acknowledges it, by
+number (:meth:`EventLog.ack`: "everything up to ``seq`` is processed"). Until then it is
+reported again — after a callback raised, after a reconnect, after the process died —
+always under the same number. So an application that remembers the last number it
+processed per channel processes every event exactly once.
 
 Durability is the owner's: :class:`EventLog` keeps events in memory, and
 :class:`~sdsync.runtime.state.StoredEventLog` writes them in the same SQLite transaction
@@ -30,10 +30,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from sdsync.core import (
+    DropReason,
     Event,
     MessageAcknowledged,
     MessageDelivered,
     MessageDeliveredEarly,
+    MessageEvicted,
     MessageLost,
     MessageMissing,
     MessagePossiblyAcknowledged,
@@ -73,6 +75,7 @@ DURABLE_EVENTS = (
     MessageAcknowledged,
     MessagePossiblyAcknowledged,
     MessageMissing,
+    MessageEvicted,
     MessageLost,
     SendFailed,
 )
@@ -124,6 +127,8 @@ def to_row(event: Reported) -> Row:
             return (event.type, mid, None, count, None, acker, None, None)
         case MessageMissing(retrieval_hint=hint, sender_id=sender):
             return (event.type, mid, sender, None, None, None, None, hint)
+        case MessageEvicted(reason=why, sender_id=s, unmet_dependencies=n, size_bytes=size):
+            return (event.type, mid, s, size, n, why.value, None, None)
         case EventsDiscarded(first_seq=first, ready=ready):
             return (event.type, mid, None, first, ready, None, None, None)
         case MessageLost() | SendFailed() | PeriodicSync():
@@ -146,6 +151,8 @@ def from_row(seq: int, row: Row) -> Delivery:
         event = MessagePossiblyAcknowledged(mid, number or 0, text or "")
     elif kind == MessageMissing.type:
         event = MessageMissing(mid, hint, sender)
+    elif kind == MessageEvicted.type:
+        event = MessageEvicted(mid, DropReason(text or ""), sender or "", flag or 0, number or 0)
     elif kind == EventsDiscarded.type:
         event = EventsDiscarded(mid, number or 0, seq, flag or 0)
     else:

@@ -26,8 +26,9 @@ remote peer cannot make us hold state for channels of its choosing.
 
 Every event the application must hear of — a message ready (with its payload, sender and
 Lamport timestamp), one of ours acknowledged, possibly acknowledged or given up on,
-missing dependencies, bytes to transmit, a periodic sync — is numbered per channel and
-kept until the application has it (:mod:`sdsync.runtime.event_log`). With a
+missing dependencies, a waiting message evicted (``on_event`` hears of it), bytes to
+transmit, a periodic sync — is numbered per channel and kept until the application has
+it (:mod:`sdsync.runtime.event_log`). With a
 ``state_dir`` every channel keeps its state in ``<state_dir>/<channel id>.sqlite``
 (:mod:`sdsync.runtime.state`), and each driver step is committed, with the events it
 caused, in one transaction *before* any callback hears of it or any byte is returned, so
@@ -97,6 +98,7 @@ from sdsync.core import (
     MessageChannel,
     MessageDelivered,
     MessageDropped,
+    MessageEvicted,
     MessageMissing,
     MessagePossiblyAcknowledged,
     MessageReceived,
@@ -139,6 +141,7 @@ _REPORTED = (
     MessageAcknowledged,
     MessagePossiblyAcknowledged,
     MessageMissing,
+    MessageEvicted,
     SendFailed,
 )
 # Events read per batch while reporting them.

@@ -31,6 +31,7 @@ from sdsync.core import (
     MessageAcknowledged,
     MessageDelivered,
     MessageDropped,
+    MessageEvicted,
     MessageLost,
     MessagePossiblyAcknowledged,
     SendFailed,
@@ -145,6 +146,9 @@ class Recorder:
         self.bloom_ignored: dict[str, int] = {"wrong size": 0, "saturated": 0}
         self.net_drops: dict[str, int] = defaultdict(int)
         self.abandoned: set[tuple[int, str]] = set()
+        # (participant, channel, message id) evicted from an incoming buffer: received, but
+        # as if it had not been until it comes again.
+        self.evicted: set[tuple[int, int, str]] = set()
         self.false_acks = 0
         self.duplicates = 0
         self.causal_violations = 0
@@ -263,6 +267,8 @@ class Recorder:
                 self._row(
                     now, participant, channel, event.message_id, "drop", 0, event.reason.value
                 )
+            elif type(event) is MessageEvicted:
+                self._evicted(participant, channel, event, now)
             elif type(event) is SendFailed:
                 # The sender's driver gave up after max_attempts resends.
                 self.abandoned.add((channel, event.message_id))
@@ -286,6 +292,12 @@ class Recorder:
         how = "bloom" if by_bloom else "causal_history"
         detail = f"{how}:{event.acker_id}:false" if false else f"{how}:{event.acker_id}"
         self._row(now, participant, channel, event.message_id, kind, 0, detail)
+
+    def _evicted(self, participant: int, channel: int, event: MessageEvicted, now: int) -> None:
+        mid = event.message_id
+        self.got[participant][channel].discard(mid)
+        self.evicted.add((participant, channel, mid))
+        self._row(now, participant, channel, mid, "evict", 0, event.reason.value)
 
     def _delivered(self, participant: int, channel: int, message_id: str, now: int) -> None:
         have = self.have[participant][channel]
@@ -393,6 +405,8 @@ class Recorder:
             if mid in chan.incoming_ids():
                 return "received, still waiting for dependencies"
             return "received but never delivered (engine fault)"
+        if (participant, channel, mid) in self.evicted:
+            return "evicted from the incoming buffer, never received again"
         if (channel, mid) in self.abandoned:
             return "never received; its sender gave up after max_attempts"
         if chan.missing_dependency(mid) is not None:
@@ -454,6 +468,7 @@ class Recorder:
             "copies_sent": self.copies,
             "network_drops": dict(sorted(self.net_drops.items())),
             "abandoned": len(self.abandoned),
+            "evicted": self.counts["evict"],
             "false_acks": self.false_acks,
             "store_queries": self.store_queries,
             "retrieval": self.config.retrieval,

@@ -384,7 +384,8 @@ async function main() {
         fail(new Error(`${p.name}: SendFailed for ${body.message_id}`));
         return;
       default:
-        break; // PossiblyAcknowledged, MissingDependencies, PeriodicSync: nothing to do
+        // PossiblyAcknowledged, MissingDependencies, PeriodicSync, MessageEvicted: nothing to do
+        break;
     }
     if (p.restart !== null && p.restart.unprocessed.some(([s]) => s === seq)) {
       p.restart.resent.push([seq, event.event, body.message_id ?? ""]);

@@ -1,0 +1,74 @@
+"""`sdsync store serve`'s per-peer budgets (issue 27) that had no flag:
+``--sync-sessions-per-minute`` and ``--sync-session-burst`` (Store Sync's session rate,
+SyncConfig) and ``--store-answer-bytes-per-peer`` and ``--store-answer-bytes`` (the
+store-query answers in flight over libp2p, AnswerLimits; sizes as --retention's)."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+import sdsync.store
+from sdsync.cli.main import app
+from sdsync.cli.store import _size, serve
+from sdsync.store import NodeConfig
+from sdsync.store.sync import SyncConfig
+from sdsync.store.waku_store import AnswerLimits
+
+
+def test_the_flags_default_to_the_limits_own_defaults() -> None:
+    defaults = {name: p.default for name, p in inspect.signature(serve).parameters.items()}
+    sync, answers = SyncConfig(), AnswerLimits()
+    assert defaults["sync_sessions_per_minute"] == sync.sessions_per_minute
+    assert defaults["sync_session_burst"] == sync.session_burst
+    assert _size(defaults["store_answer_bytes_per_peer"], "") == answers.per_peer_bytes
+    assert _size(defaults["store_answer_bytes"], "") == answers.total_bytes
+
+
+def served_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *options: str) -> NodeConfig:
+    """The NodeConfig `store serve` would run with ``options`` (the node is not started)."""
+    seen: list[NodeConfig] = []
+
+    async def serve_node(node: Any, **_: Any) -> None:
+        seen.append(node.config)
+
+    monkeypatch.setattr(sdsync.store, "serve", serve_node)
+    argv = ["store", "serve", "--data-dir", str(tmp_path), "--retention", "none", *options]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    (config,) = seen
+    return config
+
+
+def test_the_flags_reach_the_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = served_config(
+        tmp_path,
+        monkeypatch,
+        *("--sync-sessions-per-minute", "0.5", "--sync-session-burst", "2"),
+        *("--store-answer-bytes-per-peer", "3MiB", "--store-answer-bytes", "1GB"),
+    )
+    assert (config.sync.sessions_per_minute, config.sync.session_burst) == (0.5, 2)
+    assert config.store_answers == AnswerLimits(per_peer_bytes=3 << 20, total_bytes=10**9)
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        ["--sync-sessions-per-minute", "0"],
+        ["--sync-sessions-per-minute", "-1"],
+        ["--sync-session-burst", "0"],
+        ["--store-answer-bytes-per-peer", "0"],
+        ["--store-answer-bytes-per-peer", "lots"],
+        ["--store-answer-bytes", "64XB"],
+        ["--store-answer-bytes", "-5MiB"],
+    ],
+)
+def test_bad_budgets_are_refused(tmp_path: Path, option: list[str]) -> None:
+    argv = ["store", "serve", "--data-dir", str(tmp_path), *option]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 2, result.output
+    assert option[0] in result.output
