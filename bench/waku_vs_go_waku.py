@@ -181,7 +181,8 @@ def count_go_waku_role(rest_port: int, warmup: int, count: int, patience: float)
 
 async def receive_sdsync_role(warmup: int, count: int, patience: float) -> None:
     """Counts what a Libp2pTransport relay node receives; prints its address first."""
-    async with Libp2pTransport(waku=WAKU) as node:
+    # No per-peer relay rate limit: the sender is the one peer, and its rate is measured.
+    async with Libp2pTransport(waku=WAKU, relay_rate=None) as node:
         inbox = node.subscribe(TOPIC)
         print(f"ready {node.listen_addrs[0]}", flush=True)
         tally = Tally(warmup, count)
