@@ -26,6 +26,7 @@ from libp2p.tools.anyio_service import background_trio_service
 from transporttest import run, until
 
 from sdsync.transport import Libp2pTransport
+from sdsync.transport.libp2p import GossipParams
 from sdsync.transport.libp2p_patches import ConnectionLimits
 
 ECHO = "/sdsync/test/echo/1"
@@ -214,6 +215,40 @@ def test_message_cache_empties_without_mesh_peers() -> None:
             while router.mcache.msgs:
                 assert time.monotonic() - started < CACHE_BOUND_S, router.heartbeat_interval
                 await asyncio.sleep(0.1)
+        finally:
+            await node.close()
+
+    run(scenario)
+
+
+def test_message_cache_is_bounded_in_bytes_oldest_first() -> None:
+    """Row 6 in bytes: heartbeats bound how long the gossip cache holds a message, not
+    how many bytes a flood puts in it meanwhile. 4 MB published into a 1 MiB cache (with
+    a heartbeat too slow to shift anything out) leaves it within 1 MiB, the oldest
+    evicted and counted, the newest still answerable and announced."""
+    budget = 2**20
+    flood = 40
+
+    async def scenario() -> None:
+        node = Libp2pTransport(
+            gossip=GossipParams(heartbeat_interval_s=600, message_cache_bytes=budget)
+        )
+        node.subscribe(TOPIC)
+        await node.start()
+        router = node._relaying("test").router
+        try:
+            for n in range(flood):
+                await node.publish(TOPIC, b"flood %03d " % n + bytes(100_000))
+            await until(lambda: node.mcache_evicted + len(router.mcache.msgs) == flood)
+            cache = router.mcache
+            assert 0 < cache.bytes <= budget
+            assert sum(m.ByteSize() for m in cache.msgs.values()) == cache.bytes
+            kept = len(cache.msgs)
+            assert node.mcache_evicted == flood - kept >= flood - 11
+            newest = [b"flood %03d " % n for n in range(flood - kept, flood)]
+            assert [m.data[m.data.index(b"flood") :][:10] for m in cache.msgs.values()] == newest
+            pubsub_topic, _ = node._route(TOPIC)
+            assert cache.window(pubsub_topic) == list(cache.msgs)
         finally:
             await node.close()
 

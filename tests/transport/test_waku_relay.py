@@ -112,6 +112,30 @@ def test_the_message_cache_holds_every_unsigned_message_by_its_id() -> None:
     assert keyed.window(PUBSUB_TOPIC) == [message_id(m) for m in messages]
 
 
+def test_the_message_cache_drops_its_oldest_entries_past_its_byte_budget() -> None:
+    messages = [unsigned(b"%d" % n + bytes(99)) for n in range(10)]
+    size = messages[0].ByteSize()
+    evicted: list[int] = []
+    cache = KeyedMessageCache(
+        3, 5, lambda m: m.data[:1], max_bytes=4 * size + 1, on_evict=evicted.append
+    )
+    for n, msg in enumerate(messages):
+        cache.put(msg)
+        if n % 3 == 2:
+            cache.shift()  # spread over windows: eviction crosses them, oldest first
+    assert cache.bytes == 4 * size
+    assert list(cache.msgs) == [b"6", b"7", b"8", b"9"]
+    assert sum(evicted) == 6
+    # Nothing evicted is announced (IHAVE) that IWANT could not answer.
+    assert sorted(cache.window(PUBSUB_TOPIC)) == [b"6", b"7", b"8", b"9"]
+    assert all(cache.get(mid) is not None for mid in cache.window(PUBSUB_TOPIC))
+    for _ in range(5):
+        cache.shift()
+    assert (cache.msgs, cache.bytes) == ({}, 0)
+    cache.put(unsigned(bytes(5 * size)))  # larger than the whole budget: not cached
+    assert (cache.msgs, sum(evicted)) == ({}, 7)
+
+
 def test_waku_publications_carry_neither_from_nor_seqno() -> None:
     async def scenario() -> None:
         node = await waku_node()

@@ -95,7 +95,7 @@ from sdsync.errors import LocalProtocolError, ProtocolNotSupportedError, RemoteP
 from sdsync.lifecycle import AsyncLifecycle
 from sdsync.transport.base import Envelope, Received, default_content_topic
 from sdsync.transport.libp2p_host import Handler, PushHandler, RelayTrioHost, TrioHost, run_host
-from sdsync.transport.libp2p_patches import ConnectionLimits
+from sdsync.transport.libp2p_patches import MESSAGE_CACHE_BYTES, ConnectionLimits
 from sdsync.transport.ratelimit import RateLimit
 from sdsync.wire.waku import DEFAULT_TIMESTAMP_VARIANCE_S, MAX_WAKU_MESSAGE_BYTES, WakuMessage
 from sdsync.wire.waku_protocols import (
@@ -132,6 +132,9 @@ class GossipParams:
     degree_low: int = 4
     degree_high: int = 12
     heartbeat_interval_s: int = 1
+    # The gossip message cache (what IWANT is answered from) holds this many bytes at
+    # most, the oldest going first, counted in Libp2pTransport.mcache_evicted.
+    message_cache_bytes: int = MESSAGE_CACHE_BYTES
     # Redial configured peers that are not connected this often (they may start later,
     # or restart).
     redial_interval_s: float = 1.0
@@ -221,6 +224,8 @@ class Libp2pTransport(AsyncLifecycle):
         # more are dropped by the validator, neither delivered nor relayed, and counted.
         self.relay_rate = relay_rate
         self.relay_rate_limited = 0
+        # Messages dropped from the gossip cache to keep it within its byte budget.
+        self.mcache_evicted = 0
         self._rng = random.Random(seed)
         # Inbound connections closed unserved, by reason (ConnectionLimits).
         self.connections_refused: Counter[str] = Counter()

@@ -32,7 +32,10 @@ The router is Waku Relay: :class:`~sdsync.transport.libp2p_patches.WakuGossipSub
 sha256(data) as js-waku's. Inbound frames are checked as a gossipsub topic validator
 (unsigned, and the 14/WAKU2-MESSAGE checks), so a bad frame is neither delivered nor
 relayed; so is a valid one over its forwarding peer's ``relay_rate`` (a token bucket of
-bytes per peer that hands us frames; counted in ``relay_rate_limited``).
+bytes per peer that hands us frames; counted in ``relay_rate_limited``). Its message
+cache is bounded in bytes (``GossipParams.message_cache_bytes``; evictions counted in
+``mcache_evicted``) as well as in heartbeats, with adaptive gossip off so that the
+heartbeat does not slow down while the mesh is thin.
 ``/vac/waku/metadata/1.0.0`` is answered with our cluster and shards.
 
 Request/response streams (:meth:`TrioHost.serve`, :meth:`TrioHost.request`) carry one
@@ -586,6 +589,9 @@ class RelayTrioHost(TrioHost):
             # Adaptive gossip slows the heartbeat to 30-60 s while the mesh is thin, and
             # the message cache holds 5 heartbeats: memory would follow mesh health.
             adaptive_gossip_enabled=False,
+            # Heartbeats bound the cache in time, this in bytes, however many flood it.
+            message_cache_bytes=gossip.message_cache_bytes,
+            on_cache_evict=self._cache_evicted,
         )
         self.pubsub = DeliveringPubsub(
             self.host,
@@ -687,6 +693,9 @@ class RelayTrioHost(TrioHost):
             return True
         self.transport.relay_rate_limited += 1
         return False
+
+    def _cache_evicted(self, count: int) -> None:
+        self.transport.mcache_evicted += count
 
     def _deliver(self, msg: rpc_pb2.Message, own: bool) -> None:
         """A validated publication: hand it to the asyncio subscribers of its pubsub

@@ -22,7 +22,8 @@ replaces one behaviour of the pinned py-libp2p:
   ``from``+``seqno``, empty for all of them, so from the second message on nothing was
   forwarded); and keys its message cache, which answers IWANT and feeds IHAVE, by the
   pubsub's message id instead of ``from``+``seqno`` (:class:`KeyedMessageCache`: keyed on
-  the empty ``from``+``seqno``, it would hold the first unsigned message only); and
+  the empty ``from``+``seqno``, it would hold the first unsigned message only), bounded
+  in bytes as well as heartbeats, oldest first; and
   queues a publication for a peer not subscribed to its topic only while that peer is
   new (:class:`NewcomerQueues`): py-libp2p queues every publication for every such peer,
   re-filters each 100-entry queue on every publish and logs a WARNING each time;
@@ -79,6 +80,10 @@ PEER_QUEUE_RPCS = 256
 SUBSCRIPTION_GRACE_S = 5.0
 #: How often a host's signed peer record is checked against its listen addresses.
 PEER_RECORD_CHECK_S = 1.0
+#: Bytes of messages a relay node's gossip cache holds at most (see
+#: :class:`KeyedMessageCache`): 5 s of a 12 MiB/s shard at the default heartbeat,
+#: whatever the number of peers flooding it.
+MESSAGE_CACHE_BYTES = 64 * 2**20
 _REFUSAL_LOGGER = "libp2p.host.basic_host"
 
 
@@ -150,16 +155,29 @@ class WakuGossipSub(GossipSub):
     """GossipSub that relays Waku's way: under protocol ids taken as gossipsub v1.1
     (``relay_protocols``), with unsigned messages."""
 
-    def __init__(self, *args: Any, relay_protocols: tuple[str, ...], **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        relay_protocols: tuple[str, ...],
+        message_cache_bytes: int = MESSAGE_CACHE_BYTES,
+        on_cache_evict: Callable[[int], None] = lambda n: None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.relay_protocols = relay_protocols
+        self._message_cache_bytes = message_cache_bytes
+        self._on_cache_evict = on_cache_evict
         self._added_at: dict[ID, float] = {}
         self._pending_messages = NewcomerQueues(self._new)
 
     def attach(self, pubsub: Pubsub) -> None:
         super().attach(pubsub)
         self.mcache = KeyedMessageCache(
-            self.mcache.window_size, self.mcache.history_size, pubsub.get_message_id
+            self.mcache.window_size,
+            self.mcache.history_size,
+            pubsub.get_message_id,
+            max_bytes=self._message_cache_bytes,
+            on_evict=self._on_cache_evict,
         )
 
     def add_peer(self, peer_id: ID, protocol_id: TProtocol | None) -> None:
@@ -231,20 +249,64 @@ class NewcomerQueues(defaultdict[ID, list[tuple[float, rpc_pb2.RPC]]]):
 
 class KeyedMessageCache(MessageCache):
     """Gossipsub's message cache keyed by the pubsub's message id, which is also what
-    IHAVE announces and IWANT asks for."""
+    IHAVE announces and IWANT asks for, and bounded in bytes as well as in heartbeats.
+
+    py-libp2p's cache holds what arrived over the last ``history_size`` heartbeats,
+    whatever its size: a flood from many peers at once is held whole for that long. At
+    ``max_bytes`` the oldest entries go first (from the oldest window on, each removed
+    from its window too, so no IHAVE announces what IWANT could not answer), each counted
+    through ``on_evict``; a message larger than the whole budget is not cached at all.
+    """
 
     def __init__(
-        self, window_size: int, history_size: int, message_id: Callable[[rpc_pb2.Message], bytes]
+        self,
+        window_size: int,
+        history_size: int,
+        message_id: Callable[[rpc_pb2.Message], bytes],
+        *,
+        max_bytes: int = MESSAGE_CACHE_BYTES,
+        on_evict: Callable[[int], None] = lambda n: None,
     ) -> None:
         super().__init__(window_size, history_size)
         self._message_id = message_id
+        self.max_bytes = max_bytes
+        self._on_evict = on_evict
+        self._sizes: dict[bytes, int] = {}
+        self.bytes = 0
 
     def put(self, msg: rpc_pb2.Message) -> None:
         mid = self._message_id(msg)
         if mid in self.msgs:
             return
+        size = msg.ByteSize()
+        if size > self.max_bytes:
+            self._on_evict(1)
+            return
+        self._make_room(size)
         self.msgs[mid] = msg
+        self._sizes[mid] = size
+        self.bytes += size
         self.history[0].append(CacheEntry(mid, msg.topicIDs))
+
+    def shift(self) -> None:
+        for entry in self.history[-1]:
+            self.bytes -= self._sizes.pop(entry.mid, 0)
+        super().shift()
+
+    def _make_room(self, size: int) -> None:
+        """Drop the oldest entries until ``size`` more bytes fit the budget."""
+        evicted = 0
+        for window in reversed(self.history):
+            dropped = 0
+            while dropped < len(window) and self.bytes + size > self.max_bytes:
+                mid = window[dropped].mid
+                self.msgs.pop(mid, None)
+                self.bytes -= self._sizes.pop(mid, 0)
+                dropped += 1
+            del window[:dropped]
+            evicted += dropped
+        if evicted:
+            self._on_evict(evicted)
 
 
 @dataclass(frozen=True, slots=True)
