@@ -18,7 +18,7 @@ import itertools
 import math
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -29,9 +29,10 @@ from testdeps import require
 from sdsync.errors import RemoteProtocolError
 from sdsync.store import NodeConfig, StoreNode, WakuStoreClient
 from sdsync.store.archive import open_archive
-from sdsync.store.light import LightConfig
+from sdsync.store.light import DEFAULT_LIGHTPUSH_RATE, LightConfig
 from sdsync.store.lightpush import ServedTopics
 from sdsync.transport.base import Received
+from sdsync.transport.ratelimit import RateLimit
 from sdsync.wire.waku_protocols import (
     FILTER_SUBSCRIBE_PROTOCOL,
     LIGHTPUSH_PROTOCOL,
@@ -82,6 +83,7 @@ class Service:
     port: int
     key: bytes
     peers: tuple[str, ...] = ()  # relay peers
+    lightpush_rate: RateLimit | None = DEFAULT_LIGHTPUSH_RATE
     relay: Libp2pTransport | None = None
     node: StoreNode | None = None
 
@@ -102,7 +104,9 @@ class Service:
             port=0,
             retention=(),
             relay_topics=(SHARD,),
-            light=LightConfig(served=ServedTopics(((SHARD, None),))),
+            light=LightConfig(
+                served=ServedTopics(((SHARD, None),)), lightpush_rate=self.lightpush_rate
+            ),
         )
         archive = open_archive(str(self.tmp / "store.sqlite3"))
         self.node = StoreNode(
@@ -119,12 +123,19 @@ class Service:
 
 
 @contextlib.asynccontextmanager
-async def services(tmp: Path, count: int, *, relayed: bool = False) -> AsyncIterator[list[Service]]:
+async def services(
+    tmp: Path,
+    count: int,
+    *,
+    relayed: bool = False,
+    lightpush_rate: RateLimit | None = DEFAULT_LIGHTPUSH_RATE,
+) -> AsyncIterator[list[Service]]:
     """``count`` services; ``relayed``: each a relay peer of the one before."""
     started: list[Service] = []
     for i in range(count):
         peers = (started[-1].address,) if relayed and started else ()
-        started.append(Service(tmp / f"s{i}", free_port(), new_identity_key(), peers))
+        key = new_identity_key()
+        started.append(Service(tmp / f"s{i}", free_port(), key, peers, lightpush_rate))
     try:
         for service in started:
             service.tmp.mkdir()
@@ -338,6 +349,34 @@ def test_a_service_relaying_pushes_for_long_keeps_its_light_clients_and_relay_pe
 OTHER_SHARD = "/waku/2/rs/1/3"
 
 
+def test_a_burst_over_the_services_lightpush_rate_waits_out_its_429s(tmp_path: Path) -> None:
+    """A service taking 2 pushes a second from a peer; 12 published at once: publish()
+    returns before any is sent, the 429s are waited out and counted, and every message
+    reaches the other client (before: the refused ones were lost, SDS had to resend)."""
+    burst = 12
+
+    async def scenario() -> None:
+        async with (
+            services(tmp_path, 1, lightpush_rate=RateLimit(2, 1.0)) as [service],
+            client(service.address) as alice,
+            client(service.address) as bob,
+        ):
+            heard = await subscribed(bob)
+            hints = [await alice.publish(TOPIC, b"burst %d" % i) for i in range(burst)]
+            assert alice._outbox.qsize() == burst  # publish() queued, waited on nothing
+            got = [await next_frame(heard) for _ in range(burst)]
+            assert [frame.retrieval_hint for frame in got] == hints
+            assert alice.publish_failures == 0
+            assert alice.rate_limited > 0
+            assert service.node is not None
+            refused = service.node.metrics.registry.get_sample_value(
+                "sdsync_store_lightpush_total", {"status": "429"}
+            )
+            assert refused == alice.rate_limited
+
+    asyncio.run(scenario())
+
+
 def _count_subscribes(light: WakuLightTransport) -> list[int]:
     """A one-item list counting the Subscribe actions ``light``'s plan hands out."""
     count = [0]
@@ -368,10 +407,15 @@ async def fake_service(answers: dict[str, Answer]) -> AsyncIterator[str]:
         yield host.listen_addrs[0]
 
 
-async def push_failure(answers: dict[str, Answer]) -> tuple[str, Exception]:
+async def push_failure(
+    answers: dict[str, Answer], light_seen: list[WakuLightTransport] | None = None
+) -> tuple[str, Exception]:
     """What a push through a service answering with ``answers`` fails with, and the
-    failure's text."""
-    async with fake_service(answers) as address, client(address) as light:
+    failure's text; the client goes in ``light_seen``."""
+    timing = replace(FAST, busy_min_s=0.01, busy_max_s=0.02, busy_retries=2)
+    async with fake_service(answers) as address, client(address, timing=timing) as light:
+        if light_seen is not None:
+            light_seen.append(light)
         with pytest.raises(NoServiceError) as caught:
             await light.push(TOPIC, b"x")
     [(service, cause)] = caught.value.failures
@@ -394,6 +438,10 @@ def test_refusals_and_nonsense_are_typed_errors(tmp_path: Path) -> None:
     async def someone_elses(peer: str, request: bytes) -> bytes:
         return LightPushResponseV3("not yours", 200, "OK").to_bytes()
 
+    async def always_busy(peer: str, request: bytes) -> bytes:
+        asked = LightPushRequestV3.from_bytes(request)
+        return LightPushResponseV3(asked.request_id, 429, "slow down").to_bytes()
+
     async def scenario() -> None:
         text, refused = await push_failure({LIGHTPUSH_PROTOCOL: v3_refuses})
         assert isinstance(refused, ServiceRefusedError)
@@ -405,6 +453,12 @@ def test_refusals_and_nonsense_are_typed_errors(tmp_path: Path) -> None:
         assert isinstance(refused, ServiceRefusedError)
         assert refused.protocol_id == LIGHTPUSH_V2_PROTOCOL
         assert (refused.status, refused.description) == (None, "no peers")
+        # 429 is asked again busy_retries times, then it is a refusal like the others.
+        seen: list[WakuLightTransport] = []
+        _, refused = await push_failure({LIGHTPUSH_PROTOCOL: always_busy}, seen)
+        assert isinstance(refused, ServiceRefusedError)
+        assert refused.status == 429
+        assert seen[0].rate_limited == 3
         for bad in (nonsense, someone_elses):
             _, failure = await push_failure({LIGHTPUSH_PROTOCOL: bad})
             assert isinstance(failure, RemoteProtocolError)
@@ -555,3 +609,10 @@ def test_a_ping_answered_404_subscribes_again_at_once_and_a_failure_backs_off() 
     plan.pushed(0, False, 10.0)
     assert plan.push_order(10.5) == [1, 0]
     assert plan.push_order(10.0 + TIMING.retry_min_s) == [0, 1]
+    # 429s: a pause doubling from busy_min_s up to busy_max_s, from the start once a push
+    # is taken.
+    pauses = [plan.busy(1) for _ in range(8)]
+    assert pauses[:3] == [TIMING.busy_min_s, 2 * TIMING.busy_min_s, 4 * TIMING.busy_min_s]
+    assert pauses == sorted(pauses) and pauses[-1] == TIMING.busy_max_s
+    plan.pushed(1, True, 11.0)
+    assert plan.busy(1) == TIMING.busy_min_s

@@ -55,8 +55,9 @@ sender resends it) and nothing is evicted for it. An evicted message is reported
 (:class:`~sdsync.core.events.MessageEvicted`: why, its unmet dependencies and charge;
 counted in ``stats.evicted``), and if others wait for it it becomes a known-missing gap
 again, so retrieval asks for it. Finding the victim is one pass over the buffer, a sort
-only when one eviction is not enough. The known-missing set is bounded by count alone:
-each entry is bounded by the wire limits (three 256-byte fields), ~13 MB at 10,000.
+only when one eviction is not enough. The known-missing set is bounded by count and by
+bytes (``max_known_missing_bytes``, see :mod:`sdsync.core.missing`), its oldest entry
+evicted and reported (:class:`~sdsync.core.events.MessageMissingEvicted`) at either cap.
 
 Where js-waku differs we chose correctness: duplicates are never re-delivered, one peer
 repeating a bloom filter counts once, a saturated or mis-sized bloom filter gives no ack
@@ -194,7 +195,7 @@ class ChannelStats:
     # The first peer whose bloom filter had another size, and that size: a channel whose
     # participants disagree on the filter size is misconfigured, and a user needs a name.
     bloom_wrong_size: tuple[str, int] | None = None
-    # Known missing ids evicted from a full set (ChannelConfig.max_known_missing).
+    # Known missing ids evicted from a full set (max_known_missing, max_known_missing_bytes).
     missing_evicted: int = 0
     # Waiting messages evicted from the incoming buffer, by DropReason (the cap they met).
     evicted: dict[str, int] = field(default_factory=dict)
@@ -234,7 +235,9 @@ class MessageChannel:
         self._incoming_bytes = 0
         # Unmet dependency -> the waiting messages that need it.
         self._waiters: dict[str, set[str]] = {}
-        self._missing = KnownMissing(self.config.max_known_missing)
+        self._missing = KnownMissing(
+            self.config.max_known_missing, self.config.max_known_missing_bytes
+        )
         self._heard: set[str] = set()
         self._lost: set[str] = set()
         self._met_elsewhere: set[str] = set()
@@ -731,10 +734,11 @@ class MessageChannel:
         events.append(MessageMissingEvicted(gone.message_id))
         logger.log(
             logging.WARNING if self.stats.missing_evicted == 1 else logging.DEBUG,
-            "channel %s: known-missing set full (%d); stopped tracking %s, named by %s"
-            " (%d evicted so far)",
+            "channel %s: known-missing set full (%d ids, %d bytes); stopped tracking %s,"
+            " named by %s (%d evicted so far)",
             self.channel_id,
             self.config.max_known_missing,
+            self.config.max_known_missing_bytes,
             gone.message_id,
             gone.named_by,
             self.stats.missing_evicted,
@@ -1206,6 +1210,10 @@ class MessageChannel:
 
     def missing_count(self) -> int:
         return len(self._missing)
+
+    def missing_bytes(self) -> int:
+        """What the known-missing set counts against its byte budget."""
+        return self._missing.bytes
 
     def missing_dependency(self, message_id: str) -> MissingDependency | None:
         """What we know of a missing dependency (None if it is not known missing)."""

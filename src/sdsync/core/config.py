@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from sdsync.core.bloom import BloomParams
+from sdsync.core.missing import largest_missing_charge
 from sdsync.errors import LocalProtocolError
 from sdsync.wire import DEFAULT_LIMITS, WireLimits
 
@@ -77,8 +78,14 @@ class ChannelConfig:
     max_incoming_buffer: int = 10_000
     max_incoming_buffer_bytes: int = 64 << 20
     # Ids named in causal histories that we never received, tracked until they arrive, are
-    # marked met or are declared lost; beyond this many the oldest is evicted (reported).
+    # marked met or are declared lost; beyond this many, or these many bytes as
+    # sdsync.core.missing.missing_charge counts them, the oldest is evicted (reported:
+    # MessageMissingEvicted). 16 MiB holds 10,000 entries of ASCII ids up to the wire's
+    # 256 characters (~1.5 kB charged each; 64-character ids ~650 B), so it bites before
+    # the count only on ids of wide characters (~3.8 kB each: ~4,400 fit). Validated to
+    # hold at least one entry of the largest size peers may name.
     max_known_missing: int = 10_000
+    max_known_missing_bytes: int = 16 << 20
     # Our unacknowledged messages; at the cap ``send`` raises OutgoingBufferFullError.
     max_outgoing_buffer: int = 5_000
     # Entries beyond this many leave memory for the HistoryStore (which still answers
@@ -116,6 +123,12 @@ class ChannelConfig:
             raise LocalProtocolError(
                 f"max_incoming_buffer_bytes must be at least {largest}: a message of the"
                 " largest size peers accept (limits) could never wait otherwise"
+            )
+        largest_gap = largest_missing_charge(self.limits)
+        if self.max_known_missing_bytes < largest_gap:
+            raise LocalProtocolError(
+                f"max_known_missing_bytes must be at least {largest_gap}: a missing id of"
+                " the largest size peers accept (limits) could never be tracked otherwise"
             )
         if self.causal_history_size > self.limits.max_causal_history:
             raise LocalProtocolError("causal_history_size exceeds what peers accept")

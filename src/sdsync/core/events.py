@@ -116,10 +116,12 @@ class MessageMissing(Event):
 
 @dataclass(frozen=True, slots=True)
 class MessageMissingEvicted(Event):
-    """A missing dependency we stopped tracking: the known-missing set was full.
+    """A missing dependency we stopped tracking: the known-missing set was full (in
+    count or in bytes).
 
     It is no longer reported by incoming sweeps or asked for, unless a later causal
-    history names it again (see ``ChannelConfig.max_known_missing``).
+    history names it again (see ``ChannelConfig.max_known_missing`` and
+    ``max_known_missing_bytes``).
     """
 
     type = "message_missing_evicted"

@@ -16,14 +16,29 @@ timeout expires a prefix, and when the set is full the oldest entry is evicted (
 reported) to make room, so a hostile peer naming thousands of junk ids costs a bounded
 amount of memory and can push out real gaps only until they are named again — which real
 gaps are, in every causal history and sync message that still covers them.
+
+Full means either cap: ``capacity`` entries, or ``byte_budget`` bytes as
+:func:`missing_charge` counts them (the Python sizes of the id, hint, sender and naming
+peer, plus :data:`MISSING_ENTRY_BYTES` for the objects and the index). The count alone
+let ids of the largest size the wire allows hold ~3.8 kB each, ~38 MB at 10,000; the
+budget makes such a flood evict sooner, while honest entries (64-character ids, ~650 B
+charged) reach the count cap first. An entry that learns a hint or sender is charged
+again, and may evict older ones likewise; it never evicts itself.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
-from sdsync.wire import HistoryEntry
+from sdsync.wire import HistoryEntry, WireLimits
+
+#: What an entry is charged besides its strings and hint: the MissingDependency and
+#: HistoryEntry objects, the first-sighting int and the index slot (measured ~180 bytes),
+#: rounded up.
+MISSING_ENTRY_BYTES = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,13 +54,36 @@ class MissingDependency:
         return self.entry.message_id
 
 
+def missing_charge(entry: HistoryEntry, named_by: str) -> int:
+    """Bytes a known-missing entry counts against the byte budget."""
+    return (
+        MISSING_ENTRY_BYTES
+        + sys.getsizeof(entry.message_id)
+        + sys.getsizeof(entry.retrieval_hint)
+        + sys.getsizeof(entry.sender_id)
+        + sys.getsizeof(named_by)
+    )
+
+
+@lru_cache(maxsize=8)
+def largest_missing_charge(limits: WireLimits) -> int:
+    """The charge of the largest entry peers may name under ``limits`` (ids of
+    the widest characters)."""
+    widest = "\U0010ffff" * limits.max_id_length
+    entry = HistoryEntry(widest, bytes(limits.max_retrieval_hint_bytes), widest)
+    return missing_charge(entry, widest)
+
+
 class KnownMissing:
     """The bounded set of missing dependencies, oldest first sighting first."""
 
-    __slots__ = ("_by_id", "capacity", "touched")
+    __slots__ = ("_by_id", "byte_budget", "bytes", "capacity", "touched")
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, byte_budget: int | None = None) -> None:
         self.capacity = capacity
+        self.byte_budget = byte_budget
+        #: What the entries are charged (missing_charge), in all.
+        self.bytes = 0
         self._by_id: dict[str, MissingDependency] = {}
         # Ids added, changed or removed, for durable storage (None: nobody is recording).
         self.touched: set[str] | None = None
@@ -82,21 +120,46 @@ class KnownMissing:
             better = HistoryEntry(
                 mid, old.retrieval_hint or entry.retrieval_hint, old.sender_id or entry.sender_id
             )
-            self._by_id[mid] = replace(known, entry=better)
-            self._touch(mid)
-            return False, []
-        evicted: list[MissingDependency] = []
-        while len(self._by_id) >= self.capacity:
-            oldest = self._by_id.pop(next(iter(self._by_id)))
-            self._touch(oldest.message_id)
-            evicted.append(oldest)
-        self._by_id[mid] = MissingDependency(entry, named_by, now_ms)
-        self._touch(mid)
+            self._put(replace(known, entry=better))
+            return False, self._make_room(0, keep=mid)
+        evicted = self._make_room(1, missing_charge(entry, named_by))
+        self._put(MissingDependency(entry, named_by, now_ms))
         return True, evicted
 
+    def _put(self, known: MissingDependency) -> None:
+        self._set(known)
+        self._touch(known.message_id)
+
+    def _set(self, known: MissingDependency) -> None:
+        """Add ``known`` (at the end) or replace the entry of its id (in its place)."""
+        old = self._by_id.get(known.message_id)
+        if old is not None:
+            self.bytes -= missing_charge(old.entry, old.named_by)
+        self._by_id[known.message_id] = known
+        self.bytes += missing_charge(known.entry, known.named_by)
+
+    def _make_room(
+        self, entries: int, charge: int = 0, keep: str | None = None
+    ) -> list[MissingDependency]:
+        """Evict the oldest entries (never ``keep``) until ``entries`` more, charged
+        ``charge``, fit both caps; the evicted, oldest first."""
+        evicted: list[MissingDependency] = []
+        budget = self.byte_budget
+        while len(self._by_id) + entries > self.capacity or (
+            budget is not None and self.bytes + charge > budget
+        ):
+            oldest = next((mid for mid in self._by_id if mid != keep), None)
+            if oldest is None:
+                break
+            evicted.append(self._by_id[oldest])
+            self.remove(oldest)
+        return evicted
+
     def remove(self, message_id: str) -> bool:
-        if self._by_id.pop(message_id, None) is None:
+        known = self._by_id.pop(message_id, None)
+        if known is None:
             return False
+        self.bytes -= missing_charge(known.entry, known.named_by)
         self._touch(message_id)
         return True
 
@@ -111,12 +174,13 @@ class KnownMissing:
 
     def restore(self, stored: Iterable[MissingDependency]) -> None:
         for known in sorted(stored, key=lambda k: k.first_seen_ms):
-            self._by_id[known.message_id] = known
+            self._set(known)
 
     def clear(self) -> None:
         for mid in self._by_id:
             self._touch(mid)
         self._by_id.clear()
+        self.bytes = 0
 
     def _touch(self, message_id: str) -> None:
         if self.touched is not None:

@@ -17,7 +17,12 @@ cluster 1 drops a peer that names none).
 and leaves it in an outbox; one sender task LightPushes the outbox in order, each message
 to the first service that accepts it. A service is asked over
 ``/vac/waku/lightpush/3.0.0`` until it turns out not to speak it, then over
-``/vac/waku/lightpush/2.0.0-beta1`` (go-waku 0.9.0 speaks only that one). A message no
+``/vac/waku/lightpush/2.0.0-beta1`` (go-waku 0.9.0 speaks only that one). A service
+answering 429 (we are over its per-peer rate: nwaku's ``--rate-limit``, our store's
+``lightpush_rate``) is asked the same message again after a pause, doubling from
+``busy_min_s`` to ``busy_max_s`` per 429 in a row and starting over once one is taken;
+each 429 is counted in ``rate_limited``. After ``busy_retries`` such pauses for one
+message the service counts as failed and the next one is asked. A message no
 service takes is logged, counted in ``publish_failures`` and dropped, as relay drops one
 nobody hears: SDS resends what is not acknowledged. So a publisher holding a lock across
 ``publish`` (ReliableChannel does) never waits on a slow or dead service.
@@ -99,6 +104,7 @@ _UNSUBSCRIBE_S = 2.0
 _WAIT_POLL_S = 0.05
 _OK = 200
 _NOT_FOUND = 404
+_TOO_MANY_REQUESTS = 429
 # A Filter request names at most this many content topics (nwaku's limit).
 _CONTENT_TOPICS_PER_REQUEST = 100
 
@@ -149,9 +155,24 @@ class LightTiming:
     retry_max_s: float = 30.0
     #: How often the connections to the services are looked at.
     watch_interval_s: float = 1.0
+    #: The pause after a LightPush answered 429, doubling per 429 in a row up to
+    #: ``busy_max_s``: nwaku's ``lightpush:5/1s`` gives a token back every 0.2 s.
+    busy_min_s: float = 0.25
+    busy_max_s: float = 8.0
+    #: Pauses for one message at one service before it is asked elsewhere (at most
+    #: ~16 s with the defaults).
+    busy_retries: int = 6
 
     def backoff(self, failures: int) -> float:
-        return float(min(self.retry_max_s, self.retry_min_s * 2 ** max(0, failures - 1)))
+        return _doubling(self.retry_min_s, self.retry_max_s, failures)
+
+    def busy_backoff(self, refusals: int) -> float:
+        return _doubling(self.busy_min_s, self.busy_max_s, refusals)
+
+
+def _doubling(first: float, cap: float, times: int) -> float:
+    """``first``, doubled for each of ``times`` after the first, at most ``cap``."""
+    return float(min(cap, first * 2 ** max(0, times - 1)))
 
 
 class Outcome(enum.Enum):
@@ -191,6 +212,7 @@ class _Service:
     retry_at: float = -math.inf
     push_failures: int = 0
     push_retry_at: float = -math.inf
+    push_busy: int = 0  # 429s in a row
 
 
 class FilterPlan:
@@ -304,10 +326,16 @@ class FilterPlan:
     def pushed(self, index: int, ok: bool, now: float) -> None:
         service = self._services[index]
         if ok:
-            service.push_failures, service.push_retry_at = 0, -math.inf
+            service.push_failures, service.push_retry_at, service.push_busy = 0, -math.inf, 0
         else:
             service.push_failures += 1
             service.push_retry_at = now + self.timing.backoff(service.push_failures)
+
+    def busy(self, index: int) -> float:
+        """Service ``index`` answered a push 429: how long to pause before asking again."""
+        service = self._services[index]
+        service.push_busy += 1
+        return self.timing.busy_backoff(service.push_busy)
 
 
 # --- the transport ----------------------------------------------------------------------
@@ -416,6 +444,7 @@ class WakuLightTransport(AsyncLifecycle):
         self.duplicates = 0
         self.randomly_dropped = 0
         self.publish_failures = 0
+        self.rate_limited = 0
         self.rejected: Counter[str] = Counter()
 
     # -------------------------------------------------------------- lifecycle
@@ -500,7 +529,7 @@ class WakuLightTransport(AsyncLifecycle):
         failures: list[tuple[str, Exception]] = []
         for index in self.plan.push_order(self._clock()):
             try:
-                await self._lightpush(index, pubsub_topic, message)
+                await self._lightpush_paced(index, pubsub_topic, message)
             except (OSError, RemoteProtocolError) as exc:
                 self.plan.pushed(index, False, self._clock())
                 failures.append((self.services[index].address, exc))
@@ -508,6 +537,23 @@ class WakuLightTransport(AsyncLifecycle):
             self.plan.pushed(index, True, self._clock())
             return
         raise NoServiceError(f"the message {message.hash(pubsub_topic).hex()[:16]}…", failures)
+
+    async def _lightpush_paced(self, index: int, pubsub_topic: str, message: WakuMessage) -> None:
+        """LightPush ``message`` to service ``index``, pausing after each 429 (see the
+        module) up to ``busy_retries`` times; the last refusal is raised."""
+        pauses = 0
+        while True:
+            try:
+                await self._lightpush(index, pubsub_topic, message)
+                return
+            except ServiceRefusedError as exc:
+                if exc.status != _TOO_MANY_REQUESTS:
+                    raise
+                self.rate_limited += 1
+                if pauses == self.timing.busy_retries:
+                    raise
+            pauses += 1
+            await asyncio.sleep(self.plan.busy(index))
 
     async def _send_forever(self) -> None:
         while True:
