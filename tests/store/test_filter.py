@@ -173,7 +173,7 @@ class PushFailingHost:
         self.opened = asyncio.Event()
         self.pushed: list[str] = []
 
-    async def serve(self, protocol_id: str, handler: object) -> None:
+    async def serve(self, protocol_id: str, handler: object, **options: object) -> None:
         self.handlers[protocol_id] = handler
 
     async def push(self, peer: str, protocol_id: str, payload: bytes, *, timeout_s: float) -> None:

@@ -47,7 +47,7 @@ class HostileNet:
     connected: set[str] = field(default_factory=set)
     handlers: dict[str, object] = field(default_factory=dict)
 
-    async def serve(self, protocol_id: str, handler: object) -> None:
+    async def serve(self, protocol_id: str, handler: object, **options: object) -> None:
         self.handlers[protocol_id] = handler
 
     async def push(self, peer: str, protocol_id: str, payload: bytes, *, timeout_s: float) -> None:

@@ -161,7 +161,7 @@ class FakeHost:
     published: list[tuple[str, WakuMessage]] = field(default_factory=list)
     pushed: list[tuple[str, MessagePush]] = field(default_factory=list)
 
-    async def serve(self, protocol_id: str, handler: object) -> None:
+    async def serve(self, protocol_id: str, handler: object, **options: object) -> None:
         self.handlers[protocol_id] = handler
 
     async def push(self, peer: str, protocol_id: str, payload: bytes, *, timeout_s: float) -> None:

@@ -49,7 +49,7 @@ class Streams:
         for name, _, _ in LIBP2P_COUNTERS:  # what the node exports on /metrics
             setattr(self, name, Counter())
 
-    async def serve(self, protocol_id: str, handler: object) -> None:
+    async def serve(self, protocol_id: str, handler: object, **options: object) -> None:
         self.handlers[protocol_id] = handler
 
 

@@ -133,11 +133,15 @@ class Relay(Protocol):
 class StreamServer(Libp2pCounters, Protocol):
     """The request/response side of a libp2p host: ``handler(peer, request)`` answers
     each request frame of ``protocol_id`` with a frame (the host frames, bounds and times
-    the exchange, and refuses bad frames itself); and its counters, which the node
-    exports on ``/metrics`` (``sdsync_store_libp2p_*``)."""
+    the exchange within ``timeout_s``, and refuses bad frames itself); and its counters,
+    which the node exports on ``/metrics`` (``sdsync_store_libp2p_*``)."""
 
     async def serve(
-        self, protocol_id: str, handler: Callable[[str, bytes], Awaitable[bytes | None]]
+        self,
+        protocol_id: str,
+        handler: Callable[[str, bytes], Awaitable[bytes | None]],
+        *,
+        timeout_s: float = ...,
     ) -> None: ...
 
 
@@ -210,7 +214,13 @@ class StoreNode(ArchiveHost):
                 envelopes = self.relay.subscribe_envelopes(topic)
                 self._tasks.append(self._spawn(self._archive_relay(envelopes), f"relay {topic}"))
         if self.libp2p is not None:
-            await self.libp2p.serve(STORE_QUERY_PROTOCOL, self._answer_store_query)
+            # The answer budget refills over the longest an answer can be held: the
+            # stream's deadline is that same span.
+            await self.libp2p.serve(
+                STORE_QUERY_PROTOCOL,
+                self._answer_store_query,
+                timeout_s=self.store_answers.limits.hold_s,
+            )
         if self.light is not None:
             await self.light.start()
 

@@ -228,25 +228,60 @@ def _from_view(parsed: pb.SdsMessageView, limits: WireLimits) -> Message:
     )
 
 
-# Serialized entry -> parsed entry. A causal history slides by one entry per message, so
-# almost every entry of a received message was seen in the previous one. Bounded: a peer
-# sending endless fresh entries only makes us clear it now and then.
-_ENTRY_CACHES: dict[WireLimits, dict[bytes, HistoryEntry]] = {}
-_ENTRY_CACHE_MAX = 1 << 16
+class _EntryCache:
+    """Serialized entry -> parsed entry. A causal history slides by one entry per message,
+    so almost every entry of a received message was seen in the previous one.
+
+    Bounded in entries and in bytes: a peer sending endless fresh entries only makes us
+    clear it now and then, and one naming ids of the largest size (a 256-character id of
+    wide characters is 1 kB of UTF-8, and its parsed copy more) cannot make the entry
+    bound a few hundred megabytes that no channel budget counts. The byte bound is on the
+    serialized entries; what Python holds for them is a few times that.
+    """
+
+    __slots__ = ("entries", "raw_bytes")
+
+    def __init__(self) -> None:
+        self.entries: dict[bytes, HistoryEntry] = {}
+        self.raw_bytes = 0
+
+    def put(self, raw: bytes, parsed: HistoryEntry) -> None:
+        if (
+            len(self.entries) >= ENTRY_CACHE_ENTRIES
+            or self.raw_bytes + len(raw) > ENTRY_CACHE_BYTES
+        ):
+            self.entries.clear()
+            self.raw_bytes = 0
+        self.entries[raw] = parsed
+        self.raw_bytes += len(raw)
+
+
+_ENTRY_CACHES: dict[WireLimits, _EntryCache] = {}
+ENTRY_CACHE_ENTRIES = 1 << 16
+# About 65,536 honest entries (a 64-character id, a 32-byte hint, a short sender), or
+# 5,000 of the largest.
+ENTRY_CACHE_BYTES = 8 << 20
 
 
 def _entries(raw_entries: Iterable[bytes], limits: WireLimits) -> tuple[HistoryEntry, ...]:
-    cache = _ENTRY_CACHES.setdefault(limits, {})
+    cache = _ENTRY_CACHES.get(limits)
+    if cache is None:
+        cache = _ENTRY_CACHES[limits] = _EntryCache()
     raws = list(raw_entries)
-    found = list(map(cache.get, raws))
+    found = list(map(cache.entries.get, raws))
     if not all(found):
         for i, known in enumerate(found):
             if known is None:
                 parsed = found[i] = _parse_entry(raws[i], limits)
-                if len(cache) >= _ENTRY_CACHE_MAX:
-                    cache.clear()
-                cache[raws[i]] = parsed
+                cache.put(raws[i], parsed)
     return tuple(found)  # type: ignore[arg-type]
+
+
+def entry_cache_bytes(limits: WireLimits) -> int:
+    """Serialized bytes of the parsed history entries kept for messages decoded under
+    ``limits`` (at most ``ENTRY_CACHE_BYTES``)."""
+    cache = _ENTRY_CACHES.get(limits)
+    return cache.raw_bytes if cache is not None else 0
 
 
 def _parse_entry(raw: bytes, limits: WireLimits) -> HistoryEntry:
