@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from chatprocess import ChatProcess, assert_same_logs, sends, wait_for
-from waku_drivers import RELAY_DIR, WakuDriver, relay_argv, require_driver
+from waku_drivers import WakuDriver, sds_relay_nodes
 
 pytestmark = pytest.mark.interop
 
@@ -52,16 +52,7 @@ def start_chat(tmp: Path, name: str, seed: int, peers: list[str]) -> ChatProcess
 
 @pytest.fixture
 def js_nodes() -> Iterator[list[WakuDriver]]:
-    require_driver(RELAY_DIR, "@waku/sds")
-    nodes: list[WakuDriver] = []
-    try:
-        for name in ("js-A", "js-B"):
-            nodes.append(WakuDriver(name, relay_argv(content_topics=[CONTENT_TOPIC])))
-            assert nodes[-1].started["ok"], nodes[-1].started
-        yield nodes
-    finally:
-        for node in nodes:
-            node.close()
+    yield from sds_relay_nodes(CONTENT_TOPIC, "js-A", "js-B")
 
 
 def test_the_sds_ops_of_two_js_nodes_alone(js_nodes: list[WakuDriver]) -> None:

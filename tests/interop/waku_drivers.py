@@ -208,6 +208,21 @@ def light_node(store: StoreProcess, name: str, **options: Any) -> Iterator[WakuD
         driver.close()
 
 
+def sds_relay_nodes(content_topic: str, *names: str) -> Iterator[list[WakuDriver]]:
+    """js-waku relay nodes running @waku/sds on ``content_topic``, one per name, for a
+    fixture to ``yield from``."""
+    require_driver(RELAY_DIR, "@waku/sds")
+    nodes: list[WakuDriver] = []
+    try:
+        for name in names:
+            nodes.append(WakuDriver(name, relay_argv(content_topics=[content_topic])))
+            assert nodes[-1].started["ok"], nodes[-1].started
+        yield nodes
+    finally:
+        for node in nodes:
+            node.close()
+
+
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
