@@ -66,6 +66,20 @@ def test_buckets_refill_at_their_rate_and_forget_only_full_ones() -> None:
     assert big.take("p", 1.6, 1)
 
 
+def test_a_refusal_says_how_long_to_wait() -> None:
+    buckets = PeerBuckets(RateLimit(8, 40.0), max_peers=2)  # 8 at once, 12 a minute
+    assert all(buckets.take("a", 0.0) for _ in range(8))
+    assert not buckets.take("a", 0.0)
+    assert buckets.wait_s("a", 0.0) == pytest.approx(5.0)
+    assert buckets.wait_s("a", 4.0) == pytest.approx(1.0)
+    assert buckets.wait_s("a", 5.0) == 0.0 and buckets.take("a", 5.0)
+    assert buckets.wait_s("new", 5.0) == 0.0  # room in the table
+    assert buckets.take("b", 5.0)
+    # A full table: the newcomer waits for the first bucket to fill (b's, 5 s away).
+    assert not buckets.take("c", 5.0)
+    assert buckets.wait_s("c", 5.0) == pytest.approx(5.0)
+
+
 def test_rate_limits_are_spelt_as_nwaku_does() -> None:
     assert RateLimit.parse("5/1s") == RateLimit(5, 1.0)
     assert RateLimit.parse("30/1m") == RateLimit(30, 60.0)

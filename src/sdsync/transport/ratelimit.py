@@ -95,6 +95,11 @@ class TokenBucket:
     def full(self, now: float) -> bool:
         return self.tokens(now) >= self.limit.volume
 
+    def wait_s(self, now: float, cost: float = 1.0) -> float:
+        """Seconds until the bucket holds ``cost`` tokens (0 if it does)."""
+        short = min(cost, self.limit.volume) - self.tokens(now)
+        return max(0.0, short / self.limit.per_s)
+
 
 class PeerBuckets:
     """A :class:`TokenBucket` per peer under one :class:`RateLimit`, at most
@@ -115,6 +120,16 @@ class PeerBuckets:
                     return False
             bucket = self._buckets[peer] = TokenBucket(self.limit, now)
         return bucket.take(now, cost)
+
+    def wait_s(self, peer: str, now: float, cost: float = 1.0) -> float:
+        """Seconds until ``peer`` may spend ``cost``: what a refusal's ``Retry-After``
+        says.  A peer the full table has no room for waits for the first bucket to fill."""
+        bucket = self._buckets.get(peer)
+        if bucket is not None:
+            return bucket.wait_s(now, cost)
+        if len(self._buckets) < self.max_peers:
+            return 0.0
+        return min(b.wait_s(now, self.limit.volume) for b in self._buckets.values())
 
     def _forget_full(self, now: float) -> None:
         for peer in [p for p, b in self._buckets.items() if b.full(now)]:

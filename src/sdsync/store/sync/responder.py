@@ -90,6 +90,7 @@ from sdsync.store.sync.wire import (
     decode_batch,
     decode_frames,
 )
+from sdsync.transport.ratelimit import PeerBuckets, RateLimit
 
 RETRY_AFTER_S = 5
 
@@ -147,41 +148,6 @@ class Session:
         return self.reconcile.done and not self.wanted and self.pulled
 
 
-class OpenRate:
-    """A token bucket per client address: ``burst`` session opens, refilled at ``per_minute``.
-
-    Buckets that have refilled are forgotten once the table holds ``max_clients``; past
-    that, the oldest go (a client forgotten starts with a full bucket again)."""
-
-    def __init__(
-        self, per_minute: float, burst: int, clock: Callable[[], float], max_clients: int = 4096
-    ) -> None:
-        self._rate, self._burst, self._clock = per_minute / 60, burst, clock
-        self._max_clients = max_clients
-        self._buckets: dict[str, tuple[float, float]] = {}  # client: (tokens, when)
-
-    def take(self, client: str) -> float:
-        """0 and one token taken, or the seconds until ``client`` has a token again."""
-        now = self._clock()
-        tokens, when = self._buckets.pop(client, (float(self._burst), now))
-        tokens = min(self._burst, tokens + (now - when) * self._rate)
-        self._buckets[client] = (tokens - 1 if tokens >= 1 else tokens, now)  # most recent last
-        if len(self._buckets) > self._max_clients:
-            self._forget(now)
-        return 0.0 if tokens >= 1 else (1 - tokens) / self._rate
-
-    def _forget(self, now: float) -> None:
-        full = [
-            client
-            for client, (tokens, when) in self._buckets.items()
-            if tokens + (now - when) * self._rate >= self._burst
-        ]
-        for client in full:
-            del self._buckets[client]
-        while len(self._buckets) > self._max_clients:
-            del self._buckets[next(iter(self._buckets))]
-
-
 class SessionTable:
     """Open sessions by id, within the configured bounds."""
 
@@ -190,10 +156,19 @@ class SessionTable:
         self._clock = clock
         self._sessions: dict[str, Session] = {}
         self._opening: Counter[str] = Counter()
-        self.rate = OpenRate(config.sessions_per_minute, config.session_burst, clock)
+        # session_burst opens at once, sessions_per_minute on average
+        self._opens = PeerBuckets(
+            RateLimit(config.session_burst, config.session_burst * 60 / config.sessions_per_minute)
+        )
 
     def __len__(self) -> int:
         return len(self._sessions)
+
+    def take_open(self, client: str) -> float:
+        """0 and one session open spent from ``client``'s bucket, or the seconds until
+        it may open one."""
+        now = self._clock()
+        return 0.0 if self._opens.take(client, now) else self._opens.wait_s(client, now)
 
     @property
     def items(self) -> int:
@@ -311,7 +286,7 @@ async def open_session(request: web.Request) -> web.StreamResponse:
     node, table = request.app[NODE], request.app[TABLE]
     method = next(m for m in METHODS if m == request.match_info["method"])
     client = request.remote or "unknown"
-    wait_s = table.rate.take(client)
+    wait_s = table.take_open(client)
     if wait_s:
         raise refuse(
             request,
