@@ -28,7 +28,7 @@ from testdeps import require
 
 from sdsync.errors import RemoteProtocolError
 from sdsync.store import NodeConfig, StoreNode, WakuStoreClient
-from sdsync.store.archive import open_archive
+from sdsync.store.backend import open_archive
 from sdsync.store.light import DEFAULT_LIGHTPUSH_RATE, LightConfig
 from sdsync.store.lightpush import ServedTopics
 from sdsync.transport.base import Received

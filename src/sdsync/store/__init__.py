@@ -15,10 +15,11 @@ The parts, from the bottom up:
   query (valid by construction), a page;
 * :mod:`~sdsync.store.archive` — the archive contract, and the SQL shared by the
   SQLite (:mod:`~sdsync.store.sqlite`) and hourly-partitioned PostgreSQL
-  (:mod:`~sdsync.store.postgres`) backends.  Besides queries it offers what Store Sync
-  will need: sorted ``(timestamp, hash)`` items of a time window, messages by hash,
-  idempotent verified inserts, a count.  A failing database is
-  :class:`~sdsync.store.archive.ArchiveUnavailable`, whichever the backend;
+  (:mod:`~sdsync.store.postgres`) backends, chosen by :mod:`~sdsync.store.backend`.
+  Besides queries it offers what Store Sync reconciles: sorted ``(timestamp, hash)``
+  items of a time window, messages by hash, idempotent verified inserts, a count.  A
+  failing database is :class:`~sdsync.store.archive.ArchiveUnavailable`, whichever the
+  backend;
 * :mod:`~sdsync.store.retention` — nwaku's time, capacity and size policies;
 * :mod:`~sdsync.store.host` — the node as the HTTP API and Store Sync see it, and the
   one ingestion path into the archive;
@@ -34,7 +35,8 @@ The parts, from the bottom up:
 * :mod:`~sdsync.store.export` — Parquet for the Spark pipeline.
 """
 
-from sdsync.store.archive import Archive, ArchiveUnavailable, SqlArchive, open_archive
+from sdsync.store.archive import Archive, ArchiveUnavailable, SqlArchive
+from sdsync.store.backend import open_archive
 from sdsync.store.client import HttpStoreClient, StoreUnavailableError
 from sdsync.store.export import ExportReport, export_parquet
 from sdsync.store.model import (

@@ -472,14 +472,3 @@ def _row(m: StoredMessage) -> tuple[Any, ...]:
 
 def _message(row: Sequence[Any]) -> StoredMessage:
     return StoredMessage.from_columns(*row)
-
-
-def open_archive(db: str) -> SqlArchive:
-    """The archive at ``db``: a ``postgresql://`` URL, or a SQLite file path."""
-    if db.startswith(("postgresql://", "postgres://")):
-        from sdsync.store.postgres import PostgresArchive
-
-        return PostgresArchive(db)
-    from sdsync.store.sqlite import SqliteArchive
-
-    return SqliteArchive(db.removeprefix("sqlite://"))
