@@ -83,7 +83,6 @@ EXPORTS: dict[str, frozenset[str]] = {
             "SyncSent",
             "SyncStatus",
             "WireStore",
-            "system_clock_ms",
         }
     ),
     "sdsync.wire": frozenset(
@@ -123,6 +122,7 @@ EXPORTS: dict[str, frozenset[str]] = {
     ),
     "sdsync.runtime": frozenset(
         {
+            "system_clock_ms",
             "CatchUp",
             "ChannelDriver",
             "ChannelState",

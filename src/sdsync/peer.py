@@ -26,8 +26,9 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from sdsync.core import ChannelConfig, Event, MessageChannel, system_clock_ms
+from sdsync.core import ChannelConfig, Event, MessageChannel
 from sdsync.errors import LocalProtocolError, SdsError
+from sdsync.runtime import system_clock_ms
 
 __all__ = ["PeerSession", "serve"]
 

@@ -14,9 +14,10 @@ from pathlib import Path
 
 from reliabilityprocess import EventLog, ServerProcess
 
-from sdsync.core import DropReason, system_clock_ms
+from sdsync.core import DropReason
 from sdsync.core.config import incoming_charge
 from sdsync.reliability import reliability_pb2 as pb
+from sdsync.runtime import system_clock_ms
 from sdsync.wire import DEFAULT_LIMITS, HistoryEntry, Message, encode
 
 TOKEN = "s3cret"

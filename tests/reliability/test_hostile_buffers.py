@@ -24,9 +24,9 @@ from pathlib import Path
 import grpc
 from reliabilityprocess import EventLog, ServerProcess
 
-from sdsync.core import system_clock_ms
 from sdsync.reliability import reliability_pb2 as pb
 from sdsync.reliability import reliability_pb2_grpc as pb_grpc
+from sdsync.runtime import system_clock_ms
 from sdsync.wire import HistoryEntry, Message, encode
 
 TOKEN = "s3cret"

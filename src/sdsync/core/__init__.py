@@ -11,7 +11,6 @@ from sdsync.core.channel import (
     OutgoingSweep,
     RepairSweep,
 )
-from sdsync.core.clock import system_clock_ms
 from sdsync.core.config import ChannelConfig, MessageIdScheme, OwnLogPolicy, RepairConfig
 from sdsync.core.events import (
     DropReason,
@@ -89,5 +88,4 @@ __all__ = [
     "SyncSent",
     "SyncStatus",
     "WireStore",
-    "system_clock_ms",
 ]

@@ -72,12 +72,12 @@ from sdsync.core import (
     MessageMissing,
     MessagePossiblyAcknowledged,
     SendFailed,
-    system_clock_ms,
 )
 from sdsync.errors import LocalProtocolError, RemoteProtocolError
 from sdsync.reliability import reliability_pb2 as pb
 from sdsync.reliability import reliability_pb2_grpc as pb_grpc
 from sdsync.runtime import Delivery, EventsDiscarded, PeriodicSync, Transmit
+from sdsync.runtime.clock import system_clock_ms
 from sdsync.runtime.crash import crash_point
 from sdsync.runtime.manager import ReliabilityManager
 from sdsync.wire import WireLimits

@@ -1,6 +1,7 @@
 """Runtime: the sans-I/O scheduling driver, durable state, the asyncio ReliableChannel, and
 the ReliabilityManager facade (the reliability API over many channels)."""
 
+from sdsync.runtime.clock import system_clock_ms
 from sdsync.runtime.driver import CatchUp, ChannelDriver, QueryStore, Step, Transmit
 from sdsync.runtime.event_log import Delivery, EventLimits, EventsDiscarded, PeriodicSync
 from sdsync.runtime.history import SqliteHistoryStore
@@ -43,4 +44,5 @@ __all__ = [
     "Wrapped",
     "profile",
     "state_path",
+    "system_clock_ms",
 ]

@@ -103,9 +103,9 @@ from sdsync.core import (
     MessagePossiblyAcknowledged,
     MessageReceived,
     SendFailed,
-    system_clock_ms,
 )
 from sdsync.errors import LocalProtocolError
+from sdsync.runtime.clock import system_clock_ms
 from sdsync.runtime.crash import crash_point
 from sdsync.runtime.driver import ChannelDriver, Step, Transmit, TransmitKind
 from sdsync.runtime.event_log import (

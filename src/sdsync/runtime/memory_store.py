@@ -13,8 +13,8 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 
-from sdsync.core import system_clock_ms
 from sdsync.errors import RemoteProtocolError
+from sdsync.runtime.clock import system_clock_ms
 from sdsync.transport.base import Received, Transport, default_content_topic
 from sdsync.wire import HistoryEntry, decode
 

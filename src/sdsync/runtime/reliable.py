@@ -53,10 +53,10 @@ from sdsync.core import (
     MessageChannel,
     MessageDropped,
     MessageReceived,
-    system_clock_ms,
 )
 from sdsync.errors import LocalProtocolError, RemoteProtocolError
 from sdsync.lifecycle import AsyncLifecycle
+from sdsync.runtime.clock import system_clock_ms
 from sdsync.runtime.driver import CatchUp, ChannelDriver, QueryStore, Step, Transmit
 from sdsync.runtime.event_log import DURABLE_EVENTS, Delivery, EventLog
 from sdsync.runtime.policy import RuntimeConfig
