@@ -135,6 +135,7 @@ EXPORTS: dict[str, frozenset[str]] = {
             "PROFILES",
             "PeriodicSync",
             "Profile",
+            "Published",
             "QueryStore",
             "ReliabilityManager",
             "ReliableChannel",

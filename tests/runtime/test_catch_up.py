@@ -105,9 +105,9 @@ def test_no_store_or_catch_up_off_means_no_catch_up() -> None:
 
 def test_what_a_catch_up_finds_is_received_once_in_causal_order() -> None:
     alice, bob = driver("alice", stores=False), driver("bob")
-    sent = [alice.publish(f"m{i}".encode(), START + i).actions[0] for i in range(4)]
-    wires = [a.data for a in sent]  # type: ignore[union-attr]
-    ids = [a.message_id for a in sent]  # type: ignore[union-attr]
+    sent = [alice.publish(f"m{i}".encode(), START + i).transmit for i in range(4)]
+    wires = [a.data for a in sent]
+    ids = [a.message_id for a in sent]
     # Bob heard only the last one live; with history 2 it names m1 and m2, never m0.
     bob.receive(wires[3], START + 10)
     assert set(bob.channel.missing_ids()) == {ids[1], ids[2]}
@@ -125,7 +125,7 @@ def test_what_a_catch_up_finds_is_received_once_in_causal_order() -> None:
     # Found again (the next window overlaps): nothing happens, nothing is reported.
     assert bob.receive_found(decode(wires[0]), START + 40, data=wires[0]).events == []
     # Our own messages come back from the store too: not news either.
-    own = bob.publish(b"mine", START + 50).actions[0].data  # type: ignore[union-attr]
+    own = bob.publish(b"mine", START + 50).transmit.data
     assert bob.receive_found(decode(own), START + 60, data=own).events == []
     bob.caught_up(window, START + 70)
     assert bob.caught_up_ms == START + 20

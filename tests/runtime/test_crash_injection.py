@@ -264,8 +264,8 @@ class World:
         payload = f"{peer.name} {self.rng.random()}".encode()
         step = peer.driver.publish(payload, self.now)
         if peer is not self.a:
-            self.sent_by_others.add(step.actions[0].message_id)  # type: ignore[union-attr]
-        self.run(peer, step)
+            self.sent_by_others.add(step.message_id)
+        self.run(peer, step.whole())
 
     def deliver_one(self) -> None:
         dst, data = self.in_flight.pop(self.rng.randrange(len(self.in_flight)))

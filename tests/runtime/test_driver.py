@@ -24,26 +24,26 @@ def test_driver_reports_sync_status_changes() -> None:
         return found[-1] if found else None
 
     first = a.publish(b"1", START)
-    sent = status(first.events)
+    sent = status(first.step.events)
     assert sent is not None and (sent.outstanding, sent.synced) == (1, False)
     second = a.publish(b"2", START + 1)
-    assert status(second.events) == SyncStatus("", 0, 0, 2)
-    got = b.receive(second.actions[0].data, START)  # type: ignore[union-attr]
+    assert status(second.step.events) == SyncStatus("", 0, 0, 2)
+    got = b.receive(second.transmit.data, START)
     assert status(got.events) == SyncStatus("", 1, 1, 0)  # one missing, one waiting
-    got = b.receive(first.actions[0].data, START)  # type: ignore[union-attr]
+    got = b.receive(first.transmit.data, START)
     back = status(got.events)
     assert back is not None and back.synced
     reply = b.publish(b"3", START + 2)
-    acked = status(a.receive(reply.actions[0].data, START).events)  # type: ignore[union-attr]
+    acked = status(a.receive(reply.transmit.data, START).events)
     assert acked == SyncStatus("", 0, 0, 0)
-    assert a.receive(reply.actions[0].data, START).events[-1].type == "message_dropped"  # type: ignore[union-attr]
+    assert a.receive(reply.transmit.data, START).events[-1].type == "message_dropped"
 
 
 def test_resend_schedule_is_recorded_and_restored() -> None:
     a = driver("a")
     a.start_journal()
     step = a.publish(b"x", START)
-    mid = step.actions[0].message_id  # type: ignore[union-attr]
+    mid = step.message_id
     due = a.resend_at(mid)
     assert due is not None and a.take_rescheduled() == {mid}
     assert a.take_rescheduled() == set()

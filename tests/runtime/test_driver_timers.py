@@ -83,7 +83,7 @@ def resend_history(d: ChannelDriver, mid: str) -> tuple[list[int], list[Event]]:
 def test_resend_delays_back_off_to_the_cap_exactly_without_jitter() -> None:
     runtime = replace(RUNTIME, resend_jitter=0.0)
     d = driver("a", runtime)
-    mid = d.publish(b"anyone?", START).actions[0].message_id  # type: ignore[union-attr]
+    mid = d.publish(b"anyone?", START).message_id
     delays, events = resend_history(d, mid)
     expected = [nominal_delay(runtime, n) for n in range(1, runtime.max_attempts)]
     assert delays == expected
@@ -94,7 +94,7 @@ def test_resend_delays_back_off_to_the_cap_exactly_without_jitter() -> None:
 
 def test_resends_stop_after_max_attempts_with_send_failed() -> None:
     d = driver("a")
-    mid = d.publish(b"anyone?", START).actions[0].message_id  # type: ignore[union-attr]
+    mid = d.publish(b"anyone?", START).message_id
     delays, events = resend_history(d, mid)
     assert len(delays) == RUNTIME.max_attempts - 1  # the first send is attempt 1
     assert [e for e in events if isinstance(e, SendFailed)] == [SendFailed(mid)]
@@ -105,7 +105,7 @@ def test_resends_stop_after_max_attempts_with_send_failed() -> None:
 
 def test_jittered_delays_stay_within_bounds_of_the_backoff() -> None:
     d = driver("a")
-    mid = d.publish(b"anyone?", START).actions[0].message_id  # type: ignore[union-attr]
+    mid = d.publish(b"anyone?", START).message_id
     delays, _ = resend_history(d, mid)
     for attempts, delay in enumerate(delays, start=1):
         assert within_jitter(RUNTIME, delay, nominal_delay(RUNTIME, attempts)), (attempts, delay)
@@ -116,7 +116,7 @@ def first_resend_delays(seed: int, count: int = 40) -> list[int]:
     sent = {}
     for i in range(count):
         now = START + i
-        sent[d.publish(f"m{i}".encode(), now).actions[0].message_id] = now  # type: ignore[union-attr]
+        sent[d.publish(f"m{i}".encode(), now).message_id] = now
     return [d.resend_at(mid) - at for mid, at in sent.items()]  # type: ignore[operator]
 
 
@@ -137,16 +137,16 @@ def test_possibly_acknowledged_messages_wait_their_own_longer_period() -> None:
         hello = other.publish(f"hello from {other.channel.participant_id}".encode(), START)
         for receiver in (a, b):
             if receiver is not other:
-                receiver.receive(hello.actions[0].data, START)  # type: ignore[union-attr]
-    target = a.publish(b"target", START).actions[0]
-    newer = a.publish(b"newer", START).actions[0]
+                receiver.receive(hello.transmit.data, START)
+    target = a.publish(b"target", START).transmit
+    newer = a.publish(b"newer", START).transmit
     for wire in (target, newer):
-        b.receive(wire.data, START)  # type: ignore[union-attr]
+        b.receive(wire.data, START)
     sync = b.channel.send_sync(START + 1)  # names only `newer`: `target` is in its bloom
     assert sync is not None
     got = a.receive(sync.data, START + 1)
     assert [e.message_id for e in got.events if isinstance(e, MessagePossiblyAcknowledged)] == [
-        target.message_id  # type: ignore[union-attr]
+        target.message_id
     ]
     resent_at = next(
         now
@@ -234,7 +234,7 @@ def test_received_content_brings_the_sync_forward_and_a_received_sync_defers_it(
         a, b = driver("a", replace(RUNTIME, max_attempts=1), seed=seed), driver("b", seed=seed)
         a.publish(b"history", START)
         now = next_sync_after(a, START) + 1  # after our own sync: due within 2 intervals
-        a.receive(b.publish(f"content {seed}".encode(), now).actions[0].data, now)  # type: ignore[union-attr]
+        a.receive(b.publish(f"content {seed}".encode(), now).transmit.data, now)
         synced = next_sync_after(a, now)
         assert synced <= now + interval // 2
         now = synced + 1

@@ -18,10 +18,10 @@ from sdsync.core import (
     MessageEvicted,
     RepairConfig,
     SendFailed,
-    system_clock_ms,
 )
 from sdsync.errors import RejectReason
 from sdsync.runtime import MemoryStore, ReliableChannel, RuntimeConfig
+from sdsync.runtime.clock import system_clock_ms
 from sdsync.transport import MemoryNetwork
 from sdsync.transport.memory import Faults
 from sdsync.wire import HistoryEntry, Message, encode

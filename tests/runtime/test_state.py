@@ -92,7 +92,7 @@ def test_restart_restores_log_bloom_buffers_and_clock(tmp_path: Path) -> None:
     wires = []
     for i in range(150):  # > 2 bloom capacities and > the log window
         now += 10
-        wires += a.run(a.driver.publish(f"m{i}".encode(), now))
+        wires += a.run(a.driver.publish(f"m{i}".encode(), now).whole())
     held_back = wires.pop(100)  # b misses one: everything after it waits for it
     for data in wires:
         b.run(b.driver.receive(data, now))
@@ -142,7 +142,7 @@ def test_restart_restores_log_bloom_buffers_and_clock(tmp_path: Path) -> None:
 def test_resends_continue_after_restart_with_their_attempts(tmp_path: Path) -> None:
     path = tmp_path / "a.sqlite"
     a = Node(path, "a", START)
-    a.run(a.driver.publish(b"hello", START))
+    a.run(a.driver.publish(b"hello", START).whole())
     mid = a.channel.outgoing_ids()[0]
     now = START
     for _ in range(3):  # three resends, nobody acknowledges
@@ -271,7 +271,7 @@ def test_failed_commit_stops_the_state(tmp_path: Path) -> None:
     a = Node(tmp_path / "a.sqlite", "a", START)
     a.state._db.execute("DROP TABLE log")  # the next step cannot be stored
     with pytest.raises(sqlite3.OperationalError):
-        a.run(a.driver.publish(b"x", START))
+        a.run(a.driver.publish(b"x", START).whole())
     with pytest.raises(LocalProtocolError, match="reopen"):
         a.run(Step())
 
@@ -337,7 +337,7 @@ def test_gaps_named_only_by_sync_messages_survive_a_crash(tmp_path: Path) -> Non
     """The known missing ids are durable: a restarted participant still asks for them."""
     a = Node(tmp_path / "a.sqlite", "a", START)
     b = Node(tmp_path / "b.sqlite", "b", START)
-    lost = a.run(a.driver.publish(b"never arrives", START + 1))
+    lost = a.run(a.driver.publish(b"never arrives", START + 1).whole())
     sync = a.channel.send_sync(START + 2)
     assert lost and sync is not None
     b.run(b.driver.receive(sync.data, START + 3))
@@ -357,7 +357,7 @@ def test_gaps_named_only_by_sync_messages_survive_a_crash(tmp_path: Path) -> Non
 def test_unacknowledged_wires_stay_on_disk_and_resend_unchanged(tmp_path: Path) -> None:
     """The outgoing buffer holds no wire bytes in memory once a step is committed."""
     a = Node(tmp_path / "a.sqlite", "a", START)
-    sent = [a.run(a.driver.publish(f"m{i}".encode(), START + i))[0] for i in range(5)]
+    sent = [a.run(a.driver.publish(f"m{i}".encode(), START + i).whole())[0] for i in range(5)]
     assert a.state._wires._uncommitted == {}
     mid = a.channel.outgoing_ids()[2]
     assert a.channel.resend(mid, START + 100) == sent[2]
@@ -392,7 +392,7 @@ def downgrade(path: Path, version: int) -> None:
 def test_a_version_1_database_is_migrated(tmp_path: Path) -> None:
     path = tmp_path / "a.sqlite"
     a = Node(path, "a", START)
-    a.run(a.driver.publish(b"kept", START + 1))
+    a.run(a.driver.publish(b"kept", START + 1).whole())
     a.state.close()
     downgrade(path, 1)
     a2 = Node(path, "a", START + 10)
@@ -499,7 +499,7 @@ def test_a_catch_up_not_reported_done_is_asked_again_after_a_crash(tmp_path: Pat
 def test_a_version_2_database_catches_up_the_whole_window(tmp_path: Path) -> None:
     path = tmp_path / "a.sqlite"
     a = Node(path, "a", START, runtime=CATCHING_UP)
-    a.run(a.driver.publish(b"kept", START + 1))
+    a.run(a.driver.publish(b"kept", START + 1).whole())
     a.state.close()
     downgrade(path, 2)
     back = START + 86_400_000

@@ -72,7 +72,7 @@ class QuickNetwork:
 
     def publish(self, sender: int, payload: bytes, now: int) -> None:
         self.members[sender].sent += 1
-        self._carry_out(sender, self.members[sender].driver.publish(payload, now), now)
+        self._carry_out(sender, self.members[sender].driver.publish(payload, now).whole(), now)
 
     def deliver_due(self, now: int) -> None:
         while self.in_flight and self.in_flight[0][0] <= now:

@@ -40,8 +40,9 @@ from pyspark.sql import DataFrame, SparkSession
 
 from sdsync.pipeline.leaves import LIMB_COLUMNS, LeafTable, leaf_sums
 from sdsync.reconcile.fingerprint import HASH_SIZE, LIMBS
+from sdsync.store.schema import MESSAGE_HASH, TIMESTAMP
 
-COLUMNS = ["timestamp", "message_hash"]
+COLUMNS = [TIMESTAMP, MESSAGE_HASH]
 LEAF_SCHEMA = pa.schema(
     [
         ("archive", pa.string()),
@@ -51,9 +52,7 @@ LEAF_SCHEMA = pa.schema(
     ]
 )
 ArrowColumn: TypeAlias = pa.Array | pa.ChunkedArray
-ROW_SCHEMA = pa.schema(
-    [("bit", pa.int64()), ("timestamp", pa.int64()), ("message_hash", pa.binary())]
-)
+ROW_SCHEMA = pa.schema([("bit", pa.int64()), (TIMESTAMP, pa.int64()), (MESSAGE_HASH, pa.binary())])
 
 
 @dataclass(frozen=True)

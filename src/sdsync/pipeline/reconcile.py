@@ -83,8 +83,9 @@ from sdsync.reconcile.fingerprint import (
     HASH_SIZE,
     MAX_LIMB_ITEMS,
 )
+from sdsync.store.schema import MESSAGE_HASH, TIMESTAMP
 
-ARCHIVE_COLUMNS = [binary_column("message_hash"), long_column("timestamp")]
+ARCHIVE_COLUMNS = [binary_column(MESSAGE_HASH), long_column(TIMESTAMP)]
 MAX_ARCHIVES = 63  # who holds an item is a bit mask in a long
 
 
@@ -170,7 +171,7 @@ def reconcile(
         plan = _Plan(
             archives,
             {
-                a.name: inspect_parquet(a.path, ARCHIVE_COLUMNS, min_max=("timestamp",))
+                a.name: inspect_parquet(a.path, ARCHIVE_COLUMNS, min_max=(TIMESTAMP,))
                 for a in archives
             },
         )
@@ -232,8 +233,8 @@ def _choose_shift(spark: SparkSession, plan: _Plan, options: ReconcileOptions) -
     largest = 0
     for archive in plan.archives:
         found = plan.inputs[archive.name]
-        rows, minmax = found.rows, found.min_max.get("timestamp")
-        if rows is None or "timestamp" not in found.min_max:
+        rows, minmax = found.rows, found.min_max.get(TIMESTAMP)
+        if rows is None or TIMESTAMP not in found.min_max:
             rows, minmax = _scan_stats(spark, archive.path)
         largest = max(largest, rows)
         if minmax is not None:
@@ -257,7 +258,7 @@ def _choose_shift(spark: SparkSession, plan: _Plan, options: ReconcileOptions) -
 def _scan_stats(spark: SparkSession, path: str) -> tuple[int, tuple[int, int] | None]:
     row = (
         spark.read.parquet(path)
-        .agg(sf.count(sf.lit(1)), sf.min("timestamp"), sf.max("timestamp"))
+        .agg(sf.count(sf.lit(1)), sf.min(TIMESTAMP), sf.max(TIMESTAMP))
         .first()
     )
     assert row is not None
@@ -276,8 +277,8 @@ def _bad_row(message_hash: Column, timestamp: Column) -> Column:
 def _spark_leaves(spark: SparkSession, archive: ParquetArchive, shift: int) -> DataFrame:
     """Per leaf: n, the eight limb sums, and how many rows are malformed."""
     data = spark.read.parquet(archive.path)
-    h, ts = sf.col("message_hash"), sf.col("timestamp")
-    limbs = hash_limbs("message_hash")
+    h, ts = sf.col(MESSAGE_HASH), sf.col(TIMESTAMP)
+    limbs = hash_limbs(MESSAGE_HASH)
     return data.groupBy(sf.shiftright(ts, shift).alias("leaf")).agg(
         sf.count(sf.lit(1)).alias("n"),
         *[sf.sum(limb).alias(name) for limb, name in zip(limbs, LIMB_COLUMNS, strict=True)],
@@ -448,7 +449,7 @@ def _write_cache(
     target.mkdir(parents=True, exist_ok=True)
     pq.write_table(leaves.to_arrow(), target / "part-0.parquet")
     found = plan.inputs[archive.name]
-    minmax = found.min_max.get("timestamp")
+    minmax = found.min_max.get(TIMESTAMP)
     cache.commit(
         archive.path,
         cache.CacheMeta(
@@ -465,20 +466,20 @@ def _write_cache(
 
 def _bad_rows_error(spark: SparkSession, archive: ParquetArchive) -> InputError:
     """Name the first file with a null or wrong-size message_hash (or a null timestamp)."""
-    h, ts = sf.col("message_hash"), sf.col("timestamp")
+    h, ts = sf.col(MESSAGE_HASH), sf.col(TIMESTAMP)
     row = (
         spark.read.parquet(archive.path)
         .where(_bad_row(h, ts))
         .select(
             sf.input_file_name().alias("file"),
-            sf.when(ts.isNull(), "timestamp").otherwise("message_hash").alias("column"),
+            sf.when(ts.isNull(), TIMESTAMP).otherwise(MESSAGE_HASH).alias("column"),
             sf.octet_length(h).alias("size"),
         )
         .first()
     )
     file = str(row["file"]) if row else archive.path
-    column = str(row["column"]) if row else "message_hash"
-    if column == "timestamp":
+    column = str(row["column"]) if row else MESSAGE_HASH
+    if column == TIMESTAMP:
         what = "null timestamp"
     elif row is not None and row["size"] is not None:
         what = f"a {row['size']}-byte message_hash, expected {HASH_SIZE} bytes"
@@ -561,7 +562,7 @@ def _exact(
         # A plain hash aggregation of the bits (a collect_set would fall back to sorting
         # after 128 keys per task).
         in_leaves = _rows_in_leaves(spark, plan, options, diff_leaves)
-        held = in_leaves.groupBy("timestamp", "message_hash").agg(sf.bit_or("bit").alias("mask"))
+        held = in_leaves.groupBy(TIMESTAMP, MESSAGE_HASH).agg(sf.bit_or("bit").alias("mask"))
     _write_missing(held, plan, out)
 
 
@@ -573,8 +574,8 @@ def _rows_in_leaves(
     leaf_set = spark.createDataFrame([(leaf,) for leaf in diff_leaves], "leaf long")
     parts = [
         spark.read.parquet(a.path)
-        .select(sf.lit(plan.bits[a.name]).cast("long").alias("bit"), "timestamp", "message_hash")
-        .withColumn("leaf", sf.shiftright("timestamp", plan.shift))
+        .select(sf.lit(plan.bits[a.name]).cast("long").alias("bit"), TIMESTAMP, MESSAGE_HASH)
+        .withColumn("leaf", sf.shiftright(TIMESTAMP, plan.shift))
         .join(sf.broadcast(leaf_set), "leaf", "left_semi")
         .drop("leaf")
         for a in plan.archives
@@ -605,12 +606,12 @@ def _write_missing(held: DataFrame, plan: _Plan, out: Path) -> None:
 
     missing = held.where(sf.col("mask") != everyone).select(
         sf.explode(holders(False)).alias("archive"),
-        "message_hash",
-        "timestamp",
+        MESSAGE_HASH,
+        TIMESTAMP,
         holders(True).alias("held_by"),
     )
     # Sorted within each file, not globally: a global sort costs a sampling job.
-    ordered = missing.sortWithinPartitions("archive", "timestamp", "message_hash")
+    ordered = missing.sortWithinPartitions("archive", TIMESTAMP, MESSAGE_HASH)
     ordered.write.mode("overwrite").parquet(str(out / "missing"))
 
 

@@ -65,12 +65,13 @@ from sdsync.pipeline.arrow_leaves import (
 from sdsync.pipeline.io import UnknownBoundsError, row_group_bounds
 from sdsync.pipeline.leaves import LeafTable, differing, sorted_leaf_sums
 from sdsync.reconcile.fingerprint import HASH_SIZE, LIMBS
+from sdsync.store.schema import MESSAGE_HASH, TIMESTAMP
 
 MISSING_SCHEMA = pa.schema(
     [
         ("archive", pa.string()),
-        ("message_hash", pa.binary()),
-        ("timestamp", pa.int64()),
+        (MESSAGE_HASH, pa.binary()),
+        (TIMESTAMP, pa.int64()),
         ("held_by", pa.list_(pa.string())),
     ]
 )
@@ -140,7 +141,7 @@ def row_groups(sources: list[Source], shift: int) -> list[RowGroup] | None:
     for number, source in enumerate(sources):
         for file in source.files:
             try:
-                bounds = row_group_bounds(pq.read_metadata(file), "timestamp")
+                bounds = row_group_bounds(pq.read_metadata(file), TIMESTAMP)
             except UnknownBoundsError:
                 return None
             groups += [
@@ -341,8 +342,8 @@ class _Task:
     def _load(self, number: int) -> Iterator[pa.RecordBatch]:
         group = self.plan.groups[number]
         table = read_row_group(group.file, group.index)
-        timestamps = _one_array(table.column("timestamp"))
-        hashes = _one_array(table.column("message_hash"))
+        timestamps = _one_array(table.column(TIMESTAMP))
+        hashes = _one_array(table.column(MESSAGE_HASH))
         limbs = hash_limbs(hashes)
         if timestamps.null_count or limbs is None:
             # The driver names the file and column; the rows count as absent meanwhile.
@@ -387,7 +388,7 @@ class _Task:
             return
         data = np.ascontiguousarray(every.limbs).view(np.uint8)
         row_source = np.repeat(np.arange(len(rows)), [len(r.leaf) for r in rows])
-        keys = pa.table({"timestamp": every.timestamp, "message_hash": _hashes(data)})
+        keys = pa.table({TIMESTAMP: every.timestamp, MESSAGE_HASH: _hashes(data)})
         order = pc.sort_indices(keys, sort_keys=[(c, "ascending") for c in COLUMNS]).to_numpy()
         timestamp, data = every.timestamp[order], data[order]
         words = data.view(np.uint64)

@@ -2,7 +2,7 @@
 the ReliabilityManager facade (the reliability API over many channels)."""
 
 from sdsync.runtime.clock import system_clock_ms
-from sdsync.runtime.driver import CatchUp, ChannelDriver, QueryStore, Step, Transmit
+from sdsync.runtime.driver import CatchUp, ChannelDriver, Published, QueryStore, Step, Transmit
 from sdsync.runtime.event_log import Delivery, EventLimits, EventsDiscarded, PeriodicSync
 from sdsync.runtime.history import SqliteHistoryStore
 from sdsync.runtime.manager import (
@@ -31,6 +31,7 @@ __all__ = [
     "OwnMessage",
     "PeriodicSync",
     "Profile",
+    "Published",
     "QueryStore",
     "ReliabilityManager",
     "ReliableChannel",

@@ -96,6 +96,24 @@ class Step:
         self.events.extend(other.events)
 
 
+@dataclass(slots=True)
+class Published:
+    """What publishing did: ``transmit``, the content's own first transmission (the
+    caller may carry it out, or hand its bytes to the application), and ``step``,
+    everything else that follows."""
+
+    transmit: Transmit
+    step: Step
+
+    @property
+    def message_id(self) -> str:
+        return self.transmit.message_id
+
+    def whole(self) -> Step:
+        """One step that transmits first, then does the rest."""
+        return Step([self.transmit, *self.step.actions], self.step.events)
+
+
 class ChannelDriver:
     def __init__(
         self,
@@ -139,14 +157,13 @@ class ChannelDriver:
 
     # ------------------------------------------------------------------ inputs
 
-    def publish(self, payload: bytes, now_ms: int, *, message_id: str | None = None) -> Step:
+    def publish(self, payload: bytes, now_ms: int, *, message_id: str | None = None) -> Published:
         """Send application content now; resends are scheduled from here on."""
         out = self.channel.send(payload, now_ms, message_id=message_id)
         self._schedule_resend(out.message_id, 1, now_ms)
         self._sync.after_own_content(now_ms)
-        return self._with_status(
-            Step([Transmit(out.data, out.message_id, "content")], list(out.events))
-        )
+        transmit = Transmit(out.data, out.message_id, "content")
+        return Published(transmit, self._with_status(Step([], list(out.events))))
 
     def publish_ephemeral(self, payload: bytes) -> Step:
         out = self.channel.send_ephemeral(payload)

@@ -478,13 +478,12 @@ class ReliabilityManager:
             earlier = self._earlier_wrap(opened, kept_as)
             if earlier is not None:
                 return self._repeat(earlier, payload, kept_as)
-        step = opened.driver.publish(payload, self._clock(), message_id=message_id)
-        first = step.actions[0]
-        assert isinstance(first, Transmit)  # publish's own content transmission
+        published = opened.driver.publish(payload, self._clock(), message_id=message_id)
+        data = published.transmit.data  # the application transmits it, not us
         if kept_as is not None:
-            self._keep_wrap(opened, kept_as, first.data)
-        self._carry_out(channel_id, opened, Step(step.actions[1:], step.events))
-        return Wrapped(first.data, first.message_id)
+            self._keep_wrap(opened, kept_as, data)
+        self._carry_out(channel_id, opened, published.step)
+        return Wrapped(data, published.message_id)
 
     def unwrap_received_message(self, data: bytes) -> UnwrapResult:
         """Strip reliability metadata. Raises RemoteProtocolError for bad bytes (state

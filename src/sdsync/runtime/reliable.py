@@ -199,10 +199,10 @@ class ReliableChannel(AsyncLifecycle):
         """
         self._check_alive()
         async with self._lock:
-            step = self.driver.publish(payload, self._clock(), message_id=message_id)
-            await self._carry_out(step)
+            published = self.driver.publish(payload, self._clock(), message_id=message_id)
+            await self._carry_out(published.whole())
         self._wake.set()
-        return step.actions[0].message_id  # type: ignore[union-attr]
+        return published.message_id
 
     async def send_ephemeral(self, payload: bytes) -> None:
         self._check_alive()

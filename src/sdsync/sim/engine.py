@@ -352,9 +352,9 @@ class Simulation:
             return  # an offline participant writes nothing
         channel = number % self.config.channels
         payload = f"{p.name} #{number} ".encode().ljust(self.config.workload.payload_bytes, b".")
-        step = p.drivers[channel].publish(payload, self.now)
-        self.recorder.published(p.index, channel, step)
-        self._carry_out(p, channel, step)
+        published = p.drivers[channel].publish(payload, self.now)
+        self.recorder.published(p.index, channel, published.message_id)
+        self._carry_out(p, channel, published.whole())
 
     def _wake(self, index: int) -> None:
         p = self.participants[index]

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from sdsync.core import MessageChannel
-    from sdsync.runtime import Step, Transmit
+    from sdsync.runtime import Transmit
 
 EVENT_COLUMNS = ("time_ms", "participant", "channel", "message_id", "kind", "bytes", "detail")
 # How many individual lost / missing (participant, message) pairs the summary spells out.
@@ -180,12 +180,10 @@ class Recorder:
 
     # -------------------------------------------------------------- observing
 
-    def published(self, participant: int, channel: int, step: Step) -> None:
-        for action in step.actions:
-            message_id = action.message_id  # type: ignore[union-attr]
-            self.sent_per_channel[channel] += 1
-            self.have[participant][channel].add(message_id)
-            self.got[participant][channel].add(message_id)
+    def published(self, participant: int, channel: int, message_id: str) -> None:
+        self.sent_per_channel[channel] += 1
+        self.have[participant][channel].add(message_id)
+        self.got[participant][channel].add(message_id)
 
     def transmitted(
         self, participant: int, channel: int, action: Transmit, hint: bytes, now: int

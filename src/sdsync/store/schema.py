@@ -44,6 +44,8 @@ ARCHIVE_COLUMNS = (
     Column("version", "INTEGER", "bigint", pa.int32()),
 )
 COLUMNS = tuple(c.name for c in ARCHIVE_COLUMNS)
+#: The key reconciliation and the pipeline read, by name.
+MESSAGE_HASH, TIMESTAMP = COLUMNS[:2]
 #: The archive as Parquet: what `sdsync store export` and the simulator's store nodes
 #: write and `sdsync pipeline reconcile` reads.
 ARCHIVE_SCHEMA = pa.schema([(c.name, c.arrow) for c in ARCHIVE_COLUMNS])
