@@ -52,6 +52,14 @@ from sdsync.core.config import ChannelConfig, RepairConfig
 from sdsync.errors import RemoteProtocolError
 from sdsync.reconcile import fuzz
 from sdsync.store.sync import fuzz as batch_fuzz
+from sdsync.testing.oracle import (
+    ENTRY_FIELDS,
+    INVALID_UTF8,
+    SDS_FIELDS,
+    key,
+    reference_decode,
+    varint,
+)
 from sdsync.wire import (
     HistoryEntry,
     Message,
@@ -59,7 +67,6 @@ from sdsync.wire import (
     decode,
     encode,
 )
-from sdsync.wire.oracle import ENTRY_FIELDS, INVALID_UTF8, SDS_FIELDS, key, reference_decode, varint
 
 CHANNEL = "fuzz-channel"
 NOW = 1_700_000_000_000

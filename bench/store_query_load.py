@@ -41,7 +41,7 @@ import aiohttp
 import psycopg
 
 from sdsync.store import StoredMessage, open_archive
-from sdsync.store.pgcluster import TempCluster, free_port, start_cluster
+from sdsync.testing.pgcluster import TempCluster, free_port, start_cluster
 from sdsync.wire.waku import WakuMessage
 
 PUBSUB = "/waku/2/rs/1/0"

@@ -130,7 +130,6 @@ EXPORTS: dict[str, frozenset[str]] = {
             "EventLimits",
             "EventsDiscarded",
             "LogRecord",
-            "MemoryStore",
             "OwnMessage",
             "PROFILES",
             "PeriodicSync",

@@ -80,3 +80,22 @@ def test_the_check_catches_upward_and_sideways_imports(tmp_path: Path) -> None:
         "sdsync.sim.output imports sdsync.pipeline.io",
         "sdsync.store.node imports sdsync.runtime.driver",
     ]
+
+
+def library_imports_of_testing(src: Path = SRC) -> list[str]:
+    """Modules outside ``sdsync.testing`` that import it: test tooling stays out of the
+    library (tests, benchmarks and ``make fuzz`` use it)."""
+    found = []
+    for path in sorted(src.rglob("*.py")):
+        module = ".".join(("sdsync", *path.relative_to(src).with_suffix("").parts))
+        if component(module) == "testing":
+            continue
+        found += [f"{module} imports {t}" for t in imports(path) if component(t) == "testing"]
+    return found
+
+
+def test_the_library_never_imports_its_test_tooling(tmp_path: Path) -> None:
+    assert library_imports_of_testing() == []
+    (tmp_path / "cli").mkdir()
+    (tmp_path / "cli" / "main.py").write_text("from sdsync.testing.gowaku import GoWaku\n")
+    assert library_imports_of_testing(tmp_path) == ["sdsync.cli.main imports sdsync.testing.gowaku"]

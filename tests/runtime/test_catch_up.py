@@ -16,11 +16,11 @@ from sdsync.core import BloomParams, ChannelConfig, MessageChannel, MessageDeliv
 from sdsync.runtime import (
     CatchUp,
     ChannelDriver,
-    MemoryStore,
     ReliableChannel,
     RuntimeConfig,
     Step,
 )
+from sdsync.testing.memory_store import MemoryStore
 from sdsync.transport import MemoryNetwork
 from sdsync.transport.base import Received
 from sdsync.wire import HistoryEntry, decode

@@ -1,6 +1,6 @@
 """Fixtures of the store tests: one archive suite, run on SQLite and on PostgreSQL.
 
-PostgreSQL is a throwaway cluster per test worker (see :mod:`sdsync.store.pgcluster`),
+PostgreSQL is a throwaway cluster per test worker (see :mod:`sdsync.testing.pgcluster`),
 started on first use. In CI (``CI`` or ``SDSYNC_REQUIRE_POSTGRES`` set) a cluster that
 cannot start fails the tests; locally they are skipped with the reason.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sdsync.store import SqlArchive, open_archive
-from sdsync.store.pgcluster import PostgresUnavailableError, TempCluster, start_cluster
+from sdsync.testing.pgcluster import PostgresUnavailableError, TempCluster, start_cluster
 
 _databases = itertools.count()
 

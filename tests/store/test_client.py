@@ -21,8 +21,8 @@ from sdsync.store import (
     StoreQuery,
     StoreUnavailableError,
 )
-from sdsync.store.pgcluster import free_port
 from sdsync.store.rest import query_params
+from sdsync.testing.pgcluster import free_port
 from sdsync.transport import Received
 from sdsync.wire import HistoryEntry, Message, decode, encode
 from sdsync.wire.waku import WakuMessage

@@ -33,7 +33,7 @@ import pytest
 from storetest import HOUR, PUBSUB, T0, in_order, make_messages
 
 from sdsync.store import SqlArchive, StoredMessage, StoreQuery, open_archive
-from sdsync.store.pgcluster import TempCluster
+from sdsync.testing.pgcluster import TempCluster
 
 START = (T0 // HOUR + 1) * HOUR  # on an hour boundary
 SPARSE = "/waku/2/rs/1/9"  # a pubsub topic with few messages among many

@@ -9,8 +9,8 @@ from pathlib import Path
 from storetest import HOUR, T0, in_order, make_messages, running
 
 from sdsync.store import SqlArchive, StoredMessage, open_archive
-from sdsync.store.pgcluster import free_port
 from sdsync.store.resume import MAX_RESUME_NS, LastOnline, resume, resume_window
+from sdsync.testing.pgcluster import free_port
 
 PATIENCE_S = 30.0  # a liveness bound; resuming 300 messages normally takes well under a second
 

@@ -40,6 +40,15 @@ from sdsync.core.events import (
     MessagePossiblyAcknowledged,
 )
 from sdsync.errors import RemoteProtocolError
+from sdsync.testing.oracle import (
+    ENTRY_FIELDS,
+    INVALID_UTF8,
+    SDS_FIELDS,
+    key,
+    reference_decode,
+    reference_encode,
+    varint,
+)
 from sdsync.wire import (
     DEFAULT_LIMITS,
     HistoryEntry,
@@ -50,15 +59,6 @@ from sdsync.wire import (
     encode,
 )
 from sdsync.wire import sds_message_pb2 as pb
-from sdsync.wire.oracle import (
-    ENTRY_FIELDS,
-    INVALID_UTF8,
-    SDS_FIELDS,
-    key,
-    reference_decode,
-    reference_encode,
-    varint,
-)
 
 FUZZ = settings(
     max_examples=2_000,

@@ -12,7 +12,6 @@ from sdsync.runtime.manager import (
     WaitingMessage,
     Wrapped,
 )
-from sdsync.runtime.memory_store import MemoryStore
 from sdsync.runtime.policy import RuntimeConfig
 from sdsync.runtime.profiles import PROFILES, Profile, profile
 from sdsync.runtime.reliable import ReliableChannel, StoreClient
@@ -27,7 +26,6 @@ __all__ = [
     "EventLimits",
     "EventsDiscarded",
     "LogRecord",
-    "MemoryStore",
     "OwnMessage",
     "PeriodicSync",
     "Profile",

@@ -1,2 +1,8 @@
-"""Tooling for tests and benchmarks that drive other implementations (never imported by
-the library itself)."""
+"""Test tooling, as ``trio.testing`` is trio's: what tests, benchmarks and ``make fuzz``
+use and the library itself never imports (tests/test_layers.py checks).
+
+* :mod:`~sdsync.testing.gowaku` — a go-waku node on loopback, to interoperate with;
+* :mod:`~sdsync.testing.pgcluster` — throwaway PostgreSQL clusters for the archive's tests;
+* :mod:`~sdsync.testing.memory_store` — a store node in memory for ReliableChannel tests;
+* :mod:`~sdsync.testing.oracle` — a reference SDS decoder the fuzzer checks ours against.
+"""

@@ -3,8 +3,9 @@ and catch-ups by the time it heard each frame (its topics carried on the content
 :func:`~sdsync.transport.base.default_content_topic` names), listing a window's hints and
 handing over only the frames the channel has not seen, as a real store's two phases do.
 
-Stands in for the real store node (its REST API arrives with the store component) in
-tests and examples; it implements the same :class:`~sdsync.runtime.reliable.StoreClient`.
+Test tooling: it stands in for a store node where a test wants no archive and no
+network, and implements the same :class:`~sdsync.runtime.reliable.StoreClient` as the
+real clients (:mod:`sdsync.store.client`, :mod:`sdsync.store.waku_store`).
 """
 
 from __future__ import annotations
