@@ -64,6 +64,7 @@ def test_a_store_to_fetch_from_is_accepted(tmp_path: Path) -> None:
     done = subprocess.run(command, capture_output=True, text=True, timeout=PATIENCE_S, check=False)
     assert done.returncode == 0, done.stderr
     assert "you are solo" in done.stderr and done.stdout == ""
+    assert "rejected 0; publications failed 0" in done.stderr  # the closing summary
 
 
 def test_interactive_lines_are_sent_and_commands_answered(tmp_path: Path) -> None:

@@ -106,6 +106,9 @@ class ChatTransport(Transport, ConnectedPeers, Protocol):
     @property
     def rejected(self) -> Counter[str]: ...
 
+    @property
+    def publish_failures(self) -> int: ...
+
     async def start(self) -> None: ...
 
     async def mesh_peers(self, topic: str) -> list[str]: ...
@@ -343,7 +346,8 @@ async def _script(
         code = 0 if converged and not failed else 1
     session.say(
         f"frames received {transport.received}, dropped by --drop-rate "
-        f"{transport.randomly_dropped}, rejected {sum(transport.rejected.values())}",
+        f"{transport.randomly_dropped}, rejected {sum(transport.rejected.values())}; "
+        f"publications failed {transport.publish_failures}",
         style="dim",
     )
     if stores is not None:
