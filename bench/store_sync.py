@@ -43,12 +43,11 @@ from typing import Any
 
 import aiohttp
 
-from sdsync.reconcile import MemoryItemStore
+from sdsync.reconcile import METHODS, MemoryItemStore
 from sdsync.store import HttpStoreClient, SqlArchive, StoredMessage, StoreQuery, open_archive
 from sdsync.store.model import MAX_PAGE_SIZE
 from sdsync.store.sync import ArchiveHost, sync_with_peer
 from sdsync.store.sync.host import snapshot
-from sdsync.store.sync.wire import METHODS
 from sdsync.testing.pgcluster import TempCluster, free_port, start_cluster
 from sdsync.wire.waku import WakuMessage
 

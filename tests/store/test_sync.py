@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from storetest import HOUR, T0, make_message, make_messages, running, sync_now
 
-from sdsync.reconcile import Method
+from sdsync.reconcile import METHODS, Method
 from sdsync.store import SqlArchive, StoredMessage, open_archive
 from sdsync.store.sync import sync_with_peer
 
@@ -79,7 +79,7 @@ def in_window(archive: SqlArchive) -> set[bytes]:
     return {h for _, h in archive.items(*WINDOW)}
 
 
-@pytest.mark.parametrize("method", ["rbsr", "prolly", "riblt"])
+@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("case", CASES)
 def test_two_nodes_end_with_identical_windows(
     archives: tuple[SqlArchive, SqlArchive], tmp_path: Path, case: str, method: Method

@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 from storetest import HOUR, T0, make_messages, running, sync_now
 
-from sdsync.reconcile import MemoryItemStore, RbsrSession
+from sdsync.reconcile import METHODS, MemoryItemStore, RbsrSession
 from sdsync.store import SqlArchive, StoredMessage, StoreNode, open_archive
 from sdsync.store.sync import (
     PeriodicSync,
@@ -352,8 +352,9 @@ def test_a_riblt_node_syncs_peers_without_riblt_by_rbsr(
     sqlite_archive: SqlArchive, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     other = open_archive(str(tmp_path / "other.sqlite3"))
-    # An older peer: its responder knows RBSR and Prolly only (404 for /sync/v1/riblt).
-    monkeypatch.setattr(responder_module, "METHODS", ("rbsr", "prolly"))
+    # An older peer: its responder knows every method but RIBLT (404 for /sync/v1/riblt).
+    older = {name: kind for name, kind in METHODS.items() if name != "riblt"}
+    monkeypatch.setattr(responder_module, "METHODS", older)
 
     async def scenario() -> None:
         async with (

@@ -25,12 +25,13 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 from storetest import HOUR, T0, make_messages, running, sync_now
 
-from sdsync.reconcile import MemoryItemStore, Method, ReconcileSession, riblt, varint
+from sdsync.reconcile import ReconcileSession, riblt, varint
 from sdsync.reconcile.riblt import RIBLT_VERSION
 from sdsync.store import SqlArchive, StoredMessage, open_archive
 from sdsync.store.sync import ArchiveHost, SyncConfig, responder, responder_app, sync_with_peer
@@ -200,18 +201,19 @@ def test_an_unread_stream_is_cancelled_when_its_session_expires(
     """Row 22: four rounds of two streams never read; each session's snapshot (and its
     stalled response) must be gone once it expires, not pile up."""
     sessions: list[weakref.ref[ReconcileSession]] = []
-    real = responder._responder
+    real = responder.SessionTable.add
 
-    def recorded(method: Method, store: MemoryItemStore) -> ReconcileSession:
-        session = real(method, store)
-        sessions.append(weakref.ref(session))
-        return session
+    def recorded(
+        table: responder.SessionTable, reconcile: ReconcileSession, *args: Any, **kwargs: Any
+    ) -> str:
+        sessions.append(weakref.ref(reconcile))
+        return real(table, reconcile, *args, **kwargs)
 
     def live_sessions() -> int:
         gc.collect()
         return sum(ref() is not None for ref in sessions)
 
-    monkeypatch.setattr(responder, "_responder", recorded)
+    monkeypatch.setattr(responder.SessionTable, "add", recorded)
     shared = make_messages(60_000, seed=65, span=HOUR)
     sqlite_archive.insert(shared)
     config = SyncConfig(idle_timeout_s=1.0)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from sdsync.cli.errors import fail
+from sdsync.reconcile import METHODS
 from sdsync.wire.waku_protocols import SHARD_TOPIC_PREFIX
 
 if TYPE_CHECKING:
@@ -54,10 +55,13 @@ Db = Annotated[
 ]
 
 
-class SyncMethod(StrEnum):
-    rbsr = "rbsr"
-    prolly = "prolly"
-    riblt = "riblt"
+# The choices of --sync-method and --method: the reconciliation table's rows, in its order
+# (mypy cannot see the members of an enum built from a table).
+SyncMethod = StrEnum("SyncMethod", [(name, name) for name in METHODS])  # type: ignore[misc]
+NODE_SYNC_METHOD = SyncMethod("riblt")
+"""--sync-method's default: SyncConfig's."""
+ONCE_SYNC_METHOD = SyncMethod("rbsr")
+"""``store sync --method``'s default: the method every Store Sync node speaks."""
 
 
 def _db_url(db: str | None, data_dir: Path) -> str:
@@ -123,7 +127,7 @@ def serve(
             help="Reconciliation method of the rounds this node starts (a peer that lacks it"
             " is synced by rbsr)."
         ),
-    ] = SyncMethod.riblt,
+    ] = NODE_SYNC_METHOD,
     sync_window: Annotated[
         float, typer.Option(min=1.0, help="Seconds into the past a round covers (ending 20 s ago).")
     ] = 3600.0,
@@ -535,7 +539,7 @@ def _redacted(url: str) -> str:
 @store_app.command()
 def sync(
     peer: Annotated[str, typer.Option(help="Base URL of the store node to sync with.")],
-    method: Annotated[SyncMethod, typer.Option(help="Reconciliation method.")] = SyncMethod.rbsr,
+    method: Annotated[SyncMethod, typer.Option(help="Reconciliation method.")] = ONCE_SYNC_METHOD,
     window: Annotated[
         float, typer.Option(min=1.0, help="Seconds into the past to sync (ending 20 s ago).")
     ] = 3600.0,

@@ -1,10 +1,11 @@
 """Set reconciliation between message stores: range-based (RBSR), Prolly-tree sync and
 rateless IBLTs (RIBLT).
 
-All three methods are sans-I/O sessions over a sorted :class:`ItemStore` (RIBLT's own
-store, :class:`RibltItemStore`, keeps its symbol cache up to date); see
-:mod:`sdsync.reconcile.session` for the calling convention and ``docs/reconcile.md`` for the
-wire formats and the measurements behind the parameters.
+Every method is a sans-I/O session over a sorted :class:`ItemStore` (RIBLT's own store,
+:class:`RibltItemStore`, keeps its symbol cache up to date), named in one table,
+:data:`METHODS` (:mod:`sdsync.reconcile.methods`), that everything choosing a method reads;
+see :mod:`sdsync.reconcile.session` for the calling convention and ``docs/reconcile.md`` for
+the wire formats and the measurements behind the parameters.
 """
 
 from sdsync.reconcile.fingerprint import (
@@ -17,7 +18,8 @@ from sdsync.reconcile.fingerprint import (
     varint,
 )
 from sdsync.reconcile.items import INFINITY, Bound, Item, ItemStore, MemoryItemStore
-from sdsync.reconcile.memory import Method, ReconcileResult, reconcile_in_memory, sessions
+from sdsync.reconcile.memory import ReconcileResult, reconcile_in_memory, sessions
+from sdsync.reconcile.methods import METHODS, Method, session_class
 from sdsync.reconcile.prolly import PROLLY_VERSION, ProllyParams, ProllySession
 from sdsync.reconcile.rbsr import RBSR_VERSION, RbsrParams, RbsrSession
 from sdsync.reconcile.riblt import (
@@ -44,6 +46,7 @@ __all__ = [
     "FULL_WINDOW",
     "HASH_SIZE",
     "INFINITY",
+    "METHODS",
     "PROLLY_VERSION",
     "RBSR_VERSION",
     "RIBLT_VERSION",
@@ -69,6 +72,7 @@ __all__ = [
     "fingerprint",
     "fingerprint_of_sum",
     "reconcile_in_memory",
+    "session_class",
     "sessions",
     "summarize",
     "varint",

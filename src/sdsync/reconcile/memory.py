@@ -12,23 +12,19 @@ a caller can check the two views agree.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any
 
 from sdsync.errors import LocalProtocolError
 from sdsync.reconcile.items import Item, ItemStore
-from sdsync.reconcile.prolly import ProllyParams, ProllySession
-from sdsync.reconcile.rbsr import RbsrParams, RbsrSession
-from sdsync.reconcile.riblt import RibltParams, RibltSession
+from sdsync.reconcile.methods import METHODS, Method, session_class
 from sdsync.reconcile.session import (
     DEFAULT_MAX_FRAME_SIZE,
     FULL_WINDOW,
+    MethodParams,
     MethodSession,
-    P,
     ReconcileSession,
     Window,
 )
-
-Method = Literal["rbsr", "prolly", "riblt"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +43,8 @@ class ReconcileResult:
     """Turns: a streamed run of frames counts once."""
     bytes_a_to_b: int
     bytes_b_to_a: int
+    streamed: int = 0
+    """Frames that continued a turn (a stream), not counted in ``frames``."""
 
     @property
     def round_trips(self) -> int:
@@ -60,25 +58,26 @@ def sessions(
     *,
     window: Window = FULL_WINDOW,
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
-    rbsr: RbsrParams | None = None,
-    prolly: ProllyParams | None = None,
     max_rounds: int | None = None,
-    riblt: RibltParams | None = None,
+    **params: MethodParams | None,
 ) -> tuple[ReconcileSession, ReconcileSession]:
     """An initiator over ``a`` and a responder over ``b`` (``max_rounds``: both sessions'
-    round limit, None for the method's default)."""
-    if method == "rbsr":
-        return _pair(RbsrSession, rbsr, a, b, window, max_frame_size, max_rounds)
-    if method == "prolly":
-        return _pair(ProllySession, prolly, a, b, window, max_frame_size, max_rounds)
-    if method == "riblt":
-        return _pair(RibltSession, riblt, a, b, window, max_frame_size, max_rounds)
-    raise LocalProtocolError(f"unknown reconciliation method {method!r}")
+    round limit, None for the method's default). ``params`` are methods' parameters by
+    method name (``rbsr=RbsrParams(…)``, None for the defaults); ``method``'s serve both
+    sessions and the others are ignored, so one set of tuning serves every method."""
+    session = session_class(method)
+    unknown = params.keys() - METHODS.keys()
+    if unknown:
+        raise LocalProtocolError(f"no reconciliation method is named {sorted(unknown)}")
+    chosen = params.get(method)
+    if chosen is not None and not isinstance(chosen, session.Params):
+        raise LocalProtocolError(f"{method}= takes {session.Params.__name__}, not {chosen!r}")
+    return _pair(session, chosen, a, b, window, max_frame_size, max_rounds)
 
 
 def _pair(
-    session: type[MethodSession[P]],
-    params: P | None,
+    session: type[MethodSession[Any]],
+    params: MethodParams | None,
     a: ItemStore,
     b: ItemStore,
     window: Window,
@@ -99,23 +98,20 @@ def reconcile_in_memory(
     *,
     window: Window = FULL_WINDOW,
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
-    rbsr: RbsrParams | None = None,
-    prolly: ProllyParams | None = None,
     max_frames: int = 100_000,
     max_rounds: int | None = None,
-    riblt: RibltParams | None = None,
+    **params: MethodParams | None,
 ) -> ReconcileResult:
-    """Reconcile ``a`` with ``b`` over ``window``; ``a`` initiates."""
+    """Reconcile ``a`` with ``b`` over ``window``; ``a`` initiates (``params``: as
+    :func:`sessions` takes them)."""
     init, resp = sessions(
         a,
         b,
         method,
         window=window,
         max_frame_size=max_frame_size,
-        rbsr=rbsr,
-        prolly=prolly,
         max_rounds=max_rounds,
-        riblt=riblt,
+        **params,
     )
     frame: bytes | None = init.initiate()
     receiver, sender = resp, init
@@ -141,4 +137,5 @@ def reconcile_in_memory(
         frames=frames,
         bytes_a_to_b=init.stats.bytes_out,
         bytes_b_to_a=resp.stats.bytes_out,
+        streamed=streamed,
     )

@@ -178,6 +178,7 @@ class ProllySession(MethodSession[ProllyParams]):
     """One side of a Prolly-tree sync (see the module docstring)."""
 
     Params = ProllyParams
+    name = "prolly"
     # The walk's state, replaced by each commit; these values hold before the first frame.
     _asked: Sequence[_Pending] = ()
     """Client: the nodes asked for whose children are due (a reply answers a prefix)."""

@@ -331,6 +331,7 @@ class RbsrSession(MethodSession[RbsrParams]):
     """One side of an RBSR reconciliation (see the module docstring for the protocol)."""
 
     Params = RbsrParams
+    name = "rbsr"
 
     def _initiate(self) -> bytes:
         assert self._end is not None

@@ -473,6 +473,9 @@ class RibltSession(MethodSession[RibltParams]):
     """One side of a rateless IBLT reconciliation (see the module docstring)."""
 
     Params = RibltParams
+    name = "riblt"
+    streaming = True
+    cached_symbols = True
 
     def __init__(
         self,

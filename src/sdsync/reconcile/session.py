@@ -1,4 +1,4 @@
-"""The sans-I/O session shape both reconciliation methods share.
+"""The sans-I/O session shape every reconciliation method shares.
 
 Theory of operation
 -------------------
@@ -52,7 +52,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Generic, Protocol, Self, TypeVar
+from typing import ClassVar, Generic, Protocol, Self, TypeVar
 
 from sdsync.errors import LocalProtocolError, RemoteProtocolError
 from sdsync.reconcile.items import INFINITY, INFINITY_TS, MAX_TIMESTAMP, Bound, Item, ItemStore
@@ -161,6 +161,10 @@ class _State(Enum):
 
 class ReconcileSession(ABC):
     """One side of a reconciliation over an :class:`~sdsync.reconcile.items.ItemStore`."""
+
+    streaming: ClassVar[bool] = False
+    """Turns may go on in :meth:`stream` frames; a request/response transport then sends
+    and answers each turn whole (Store Sync's frame streams)."""
 
     def __init__(
         self,
@@ -298,10 +302,18 @@ P = TypeVar("P", bound=MethodParams)
 
 
 class MethodSession(ReconcileSession, Generic[P]):
-    """A session of one method (RBSR, Prolly), set up by the method's parameters ``P``."""
+    """A session of one method (a row of :data:`~sdsync.reconcile.methods.METHODS`), set up
+    by the method's parameters ``P``."""
 
+    name: ClassVar[str]
+    """The method's name: its key in the table, its Store Sync route, its CLI choice."""
     Params: type[P]
-    """The method's parameter class; its defaults serve a session given no ``params``."""
+    """The method's parameter class, with its limits (the smallest frame it works with, its
+    default round limit); its defaults serve a session given no ``params``."""
+    cached_symbols: ClassVar[bool] = False
+    """The session reads coded symbols that a host caches across sessions: give it a
+    :class:`~sdsync.reconcile.riblt.RibltItemStore` with the host's
+    :class:`~sdsync.reconcile.riblt.SymbolCache` attached."""
 
     def __init__(
         self,

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sdsync.errors import LocalProtocolError
-from sdsync.reconcile import Method
-from sdsync.store.sync.wire import METHODS
+from sdsync.reconcile import METHODS, Method
 
 NS = 10**9
 
@@ -50,7 +49,7 @@ class SyncConfig:
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
-            raise LocalProtocolError(f"unknown sync method {self.method!r}; use {METHODS}")
+            raise LocalProtocolError(f"unknown sync method {self.method!r}; use {tuple(METHODS)}")
         if self.interval_s is not None and self.interval_s <= 0:
             raise LocalProtocolError("the sync interval must be positive")
         if self.window_s <= 0 or self.lag_s < 0:

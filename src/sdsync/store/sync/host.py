@@ -14,11 +14,12 @@ A session reads a *snapshot*: the window's items loaded once, in bulk
 that RIBLT reads in bulk), which must not change while the session runs. Messages
 archived meanwhile are simply not part of this round; the next round sees them.
 
-A RIBLT snapshot also takes the rows of its window's whole one-minute buckets from the
-host's :class:`~sdsync.reconcile.riblt.SymbolCache`: rows cached by an earlier round are
-reused where the bucket's count and fingerprint are unchanged, so a round encodes only
-the buckets that messages arrived in or retention emptied since, whatever path changed
-the archive (counted in ``sdsync_store_sync_symbol_buckets``).
+A snapshot for a method that reads cached symbols (its session class says
+``cached_symbols``: RIBLT) also takes the rows of its window's whole one-minute buckets
+from the host's :class:`~sdsync.reconcile.riblt.SymbolCache`: rows cached by an earlier
+round are reused where the bucket's count and fingerprint are unchanged, so a round
+encodes only the buckets that messages arrived in or retention emptied since, whatever
+path changed the archive (counted in ``sdsync_store_sync_symbol_buckets``).
 
 Messages go out in batches of at most :data:`~sdsync.store.sync.wire.MAX_BATCH_BYTES`,
 read from the archive by hash, a few hundred at a time. A hash the archive no longer
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sdsync.reconcile import MemoryItemStore, Method, RibltItemStore, SymbolCache
+from sdsync.reconcile import MemoryItemStore, Method, RibltItemStore, SymbolCache, session_class
 from sdsync.store.archive import Archive
 from sdsync.store.host import SyncHost
 from sdsync.store.sync.wire import MAX_BATCH_BYTES, encode_entry
@@ -41,7 +42,7 @@ READ_CHUNK = 500
 async def snapshot(host: SyncHost, window: tuple[int, int], method: Method) -> MemoryItemStore:
     """The items of ``window`` (start inclusive, end exclusive), frozen for one session
     of ``method``."""
-    symbols = host.riblt_symbols if method == "riblt" else None
+    symbols = host.riblt_symbols if session_class(method).cached_symbols else None
     store, (reused, encoded) = await host.in_archive(_load, host.archive, window, symbols)
     host.metrics.sync_symbol_buckets.labels(outcome="reused").inc(reused)
     host.metrics.sync_symbol_buckets.labels(outcome="encoded").inc(encoded)

@@ -40,20 +40,20 @@ from typing import Any
 import aiohttp
 
 from sdsync.errors import RemoteProtocolError
-from sdsync.reconcile import Method, ProllySession, RbsrSession, ReconcileSession
+from sdsync.reconcile import Method, ReconcileSession, session_class
 from sdsync.reconcile.codec import MAX_VARINT_BYTES
-from sdsync.reconcile.riblt import RibltSession, UndecodedError
+from sdsync.reconcile.riblt import UndecodedError
 from sdsync.store.client import StoreUnavailableError
 from sdsync.store.host import SyncHost
 from sdsync.store.sync.host import SOURCE, read_batch, snapshot
 from sdsync.store.sync.wire import (
+    BASE_METHOD,
     BATCH_TYPE,
     FRAME_TYPE,
     FRAMES_TYPE,
     MAX_FRAMES_BODY,
     NEXT_HEADER,
     SESSION_HEADER,
-    STREAMING,
     VERSION,
     decode_batch,
     encode_frames,
@@ -126,21 +126,23 @@ async def sync_with_peer(
     peer: str,
     window: tuple[int, int],
     *,
-    method: Method = "rbsr",
+    method: Method = BASE_METHOD,
     session: aiohttp.ClientSession | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     token: str | None = None,
 ) -> SyncReport:
     """Reconcile ``window`` of our archive with ``peer`` (a base URL), then transfer.
 
-    ``token`` is the federation's sync token, for peers that require one. A RIBLT round
+    ``token`` is the federation's sync token, for peers that require one. ``method``: a
+    name in :data:`~sdsync.reconcile.METHODS` (LocalProtocolError otherwise). A RIBLT round
     whose difference does not decode within the symbols the peer streams (it sizes them
-    from its own items, not from our count, which it cannot check) is run again by RBSR."""
+    from its own items, not from our count, which it cannot check) is run again by
+    :data:`~sdsync.store.sync.wire.BASE_METHOD`."""
     try:
         return await _round(host, peer, window, method, session, timeout_s, token)
     except UndecodedError:
-        logger.info("RIBLT with %s did not decode; reconciling by RBSR", peer)
-        return await _round(host, peer, window, "rbsr", session, timeout_s, token)
+        logger.info("RIBLT with %s did not decode; reconciling by %s", peer, BASE_METHOD)
+        return await _round(host, peer, window, BASE_METHOD, session, timeout_s, token)
 
 
 async def _round(
@@ -153,15 +155,15 @@ async def _round(
     token: str | None,
 ) -> SyncReport:
     started = time.perf_counter()
+    kind = session_class(method)
     report = SyncReport(peer.rstrip("/"), method, window)
     store = await snapshot(host, window, method)
     report.items = len(store)
-    sessions = {"rbsr": RbsrSession, "prolly": ProllySession, "riblt": RibltSession}
-    reconcile: ReconcileSession = sessions[method](store, initiator=True, window=window)
+    reconcile: ReconcileSession = kind(store, initiator=True, window=window)
     async with _http(session, timeout_s) as client:
         api = _Peer(client, report, token)
         try:
-            streamed = method in STREAMING
+            streamed = kind.streaming
             opening = _open_streamed if streamed else _open
             session_id, reply = await opening(api, reconcile, report)
             try:

@@ -29,6 +29,7 @@ from sdsync.store.client import StoreUnavailableError
 from sdsync.store.host import SyncHost
 from sdsync.store.sync.config import SyncConfig
 from sdsync.store.sync.initiator import SyncReport, SyncUnsupportedError, sync_with_peer
+from sdsync.store.sync.wire import BASE_METHOD
 
 logger = logging.getLogger("sdsync.store.sync")
 
@@ -86,16 +87,17 @@ class PeriodicSync:
         return None
 
     async def _sync(self, peer: str) -> SyncReport:
-        """A round with ``peer`` by our method, or by RBSR if it does not speak ours."""
-        method: Method = "rbsr" if peer in self.rbsr_peers else self.config.method
+        """A round with ``peer`` by our method, or by RBSR (the base method) if it does not
+        speak ours."""
+        method: Method = BASE_METHOD if peer in self.rbsr_peers else self.config.method
         try:
             return await self._round_with(peer, method)
         except SyncUnsupportedError as exc:
-            if method == "rbsr":
+            if method == BASE_METHOD:
                 raise
-            logger.warning("store sync: %s; syncing with it by RBSR", exc)
+            logger.warning("store sync: %s; syncing with it by %s", exc, BASE_METHOD)
             self.rbsr_peers.add(peer)
-            return await self._round_with(peer, "rbsr")
+            return await self._round_with(peer, BASE_METHOD)
 
     async def _round_with(self, peer: str, method: Method) -> SyncReport:
         window = self.config.window(self._clock_ns())

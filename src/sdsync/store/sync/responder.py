@@ -6,12 +6,14 @@ The initiator is the HTTP client; the responder keeps the state of each session 
 requests in a :class:`SessionTable`. Routes, relative to the node (``/sync/`` is where
 :func:`responder_app` is mounted):
 
-* ``POST /sync/v1/{rbsr|prolly|riblt}?start=NS&end=NS`` with the first frame opens a
-  session: the responder loads a snapshot of ``[start, end)``, answers the frame, and
-  names the session in the ``Sdsync-Session`` header.
+* ``POST /sync/v1/{method}?start=NS&end=NS`` with the first frame opens a session of a
+  method of :data:`~sdsync.reconcile.METHODS`: the responder loads a snapshot of
+  ``[start, end)``, answers the frame, and names the session in the ``Sdsync-Session``
+  header. Another method answers 404 (counted as ``sync_method``), which tells the
+  initiator that this node does not speak it.
 * ``POST /sync/v1/sessions/{id}`` with a frame: the answer frame (an empty body: nothing
   to say). A malformed frame answers 400 and ends the session.
-* A streaming method (RIBLT) sends and answers whole turns as frame streams
+* A streaming method (RIBLT; ``streaming``) sends and answers whole turns as frame streams
   (:mod:`.wire`): the answer to its first frame is the stream of coded symbols, written
   batch after batch until the initiator hangs up or posts its next turn (which stops
   the stream), or the stream's end.
@@ -55,20 +57,18 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
 from sdsync.errors import LocalProtocolError, RemoteProtocolError
 from sdsync.reconcile import (
     DEFAULT_MAX_FRAME_SIZE,
-    MemoryItemStore,
-    Method,
-    ProllySession,
-    RbsrSession,
+    METHODS,
     ReconcileSession,
     varint,
 )
-from sdsync.reconcile.riblt import RibltSession
+from sdsync.reconcile.session import MethodSession
 from sdsync.store.archive import ArchiveUnavailable
 from sdsync.store.host import SyncHost
 from sdsync.store.model import INT64_MAX, StoredMessage, StoreQuery
@@ -82,10 +82,8 @@ from sdsync.store.sync.wire import (
     FRAMES_TYPE,
     MAX_BATCH_BYTES,
     MAX_FRAMES_BODY,
-    METHODS,
     NEXT_HEADER,
     SESSION_HEADER,
-    STREAMING,
     VERSION,
     decode_batch,
     decode_frames,
@@ -264,11 +262,10 @@ def responder_app(
     app = web.Application(middlewares=[_guard, _archive_errors])
     app[TABLE] = SessionTable(config, clock)
     app[WALL_CLOCK] = wall_clock_ns
-    methods = "|".join(METHODS)
     session = f"/{VERSION}/sessions/{{session_id}}"
     app.add_routes(
         [
-            web.post(f"/{VERSION}/{{method:{methods}}}", open_session),
+            web.post(f"/{VERSION}/{{method}}", open_session),
             web.post(session, next_frame),
             web.delete(session, close_session),
             web.post(f"{session}/messages", push_messages),
@@ -284,7 +281,7 @@ def responder_app(
 
 async def open_session(request: web.Request) -> web.StreamResponse:
     node, table = request.app[NODE], request.app[TABLE]
-    method = next(m for m in METHODS if m == request.match_info["method"])
+    method = _method(request)
     client = request.remote or "unknown"
     wait_s = table.take_open(client)
     if wait_s:
@@ -302,9 +299,9 @@ async def open_session(request: web.Request) -> web.StreamResponse:
     with table.opening(client):
         # Counted first: a window over the budget is refused before it is read.
         table.check_budget(await node.in_archive(node.archive.count_items, *window))
-        store = await snapshot(node, window, method)
-        reconcile = _responder(method, store)
-        session_id = table.add(reconcile, window, len(store), client, streams=method in STREAMING)
+        store = await snapshot(node, window, method.name)
+        reconcile = method.responder(store)
+        session_id = table.add(reconcile, window, len(store), client, streams=method.streaming)
     return await _answer(request, table, session_id, frames)
 
 
@@ -499,12 +496,19 @@ async def _learn_topics(
             session.archived_topics[topic] = bool(page.hashes)
 
 
-def _responder(method: Method, store: MemoryItemStore) -> ReconcileSession:
-    if method == "rbsr":
-        return RbsrSession.responder(store)
-    if method == "riblt":
-        return RibltSession.responder(store)
-    return ProllySession.responder(store)
+def _method(request: web.Request) -> type[MethodSession[Any]]:
+    """The session class of the method the request names; 404 for one this node lacks
+    (the initiator's sign to use another), before anything else is spent on it."""
+    name = request.match_info["method"]
+    method = METHODS.get(name)
+    if method is None:
+        raise refuse(
+            request,
+            web.HTTPNotFound,
+            "sync_method",
+            f"this node does not reconcile by {name!r} (it speaks {', '.join(METHODS)})",
+        )
+    return method
 
 
 def _window(query: Mapping[str, str]) -> tuple[int, int]:

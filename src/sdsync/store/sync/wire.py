@@ -2,13 +2,15 @@
 
 Theory of operation
 -------------------
-Store Sync runs over the store node's HTTP server, under ``/sync/v1/``. Reconciliation
+Store Sync runs over the store node's HTTP server, under ``/sync/v1/``; a session opens
+at ``/sync/v1/{method}`` for every method of :data:`sdsync.reconcile.METHODS` (a method
+the node lacks answers 404), and every node speaks :data:`BASE_METHOD`. Reconciliation
 frames travel as they are (``application/octet-stream``); the session they belong to is
-named in a header. A method that streams (RIBLT) sends a whole turn in one body instead,
-``application/vnd.sdsync.frames``: each frame as ``varint(len(frame)) frame``. The
-responder's symbols arrive that way as one streamed HTTP response, which the initiator
-stops reading (and closes) once it has decoded. Messages travel in *batches*: a
-concatenation of entries ::
+named in a header. A method that streams (``streaming``, RIBLT) sends a whole turn in one
+body instead, ``application/vnd.sdsync.frames``: each frame as
+``varint(len(frame)) frame``. The responder's symbols arrive that way as one streamed HTTP
+response, which the initiator stops reading (and closes) once it has decoded. Messages
+travel in *batches*: a concatenation of entries ::
 
     entry = varint(len(pubsub_topic)) pubsub_topic varint(len(message)) message
 
@@ -26,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Container, Iterable
 
 from sdsync.errors import RemoteProtocolError
-from sdsync.reconcile import Method, varint
+from sdsync.reconcile import Method, RbsrSession, varint
 from sdsync.reconcile.codec import Reader
 from sdsync.store.model import StoredMessage
 from sdsync.wire.waku import MAX_WAKU_MESSAGE_BYTES, decode_waku_message
@@ -34,9 +36,9 @@ from sdsync.wire.waku import MAX_WAKU_MESSAGE_BYTES, decode_waku_message
 PREFIX = "/sync/"
 """Where a store node mounts Store Sync."""
 VERSION = "v1"
-METHODS: tuple[Method, ...] = ("rbsr", "prolly", "riblt")
-STREAMING: tuple[Method, ...] = ("riblt",)
-"""Methods whose turns travel as frame streams."""
+BASE_METHOD: Method = RbsrSession.name
+"""The method every Store Sync node speaks: a peer that lacks ours, or a RIBLT round that
+does not decode, is synced by it."""
 SESSION_HEADER = "Sdsync-Session"
 NEXT_HEADER = "Sdsync-Next"
 FRAME_TYPE = "application/octet-stream"
