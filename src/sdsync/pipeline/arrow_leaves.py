@@ -39,8 +39,9 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 
 from sdsync.pipeline.leaves import LIMB_COLUMNS, LeafTable, leaf_sums
-from sdsync.reconcile.fingerprint import HASH_SIZE, LIMBS
+from sdsync.reconcile.fingerprint import LIMBS
 from sdsync.store.schema import MESSAGE_HASH, TIMESTAMP
+from sdsync.wire.waku import HASH_SIZE
 
 COLUMNS = [TIMESTAMP, MESSAGE_HASH]
 LEAF_SCHEMA = pa.schema(

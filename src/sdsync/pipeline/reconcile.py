@@ -79,11 +79,9 @@ from sdsync.pipeline.leaves import LIMB_COLUMNS, LeafTable, differing
 from sdsync.pipeline.progress import Progress
 from sdsync.pipeline.session import is_connect
 from sdsync.pipeline.spark_fingerprint import hash_limbs
-from sdsync.reconcile.fingerprint import (
-    HASH_SIZE,
-    MAX_LIMB_ITEMS,
-)
+from sdsync.reconcile.fingerprint import MAX_LIMB_ITEMS
 from sdsync.store.schema import MESSAGE_HASH, TIMESTAMP
+from sdsync.wire.waku import HASH_SIZE
 
 ARCHIVE_COLUMNS = [binary_column(MESSAGE_HASH), long_column(TIMESTAMP)]
 MAX_ARCHIVES = 63  # who holds an item is a bit mask in a long

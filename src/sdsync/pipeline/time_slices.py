@@ -64,8 +64,9 @@ from sdsync.pipeline.arrow_leaves import (
 )
 from sdsync.pipeline.io import UnknownBoundsError, row_group_bounds
 from sdsync.pipeline.leaves import LeafTable, differing, sorted_leaf_sums
-from sdsync.reconcile.fingerprint import HASH_SIZE, LIMBS
+from sdsync.reconcile.fingerprint import LIMBS
 from sdsync.store.schema import MESSAGE_HASH, TIMESTAMP
+from sdsync.wire.waku import HASH_SIZE
 
 MISSING_SCHEMA = pa.schema(
     [

@@ -11,7 +11,6 @@ the wire formats and the measurements behind the parameters.
 from sdsync.reconcile.fingerprint import (
     EMPTY_FINGERPRINT,
     FINGERPRINT_SIZE,
-    HASH_SIZE,
     fingerprint,
     fingerprint_of_sum,
     summarize,
@@ -38,6 +37,7 @@ from sdsync.reconcile.session import (
     Window,
     default_max_rounds,
 )
+from sdsync.wire.waku import HASH_SIZE
 
 __all__ = [
     "DEFAULT_MAX_FRAME_SIZE",

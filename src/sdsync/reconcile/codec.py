@@ -15,8 +15,8 @@ that timestamp and the hash prefix one byte past the common prefix.
 from __future__ import annotations
 
 from sdsync.errors import RemoteProtocolError
-from sdsync.reconcile.fingerprint import HASH_SIZE
 from sdsync.reconcile.items import Bound, Item
+from sdsync.wire.waku import HASH_SIZE
 
 MAX_VARINT_BYTES = 10
 

@@ -46,7 +46,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Sequence
 
-HASH_SIZE = 32
+from sdsync.wire.waku import HASH_SIZE  # the items are Waku message hashes
+
 FINGERPRINT_SIZE = 16
 LIMBS = 8
 LIMB_BITS = 32

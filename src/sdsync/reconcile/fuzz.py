@@ -43,13 +43,14 @@ from google.protobuf.message import DecodeError, Message
 from sdsync.errors import RemoteProtocolError
 from sdsync.reconcile import prolly_pb2 as pb
 from sdsync.reconcile.codec import Reader
-from sdsync.reconcile.fingerprint import FINGERPRINT_SIZE, HASH_SIZE, varint
+from sdsync.reconcile.fingerprint import FINGERPRINT_SIZE, varint
 from sdsync.reconcile.items import Bound, Item, ItemStore, MemoryItemStore
 from sdsync.reconcile.memory import sessions
 from sdsync.reconcile.methods import Method
 from sdsync.reconcile.prolly import MESSAGE_TYPES, MessageType, ProllyParams
 from sdsync.reconcile.rbsr import ITEM_ID_SIZE, Mode, RbsrParams
 from sdsync.reconcile.session import FULL_WINDOW, ReconcileSession, SessionStats, Window
+from sdsync.wire.waku import HASH_SIZE
 
 T = TypeVar("T")
 

@@ -38,7 +38,8 @@ import numpy as np
 import numpy.typing as npt
 
 from sdsync.errors import LocalProtocolError
-from sdsync.reconcile.fingerprint import HASH_SIZE, LIMBS, sum_from_limb_sums
+from sdsync.reconcile.fingerprint import LIMBS, sum_from_limb_sums
+from sdsync.wire.waku import HASH_SIZE
 
 Item = tuple[int, bytes]
 """``(timestamp_ns, 32-byte message hash)``."""

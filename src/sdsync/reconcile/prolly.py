@@ -66,9 +66,10 @@ from google.protobuf.message import DecodeError, Message
 from sdsync.errors import LocalProtocolError, RemoteProtocolError
 from sdsync.reconcile import prolly_pb2 as pb
 from sdsync.reconcile.codec import minimal_bound
-from sdsync.reconcile.fingerprint import FINGERPRINT_SIZE, HASH_SIZE, fingerprint_of_sum
+from sdsync.reconcile.fingerprint import FINGERPRINT_SIZE, fingerprint_of_sum
 from sdsync.reconcile.items import INFINITY_TS, MAX_TIMESTAMP, Bound, Item
 from sdsync.reconcile.session import FrameOutcome, MethodSession, default_max_rounds
+from sdsync.wire.waku import HASH_SIZE
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -72,14 +72,10 @@ from enum import IntEnum
 
 from sdsync.errors import LocalProtocolError, RemoteProtocolError
 from sdsync.reconcile.codec import Reader, minimal_bound
-from sdsync.reconcile.fingerprint import (
-    FINGERPRINT_SIZE,
-    HASH_SIZE,
-    fingerprint_of_sum,
-    varint,
-)
+from sdsync.reconcile.fingerprint import FINGERPRINT_SIZE, fingerprint_of_sum, varint
 from sdsync.reconcile.items import INFINITY_TS, MAX_TIMESTAMP, Bound, Item
 from sdsync.reconcile.session import FrameOutcome, MethodSession, default_max_rounds
+from sdsync.wire.waku import HASH_SIZE
 
 RBSR_VERSION = 1
 ITEM_ID_SIZE = 16

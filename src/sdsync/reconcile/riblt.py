@@ -82,7 +82,7 @@ import numpy.typing as npt
 
 from sdsync.errors import LocalProtocolError, RemoteProtocolError
 from sdsync.reconcile.codec import Reader
-from sdsync.reconcile.fingerprint import HASH_SIZE, varint
+from sdsync.reconcile.fingerprint import varint
 from sdsync.reconcile.items import INFINITY_TS, Item, ItemStore, MemoryItemStore
 from sdsync.reconcile.riblt_coding import (
     CHECKSUM,
@@ -106,6 +106,7 @@ from sdsync.reconcile.session import (
     Window,
     window_bounds,
 )
+from sdsync.wire.waku import HASH_SIZE
 
 RIBLT_VERSION = 2
 CHECKSUM_SIZE = CHECKSUM_BITS // 8

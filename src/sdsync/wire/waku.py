@@ -28,6 +28,7 @@ from sdsync.wire.untrusted import parse_untrusted
 
 #: nwaku's default maximum message size (150 KiB payload plus envelope).
 MAX_WAKU_MESSAGE_BYTES = 150 * 1024 + 4096
+#: A deterministic message hash: SHA-256.
 HASH_SIZE = 32
 #: Of a pubsub or a content topic, in UTF-8: both go into PostgreSQL index entries,
 #: which may not exceed 2,704 bytes.
