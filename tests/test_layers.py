@@ -4,7 +4,9 @@ cli / testing → demo → pipeline → sim / chat / peer / reliability → stor
 transport / reconcile → core → wire → errors / lifecycle.
 Every ``sdsync.<component>`` import in the source, including those inside functions and
 ``TYPE_CHECKING`` blocks, must name the importing component itself or one below it;
-components that share a layer do not import each other.
+components that share a layer do not import each other. Within a component no two files
+import each other (no circle in the import graph of files), and the libp2p transport's two
+threads read no private member of each other's files.
 """
 
 from __future__ import annotations
@@ -99,3 +101,162 @@ def test_the_library_never_imports_its_test_tooling(tmp_path: Path) -> None:
     (tmp_path / "cli").mkdir()
     (tmp_path / "cli" / "main.py").write_text("from sdsync.testing.gowaku import GoWaku\n")
     assert library_imports_of_testing(tmp_path) == ["sdsync.cli.main imports sdsync.testing.gowaku"]
+
+
+# Import circles between files. The layer check above is between components; within one,
+# two files that import each other are one module split in two (issue 28).
+def module_names(src: Path) -> dict[str, Path]:
+    """Dotted name (``sdsync.x.y``; a package's ``__init__`` is the package) -> file."""
+    names = {}
+    for path in sorted(src.rglob("*.py")):
+        parts = path.relative_to(src).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        names[".".join(("sdsync", *parts))] = path
+    return names
+
+
+def imported_modules(module: str, path: Path, known: set[str]) -> set[str]:
+    """The modules of ``known`` that ``module`` imports anywhere in its file (functions and
+    ``TYPE_CHECKING`` blocks too): ``from pkg import name`` names the submodule
+    ``pkg.name`` if there is one, else ``pkg``; relative imports are resolved."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {_known_prefix(alias.name, known) for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            origin = _origin(package, node)
+            for alias in node.names:
+                submodule = f"{origin}.{alias.name}"
+                found.add(submodule if submodule in known else _known_prefix(origin, known))
+    found.discard(module)
+    return found & known
+
+
+def _origin(package: str, node: ast.ImportFrom) -> str:
+    """The module ``from <origin> import ...`` names, seen from a module of ``package``."""
+    if not node.level:
+        return node.module or ""
+    base = package.rsplit(".", node.level - 1)[0]
+    return f"{base}.{node.module}" if node.module else base
+
+
+def _known_prefix(dotted: str, known: set[str]) -> str:
+    while dotted and dotted not in known:
+        dotted = dotted.rpartition(".")[0]
+    return dotted
+
+
+def import_circles(src: Path = SRC) -> set[frozenset[str]]:
+    """Every strongly connected component of more than one file in the import graph
+    (Tarjan's algorithm), named without the ``sdsync.`` prefix."""
+    files = module_names(src)
+    graph = {m: sorted(imported_modules(m, p, set(files))) for m, p in files.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: set[frozenset[str]] = set()
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in graph[module]:
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:  # the root of a component: all above it on the stack
+            component = {module}
+            while (member := stack.pop()) != module:
+                component.add(member)
+            if len(component) > 1:
+                circles.add(frozenset(m.removeprefix("sdsync.") for m in component))
+
+    for module in graph:
+        if module not in index:
+            visit(module)
+    return circles
+
+
+def test_no_two_files_import_each_other() -> None:
+    assert import_circles() == set()
+
+
+def test_the_circle_check_sees_every_kind_of_import(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "__init__.py").write_text("")
+    (tmp_path / "a" / "one.py").write_text("from . import two\n")  # relative, a submodule
+    (tmp_path / "a" / "two.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from sdsync.a.three import X\n"
+    )
+    (tmp_path / "a" / "three.py").write_text("def f():\n    import sdsync.a.one\n")
+    (tmp_path / "b.py").write_text("from sdsync.a import one\n")  # into a circle, not in it
+    (tmp_path / "c.py").write_text("from .d import Y\n")
+    (tmp_path / "d.py").write_text("from sdsync import c\n")
+    assert import_circles(tmp_path) == {
+        frozenset({"a.one", "a.two", "a.three"}),
+        frozenset({"c", "d"}),
+    }
+
+
+# Private members across files: the transport's two threads share one HostState
+# (transport/libp2p_shared.py) instead of reading each other's members.
+LIBP2P_FILES = ("libp2p.py", "libp2p_host.py", "libp2p_shared.py")
+
+
+def private_members(tree: ast.AST) -> set[str]:
+    """The private names a file's classes define: ``self._x = ...`` and ``def _x``."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            names |= {
+                item.name
+                for item in node.body
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+            }
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, ast.Store)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "self"
+        ):
+            names.add(node.attr)
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def foreign_private_reads(folder: Path, files: tuple[str, ...]) -> list[str]:
+    """``file: x._name`` for each read, on anything but ``self``, of a private member
+    that another of ``files`` defines and this one does not."""
+    trees = {name: ast.parse((folder / name).read_text()) for name in files}
+    privates = {name: private_members(tree) for name, tree in trees.items()}
+    found = []
+    for name, tree in trees.items():
+        theirs = set().union(*(p for other, p in privates.items() if other != name))
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in theirs - privates[name]
+                and not (isinstance(node.value, ast.Name) and node.value.id == "self")
+            ):
+                found.append(f"{name}: {ast.unparse(node)}")
+    return sorted(set(found))
+
+
+def test_the_libp2p_threads_read_no_private_member_of_each_other() -> None:
+    assert foreign_private_reads(SRC / "transport", LIBP2P_FILES) == []
+
+
+def test_the_private_member_check_sees_a_read_across_files(tmp_path: Path) -> None:
+    (tmp_path / "face.py").write_text(
+        "class Face:\n    def __init__(self):\n        self._route = {}\n"
+        "    def _sent(self):\n        return self._route\n"
+    )
+    (tmp_path / "host.py").write_text(
+        "class Host:\n    def run(self, face):\n        return face._route, face._sent()\n"
+    )
+    assert foreign_private_reads(tmp_path, ("face.py", "host.py")) == [
+        "host.py: face._route",
+        "host.py: face._sent",
+    ]

@@ -23,9 +23,10 @@ from trio.testing import MockClock
 
 from sdsync.errors import LocalProtocolError, ProtocolNotSupportedError
 from sdsync.transport import Envelope, Libp2pTransport, Received
-from sdsync.transport.libp2p import Handover, new_identity_key
+from sdsync.transport.libp2p import new_identity_key
 from sdsync.transport.libp2p_host import _QUEUE_HIGH_WATER, _STALL_S, _UNIDENTIFIED_S, RelayTrioHost
 from sdsync.transport.libp2p_patches import PEER_QUEUE_RPCS
+from sdsync.transport.libp2p_shared import Handover
 from sdsync.wire import WakuMessage, message_hash
 from sdsync.wire.waku_protocols import RELAY_PROTOCOL
 
@@ -313,7 +314,7 @@ def test_a_port_in_use_fails_start_instead_of_hanging() -> None:
 def stubbed_side(queues: dict[ID, list[None]]) -> tuple[RelayTrioHost, list[ID]]:
     """A trio side with these outbound queues; records the peers whose connections it
     closes."""
-    side = RelayTrioHost(Libp2pTransport())
+    side = RelayTrioHost(Libp2pTransport()._shared)
     side.pubsub.peer_queues = queues  # type: ignore[assignment]
     closed: list[ID] = []
 

@@ -247,7 +247,7 @@ def test_message_cache_is_bounded_in_bytes_oldest_first() -> None:
             assert node.mcache_evicted == flood - kept >= flood - 11
             newest = [b"flood %03d " % n for n in range(flood - kept, flood)]
             assert [m.data[m.data.index(b"flood") :][:10] for m in cache.msgs.values()] == newest
-            pubsub_topic, _ = node._route(TOPIC)
+            pubsub_topic = node.waku.pubsub_topic(node.content_topic(TOPIC))
             assert cache.window(pubsub_topic) == list(cache.msgs)
         finally:
             await node.close()

@@ -193,7 +193,7 @@ def test_the_waku_validator_checks_14_waku2_message(
     msg: rpc_pb2.Message, reason: RejectReason | None
 ) -> None:
     transport = Libp2pTransport()
-    host = RelayTrioHost(transport)
+    host = RelayTrioHost(transport._shared)
     try:
         accepted = host._validate(ID(b"\x01" * 34), msg)
     finally:

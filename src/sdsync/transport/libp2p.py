@@ -20,21 +20,26 @@ timestamp — is a new gossipsub message and is not swallowed by the seen cache.
 
 py-libp2p runs on trio, our runtime on asyncio, so the transport is split by the loop that
 runs the code. This module is the asyncio face: its code runs on the caller's event loop
-and never blocks on the other thread (the subscriber tables, which that thread reads too,
-are guarded by a lock). The host, pubsub and router live in a dedicated thread running
-``trio.run`` (:mod:`sdsync.transport.libp2p_host`, with the py-libp2p mends of
-:mod:`sdsync.transport.libp2p_patches`). The two talk only through thread-safe hand-overs:
+and never blocks on the other thread. The host, pubsub and router live in a dedicated
+thread running ``trio.run`` (:mod:`sdsync.transport.libp2p_host`, with the py-libp2p
+mends of :mod:`sdsync.transport.libp2p_patches`). All that both threads touch — the
+settings, counters, subscriber tables, peers to redial, served protocols — is one
+:class:`~sdsync.transport.libp2p_shared.HostState`, which the transport makes and hands to
+the host (that module says which thread writes what, under which lock); the settings and
+counters are also this transport's read-only attributes. The two talk only through
+thread-safe hand-overs:
 
 * asyncio → trio: ``TrioToken.run_sync_soon``. A publication goes into an outbox that the
   trio thread publishes from, in order; ``publish`` returns once it is queued and waits
   only while ``_OUTBOX_LIMIT`` frames are. Other work (dialling, queries) runs as a trio
   task whose outcome settles an asyncio future (:meth:`Libp2pTransport._call`);
-* trio → asyncio: a :class:`Handover`, whose calls the loop runs in order. Every frame
-  that passes validation is put in the subscribers' unbounded asyncio queues, and each
-  publication handed to pubsub makes room in the outbox. ``loop.call_soon_threadsafe``
-  per frame wrote to the loop's self-pipe each time (a syscall, and a wake-up, per
-  frame: a seventh of the trio thread's time under load); the handover wakes the loop
-  only when it had nothing waiting, and the loop then runs all that has come since.
+* trio → asyncio: a :class:`~sdsync.transport.libp2p_shared.Handover`, whose calls the
+  loop runs in order. Every frame that passes validation is put in the subscribers'
+  unbounded asyncio queues, and each publication handed to pubsub makes room in the
+  outbox. ``loop.call_soon_threadsafe`` per frame wrote to the loop's self-pipe each time
+  (a syscall, and a wake-up, per frame: a seventh of the trio thread's time under load);
+  the handover wakes the loop only when it had nothing waiting, and the loop then runs
+  all that has come since.
   Outcomes of other work settle their futures through ``call_soon_threadsafe``.
 
 Inbound frames are validated as a gossipsub topic validator, so a bad frame is neither
@@ -80,10 +85,9 @@ import random
 import socket
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar, cast, overload
 
 import multiaddr
 import trio
@@ -94,19 +98,31 @@ from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from sdsync.errors import LocalProtocolError, ProtocolNotSupportedError, RemoteProtocolError
 from sdsync.lifecycle import AsyncLifecycle
 from sdsync.transport.base import Envelope, Received, default_content_topic
-from sdsync.transport.libp2p_host import Handler, PushHandler, RelayTrioHost, TrioHost, run_host
-from sdsync.transport.libp2p_patches import MESSAGE_CACHE_BYTES, ConnectionLimits
+from sdsync.transport.libp2p_host import RelayTrioHost, TrioHost, run_host
+from sdsync.transport.libp2p_patches import ConnectionLimits
+from sdsync.transport.libp2p_shared import (
+    GossipParams,
+    Handler,
+    Handover,
+    HostSettings,
+    HostState,
+    LoopSide,
+    PushHandler,
+    WakuRelayConfig,
+)
 from sdsync.transport.ratelimit import RateLimit
 from sdsync.wire.waku import DEFAULT_TIMESTAMP_VARIANCE_S, MAX_WAKU_MESSAGE_BYTES, WakuMessage
-from sdsync.wire.waku_protocols import (
-    MAX_RPC_BYTES,
-    SHARD_TOPIC_PREFIX,
-    TWN_CLUSTER_ID,
-    TWN_SHARD_COUNT,
-    WakuMetadata,
-    parse_content_topic,
-    shard_pubsub_topic,
-)
+from sdsync.wire.waku_protocols import MAX_RPC_BYTES, WakuMetadata
+
+# The settings' types live with the state the trio thread shares; users import them here.
+__all__ = [
+    "DEFAULT_RELAY_RATE",
+    "KEY_SIZE",
+    "GossipParams",
+    "Libp2pTransport",
+    "WakuRelayConfig",
+    "new_identity_key",
+]
 
 logger = logging.getLogger("sdsync.transport.libp2p")
 
@@ -124,47 +140,6 @@ _STREAM_TIMEOUT_S = 10.0
 DEFAULT_RELAY_RATE = RateLimit(32 * 2**20, 16.0)
 
 
-@dataclass(frozen=True, slots=True)
-class GossipParams:
-    """Gossipsub knobs; defaults suit a small group on one machine or a LAN."""
-
-    degree: int = 6
-    degree_low: int = 4
-    degree_high: int = 12
-    heartbeat_interval_s: int = 1
-    # The gossip message cache (what IWANT is answered from) holds this many bytes at
-    # most, the oldest going first, counted in Libp2pTransport.mcache_evicted.
-    message_cache_bytes: int = MESSAGE_CACHE_BYTES
-    # Redial configured peers that are not connected this often (they may start later,
-    # or restart).
-    redial_interval_s: float = 1.0
-    dial_timeout_s: float = 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class WakuRelayConfig:
-    """Which Waku cluster :class:`Libp2pTransport` relays on, and how content topics
-    map to shards — all on ``shard`` (static sharding), or autosharded over
-    ``shard_count`` shards when ``shard`` is None (The Waku Network: cluster 1, 8)."""
-
-    cluster_id: int = TWN_CLUSTER_ID
-    shard: int | None = None
-    shard_count: int = TWN_SHARD_COUNT
-
-    def __post_init__(self) -> None:
-        if self.cluster_id < 0 or self.shard_count < 1:
-            raise LocalProtocolError(f"no cluster {self.cluster_id} of {self.shard_count} shards")
-        if self.shard is not None and self.shard < 0:
-            raise LocalProtocolError(f"no shard {self.shard}")
-
-    def pubsub_topic(self, content_topic: str) -> str:
-        """The pubsub topic ``/waku/2/rs/<cluster>/<shard>`` that carries ``content_topic``."""
-        if self.shard is not None:
-            parse_content_topic(content_topic)  # well-formed all the same
-            return shard_pubsub_topic(self.cluster_id, self.shard)
-        return parse_content_topic(content_topic).pubsub_topic(self.cluster_id, self.shard_count)
-
-
 def new_identity_key() -> bytes:
     """A fresh Ed25519 secret (32 bytes) for ``Libp2pTransport(key=...)``."""
     return random.SystemRandom().randbytes(KEY_SIZE)
@@ -173,8 +148,65 @@ def new_identity_key() -> bytes:
 _THE_WAKU_NETWORK = WakuRelayConfig()
 
 
+class _Shared(Generic[T]):
+    """A read-only transport attribute that is the field of the same name of its
+    :class:`~sdsync.transport.libp2p_shared.HostState`'s ``settings`` or ``counters``:
+    one copy, which the trio thread reads (settings) or writes (counters) there."""
+
+    __slots__ = ("_name", "_part")
+
+    def __init__(self, part: str) -> None:
+        self._part = part
+        self._name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, transport: None, owner: type) -> _Shared[T]: ...
+
+    @overload
+    def __get__(self, transport: Libp2pTransport, owner: type) -> T: ...
+
+    def __get__(self, transport: Libp2pTransport | None, owner: type) -> _Shared[T] | T:
+        if transport is None:
+            return self
+        return cast(T, getattr(getattr(transport._shared, self._part), self._name))
+
+    def __set__(self, transport: Libp2pTransport, value: T) -> None:
+        raise AttributeError(f"{self._name} is the transport's {self._part}: not to be set")
+
+
 class Libp2pTransport(AsyncLifecycle):
     """A :class:`~sdsync.transport.Transport` over Waku Relay; also a source of envelopes."""
+
+    # The settings the constructor took, and what the trio thread counts
+    # (:class:`~sdsync.transport.libp2p_shared.HostCounters` says what each counts).
+    peer_id = _Shared[str]("settings")
+    content_topic = _Shared[Callable[[str], str]]("settings")
+    drop_rate = _Shared[float]("settings")
+    max_message_bytes = _Shared[int]("settings")
+    gossip = _Shared[GossipParams]("settings")
+    waku = _Shared[WakuRelayConfig]("settings")
+    announce_shards = _Shared[tuple[int, ...]]("settings")
+    relay = _Shared[bool]("settings")
+    limits = _Shared[ConnectionLimits]("settings")
+    clock_ns = _Shared[Callable[[], int]]("settings")
+    max_future_ns = _Shared[int]("settings")
+    relay_rate = _Shared[RateLimit | None]("settings")
+    connections_refused = _Shared[Counter[str]]("counters")
+    rejected = _Shared[Counter[str]]("counters")
+    stream_timeouts = _Shared[Counter[str]]("counters")
+    stream_failures = _Shared[Counter[str]]("counters")
+    streams_refused = _Shared[Counter[str]]("counters")
+    push_streams = _Shared[Counter[str]]("counters")
+    push_retries = _Shared[Counter[str]]("counters")
+    pushes_resent = _Shared[Counter[str]]("counters")
+    received = _Shared[int]("counters")
+    randomly_dropped = _Shared[int]("counters")
+    publish_failures = _Shared[int]("counters")
+    relay_rate_limited = _Shared[int]("counters")
+    mcache_evicted = _Shared[int]("counters")
 
     def __init__(
         self,
@@ -201,66 +233,33 @@ class Libp2pTransport(AsyncLifecycle):
             raise LocalProtocolError("drop_rate must be a probability")
         if key is not None and len(key) != KEY_SIZE:
             raise LocalProtocolError(f"key must be {KEY_SIZE} bytes")
-        self._listen = [_multiaddr(a) for a in listen]
-        self._peers = {info.peer_id: info for info in map(_peer_info, peers)}
-        self._key_pair = create_new_key_pair(key if key is not None else new_identity_key())
-        self.peer_id = ID.from_pubkey(self._key_pair.public_key).to_base58()
-        self.content_topic = content_topic
-        self.drop_rate = drop_rate
-        self.max_message_bytes = max_message_bytes
-        self.gossip = gossip if gossip is not None else GossipParams()
-        self.waku = waku
-        # Shards our metadata names besides those we relay: a light client relays none,
-        # yet a node on its cluster (go-waku) drops a peer that names no shard.
-        self.announce_shards = tuple(sorted(set(announce_shards)))
-        # False: a light client's host, which mounts no gossipsub at all.
-        self.relay = relay
-        self.limits = limits if limits is not None else ConnectionLimits()
-        # A relayed message's timestamp may be this far ahead of clock_ns() (as the
-        # archive's): further, it is neither delivered nor relayed.
-        self.clock_ns = clock_ns
-        self.max_future_ns = int(timestamp_variance_s * 1e9)
-        # Bytes of valid relay frames one forwarding peer may bring (None: no limit);
-        # more are dropped by the validator, neither delivered nor relayed, and counted.
-        self.relay_rate = relay_rate
-        self.relay_rate_limited = 0
-        # Messages dropped from the gossip cache to keep it within its byte budget.
-        self.mcache_evicted = 0
-        self._rng = random.Random(seed)
-        # Inbound connections closed unserved, by reason (ConnectionLimits).
-        self.connections_refused: Counter[str] = Counter()
-        # Written on the trio thread; plain counters, read for reporting.
-        self.rejected: Counter[str] = Counter()
-        # Request/response streams that timed out, or broke, by protocol id.
-        self.stream_timeouts: Counter[str] = Counter()
-        self.stream_failures: Counter[str] = Counter()
-        # Inbound streams reset because their peer held too many of that protocol open.
-        self.streams_refused: Counter[str] = Counter()
-        # Push lanes, by protocol id: streams opened (a lane's, or one per push to a
-        # one-frame reader), pushes written again on a fresh stream after the lane's
-        # failed, and pushes sent again after a one-frame reader dropped them unread.
-        self.push_streams: Counter[str] = Counter()
-        self.push_retries: Counter[str] = Counter()
-        self.pushes_resent: Counter[str] = Counter()
-        # protocol id -> (handler, max request bytes, timeout), for a host yet to start.
-        self._served: dict[str, tuple[Handler, int, float]] = {}
-        self._push_served: dict[str, tuple[PushHandler, int]] = {}
-        self.received = 0
-        self.randomly_dropped = 0
+        key_pair = create_new_key_pair(key if key is not None else new_identity_key())
+        settings = HostSettings(
+            key_pair=key_pair,
+            peer_id=ID.from_pubkey(key_pair.public_key).to_base58(),
+            listen=tuple(_multiaddr(a) for a in listen),
+            content_topic=content_topic,
+            waku=waku,
+            gossip=gossip if gossip is not None else GossipParams(),
+            relay=relay,
+            announce_shards=tuple(sorted(set(announce_shards))),
+            limits=limits if limits is not None else ConnectionLimits(),
+            max_message_bytes=max_message_bytes,
+            clock_ns=clock_ns,
+            max_future_ns=int(timestamp_variance_s * 1e9),
+            relay_rate=relay_rate,
+            drop_rate=drop_rate,
+            seed=seed,
+        )
+        self._shared = HostState(settings)
+        self._shared.peers.update((info.peer_id, info) for info in map(_peer_info, peers))
         self.listen_addrs: list[str] = []
-        # Subscriber queues, registered on the asyncio thread, read on the trio thread.
-        self._lock = threading.Lock()
-        self._frames: dict[str, list[asyncio.Queue[Received | None]]] = {}
-        self._envelopes: dict[str, list[asyncio.Queue[Envelope | None]]] = {}
         self._last_timestamp = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._handover: Handover | None = None
         self._thread: threading.Thread | None = None
         self._trio: TrioHost | None = None
         self._pending: set[asyncio.Future[Any]] = set()
         self._outbox = 0  # frames queued for the trio thread, not yet given to pubsub
         self._outbox_room = asyncio.Event()
-        self.publish_failures = 0
         self._closed = False
 
     # -------------------------------------------------------------- lifecycle
@@ -269,16 +268,19 @@ class Libp2pTransport(AsyncLifecycle):
         """Start the host in its own thread; returns once it listens."""
         if self._thread is not None:
             raise LocalProtocolError("transport already started")
-        _refuse_ports_in_use(self._listen)
-        self._loop = asyncio.get_running_loop()
-        self._handover = Handover(self._loop)
+        _refuse_ports_in_use(self._shared.settings.listen)
+        loop = asyncio.get_running_loop()
+        self._shared.loop_side = LoopSide(loop, Handover(loop), self._sent)
         ready: concurrent.futures.Future[TrioHost] = concurrent.futures.Future()
         self._thread = threading.Thread(
-            target=run_host, args=(self, ready), name=f"libp2p-{self.peer_id[-8:]}", daemon=True
+            target=run_host,
+            args=(self._shared, ready),
+            name=f"libp2p-{self.peer_id[-8:]}",
+            daemon=True,
         )
         self._thread.start()
         self._trio = await asyncio.wrap_future(ready)
-        for topic in self._topics():  # subscribed while the host was starting
+        for topic in self._shared.subscriptions.topics():  # subscribed while the host started
             self._relaying("subscribe").join(topic)
         self.listen_addrs = self._trio.addrs()
         logger.info("libp2p host %s listening on %s", self.peer_id, ", ".join(self.listen_addrs))
@@ -294,15 +296,7 @@ class Libp2pTransport(AsyncLifecycle):
             await asyncio.sleep(_FLUSH_POLL_S)
         self._closed = True
         self._outbox_room.set()  # wakes publishers, who find the transport closed
-        with self._lock:
-            # None ends a subscription, whatever its queues carry.
-            ended: list[list[asyncio.Queue[Any]]] = [
-                *self._frames.values(),
-                *self._envelopes.values(),
-            ]
-            for queues in ended:
-                for subscriber in queues:
-                    subscriber.put_nowait(None)
+        self._shared.subscriptions.end()
         for future in self._pending:
             future.cancel()
         if self._trio is not None:
@@ -321,7 +315,7 @@ class Libp2pTransport(AsyncLifecycle):
         it waits only while ``_OUTBOX_LIMIT`` frames are queued. A caller holding a lock
         across ``publish`` (ReliableChannel does) is thus not held up by a slow peer.
         """
-        pubsub_topic, _ = self._route(topic)
+        pubsub_topic, _ = self._shared.settings.route(topic)
         message = WakuMessage(
             payload=data, content_topic=self.content_topic(topic), timestamp=self._timestamp()
         )
@@ -347,7 +341,7 @@ class Libp2pTransport(AsyncLifecycle):
 
     def _sent(self) -> None:
         """The trio thread handed one more publication to pubsub (runs on the loop, by
-        the :class:`Handover`)."""
+        the :class:`~sdsync.transport.libp2p_shared.Handover`)."""
         self._outbox -= 1
         if self._outbox < _OUTBOX_LIMIT:
             self._outbox_room.set()
@@ -361,35 +355,22 @@ class Libp2pTransport(AsyncLifecycle):
 
     def subscribe(self, topic: str) -> AsyncIterator[Received]:
         """SDS bytes published on ``topic`` by other peers, with their Waku hash as hint."""
-        return _QueueIterator(self._register(self._frames, topic))
+        return _QueueIterator(self._register(self._shared.subscriptions.add_frames, topic))
 
     def subscribe_envelopes(self, topic: str) -> AsyncIterator[Envelope]:
         """Whole WakuMessages published on ``topic`` by other peers (for store nodes)."""
-        return _QueueIterator(self._register(self._envelopes, topic))
+        return _QueueIterator(self._register(self._shared.subscriptions.add_envelopes, topic))
 
-    def _register(self, table: dict[str, list[asyncio.Queue[T | None]]], topic: str) -> Any:
+    def _register(
+        self, add: Callable[[str], tuple[asyncio.Queue[T | None], bool]], topic: str
+    ) -> asyncio.Queue[T | None]:
         if self._closed:
             raise LocalProtocolError("transport is closed")
         self._refuse_unless_relaying("subscribe")
-        queue: asyncio.Queue[T | None] = asyncio.Queue()
-        with self._lock:
-            new_topic = topic not in self._frames and topic not in self._envelopes
-            table.setdefault(topic, []).append(queue)
+        queue, new_topic = add(topic)
         if new_topic and self._trio is not None:
             self._relaying("subscribe").join(topic)
         return queue
-
-    def _topics(self) -> list[str]:
-        with self._lock:
-            return sorted({*self._frames, *self._envelopes})
-
-    def _route(self, topic: str) -> tuple[str, str | None]:
-        """The pubsub topic that carries the caller's ``topic``, and the content topic
-        its subscribers want (None: every one)."""
-        if topic.startswith(SHARD_TOPIC_PREFIX):
-            return topic, None
-        content_topic = self.content_topic(topic)
-        return self.waku.pubsub_topic(content_topic), content_topic
 
     # -------------------------------------------------------------- peers
 
@@ -397,7 +378,7 @@ class Libp2pTransport(AsyncLifecycle):
         """Dial a peer by multiaddr (with ``/p2p/<id>``) and keep redialling it."""
         info = _peer_info(address)
         trio_side = self._running()
-        self._peers[info.peer_id] = info
+        self._shared.peers[info.peer_id] = info
         await self._call(lambda: trio_side.dial(info))
 
     async def connected_peers(self) -> list[str]:
@@ -462,7 +443,7 @@ class Libp2pTransport(AsyncLifecycle):
                 logger.exception("%s handler failed on a request from %s", protocol_id, peer)
                 raise
 
-        self._served[protocol_id] = (logged, max_request_bytes, timeout_s)
+        self._shared.served[protocol_id] = (logged, max_request_bytes, timeout_s)
         trio_side = self._trio
         if trio_side is None:
             return  # the host serves it when it starts
@@ -496,7 +477,7 @@ class Libp2pTransport(AsyncLifecycle):
             except Exception:
                 logger.exception("%s handler failed on a push from %s", protocol_id, peer)
 
-        self._push_served[protocol_id] = (logged, max_frame_bytes)
+        self._shared.push_served[protocol_id] = (logged, max_frame_bytes)
         trio_side = self._trio
         if trio_side is None:
             return  # the host takes them when it starts
@@ -608,8 +589,8 @@ class Libp2pTransport(AsyncLifecycle):
 
     async def _call(self, work: Callable[[], Awaitable[T]]) -> T:
         """Run ``work()`` in the trio thread and await its outcome from asyncio."""
-        loop = self._loop
-        assert loop is not None
+        assert self._shared.loop_side is not None
+        loop = self._shared.loop_side.loop
         future: asyncio.Future[T] = loop.create_future()
 
         def settle(result: T | None, error: BaseException | None) -> None:
@@ -638,43 +619,6 @@ class Libp2pTransport(AsyncLifecycle):
             raise
         finally:
             self._pending.discard(future)
-
-
-class Handover:
-    """Calls from another thread (the trio thread) for an asyncio loop to run, in the
-    order posted, with one wake-up of the loop per batch rather than per call.
-
-    ``post`` wakes the loop (``call_soon_threadsafe``: a write to its self-pipe) only if
-    nothing was waiting; the loop then runs every call waiting by then. Under load the
-    loop thus wakes once for many frames. A call posted after the loop took the batch
-    finds the queue empty and wakes it again, so none waits for a later post. Anything
-    the other thread asks through ``call_soon_threadsafe`` after a ``post`` still runs
-    after it: the wake-up that runs the post was queued first.
-    """
-
-    __slots__ = ("_calls", "_lock", "_loop")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._lock = threading.Lock()
-        self._calls: deque[tuple[Callable[..., object], tuple[Any, ...]]] = deque()
-
-    def post(self, call: Callable[..., object], *args: Any) -> None:
-        """Have the loop run ``call(*args)`` (from any thread; does not wait)."""
-        with self._lock:
-            idle = not self._calls
-            self._calls.append((call, args))
-        if idle:
-            self._loop.call_soon_threadsafe(self._run)
-
-    def _run(self) -> None:
-        with self._lock:
-            calls, self._calls = self._calls, deque()
-        for call, args in calls:
-            try:
-                call(*args)
-            except Exception:  # as the loop treats a failing callback: logged, not fatal
-                logger.exception("a call handed over to the loop failed")
 
 
 class _UnreachableError(ConnectionError):

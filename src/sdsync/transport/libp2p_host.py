@@ -12,13 +12,15 @@ the asyncio loop, which only hand work over. Neither loop ever blocks on the oth
   :meth:`TrioHost.stop` cancels the nursery the same way;
 * trio → asyncio: each frame that passes validation goes to the subscribers' queues,
   and each publication handed to pubsub to the transport's outbox count, through the
-  transport's :class:`~sdsync.transport.libp2p.Handover` (one wake-up of the loop per
-  batch); the outcome of spawned work goes to the future awaiting it through
-  ``loop.call_soon_threadsafe``.
+  :class:`~sdsync.transport.libp2p_shared.Handover` of the shared state's ``loop_side``
+  (one wake-up of the loop per batch); the outcome of spawned work goes to the future
+  awaiting it through ``loop.call_soon_threadsafe``.
 
-A :class:`TrioHost` is the transport's other half: it reads the transport's settings and
-its subscriber tables (under the transport's lock), and keeps its counters (``rejected``,
-``received``, ``randomly_dropped``, ``publish_failures``: written here, read there).
+A :class:`TrioHost` is the transport's other half. It knows the transport only by the
+:class:`~sdsync.transport.libp2p_shared.HostState` the transport made and handed it: it
+reads the settings, the peers to redial, the served protocols and the subscriber tables
+(under their lock) there, and writes the counters there (``rejected``, ``received``,
+``randomly_dropped``, ``publish_failures``, …: written here, read by the transport).
 :class:`TrioHost` itself is a light client's host (``relay=False``): metadata,
 request/response streams and push lanes, no gossipsub. :class:`RelayTrioHost` adds Waku
 Relay: pubsub, router and outbox, run alongside the host (``_relay_services``).
@@ -91,11 +93,12 @@ import enum
 import hashlib
 import logging
 import math
+import random
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sized
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import trio
 from libp2p import new_host
@@ -127,6 +130,7 @@ from sdsync.transport.libp2p_patches import (
     WakuGossipSub,
     remote_ip,
 )
+from sdsync.transport.libp2p_shared import Handler, HostState, LoopSide
 from sdsync.transport.ratelimit import PeerBuckets
 from sdsync.wire.waku import WakuMessage, check_relayable, decode_waku_message
 from sdsync.wire.waku_protocols import (
@@ -138,9 +142,6 @@ from sdsync.wire.waku_protocols import (
     parse_content_topic,
     read_frame,
 )
-
-if TYPE_CHECKING:
-    from sdsync.transport.libp2p import Libp2pTransport
 
 logger = logging.getLogger("sdsync.transport.libp2p")
 
@@ -154,14 +155,12 @@ _UNIDENTIFIED_S = 10.0
 _ROOM_POLL_S = 0.005
 T = TypeVar("T")
 _METADATA_TIMEOUT_S = 10.0
-#: ``(peer_id, request) -> answer``: a served protocol's handler. A Responder runs on the
-#: trio thread, a Handler (the transport's user's) on the asyncio loop.
+#: ``(peer_id, request) -> answer`` on the trio thread: a served protocol's responder
+#: (a :data:`~sdsync.transport.libp2p_shared.Handler` is the asyncio loop's).
 Responder = Callable[[str, bytes], Awaitable[bytes | None]]
-Handler = Callable[[str, bytes], Awaitable[bytes | None]]
-#: ``(peer_id, frame) -> None``: where the frames of served push streams go; a Receiver
-#: runs on the trio thread, a PushHandler (the transport's user's) on the asyncio loop.
+#: ``(peer_id, frame) -> None`` on the trio thread: where the frames of served push
+#: streams go (a :data:`~sdsync.transport.libp2p_shared.PushHandler` is the loop's).
 Receiver = Callable[[str, bytes], Awaitable[object]]
-PushHandler = Callable[[str, bytes], Awaitable[None]]
 #: Streams of one protocol one peer may hold open with us at once; more are reset. A
 #: js-waku or go-waku peer holds one or two; our own push lanes one.
 _MAX_INBOUND_STREAMS = 16
@@ -179,11 +178,11 @@ _LANES_BEFORE_PRUNING = 512
 _RESET_S = 2.0
 
 
-def run_host(transport: Libp2pTransport, ready: concurrent.futures.Future[TrioHost]) -> None:
+def run_host(state: HostState, ready: concurrent.futures.Future[TrioHost]) -> None:
     """The host thread: runs until the host is stopped; ``ready`` gets the host once it
     listens, or the error that kept it from starting."""
     try:
-        host = RelayTrioHost(transport) if transport.relay else TrioHost(transport)
+        host = RelayTrioHost(state) if state.settings.relay else TrioHost(state)
         trio.run(host.run, ready)
     except BaseException as exc:
         if not ready.done():
@@ -197,12 +196,14 @@ class TrioHost:
     client's): the libp2p host, its request/response streams, push lanes and metadata.
     :class:`RelayTrioHost` adds Waku Relay."""
 
-    def __init__(self, transport: Libp2pTransport) -> None:
-        self.transport = transport
-        limits = transport.limits
+    def __init__(self, state: HostState) -> None:
+        self.state = state
+        self.settings = settings = state.settings
+        self.counters = state.counters
+        limits = settings.limits
         self.host: IHost = new_host(
-            key_pair=transport._key_pair,
-            listen_addrs=transport._listen,
+            key_pair=settings.key_pair,
+            listen_addrs=settings.listen,
             connection_config=ConnectionConfig(
                 max_connections=limits.max_connections,
                 inbound_upgrade_timeout=limits.handshake_timeout_s,
@@ -210,21 +211,21 @@ class TrioHost:
         )
         swarm = self.host.get_network()
         assert isinstance(swarm, Swarm)
-        BoundedSwarm.adopt(swarm, limits, transport.connections_refused)
+        BoundedSwarm.adopt(swarm, limits, self.counters.connections_refused)
         self.token: trio.lowlevel.TrioToken | None = None
         self.nursery: trio.Nursery | None = None
         self._lanes: dict[tuple[ID, str], _PushLane] = {}
         self._inbound: Counter[tuple[str, str]] = Counter()  # open streams by (protocol, peer)
-        self._troubles = _StreamTroubles(transport.peer_id[-8:], _SUMMARY_S)
+        self._troubles = _StreamTroubles(settings.peer_id[-8:], _SUMMARY_S)
 
     async def run(self, ready: concurrent.futures.Future[TrioHost]) -> None:
         self.token = trio.lowlevel.current_trio_token()
-        async with self.host.run(self.transport._listen), trio.open_nursery() as nursery:
+        async with self.host.run(self.settings.listen), trio.open_nursery() as nursery:
             self.nursery = nursery
             async with self._relay_services():
-                for protocol, (handler, max_bytes, timeout_s) in self.transport._served.items():
+                for protocol, (handler, max_bytes, timeout_s) in self.state.served.items():
                     self.serve(protocol, self.on_loop(handler), max_bytes, timeout_s)
-                for protocol, (push_handler, max_bytes) in self.transport._push_served.items():
+                for protocol, (push_handler, max_bytes) in self.state.push_served.items():
                     self.serve_pushes(protocol, self.on_loop(push_handler), max_bytes)
                 self.serve(METADATA_PROTOCOL, self._answer_metadata, 1024, _METADATA_TIMEOUT_S)
                 nursery.start_soon(self._redial_forever)
@@ -269,10 +270,10 @@ class TrioHost:
     def shards(self) -> tuple[int, ...]:
         """The shards our metadata names: those the transport announces (a light
         client's), and a relay host's relayed ones."""
-        return self.transport.announce_shards
+        return self.settings.announce_shards
 
     async def dial(self, info: PeerInfo) -> None:
-        with trio.fail_after(self.transport.gossip.dial_timeout_s):
+        with trio.fail_after(self.settings.gossip.dial_timeout_s):
             await self.host.connect(info)
 
     # Request/response streams, and push lanes.
@@ -305,7 +306,7 @@ class TrioHost:
         peer = stream.muxed_conn.peer_id.to_base58()
         key = (protocol, peer)
         if self._inbound[key] >= _MAX_INBOUND_STREAMS:
-            self.transport.streams_refused[protocol] += 1
+            self.counters.streams_refused[protocol] += 1
             self._troubles.note(protocol, "refused: too many open streams", peer, "")
             await _reset(stream)
             yield None
@@ -337,13 +338,13 @@ class TrioHost:
                 await stream.close()
             return
         except RemoteProtocolError as exc:
-            self.transport.rejected[exc.reason] += 1
+            self.counters.rejected[exc.reason] += 1
             self._troubles.note(protocol, f"refused: {exc.reason}", peer, str(exc))
         except trio.TooSlowError:
-            self.transport.stream_timeouts[protocol] += 1
+            self.counters.stream_timeouts[protocol] += 1
             self._troubles.note(protocol, f"no exchange within {timeout_s} s", peer, "")
         except Exception as exc:  # the stream broke, or the handler failed (logged there)
-            self.transport.stream_failures[protocol] += 1
+            self.counters.stream_failures[protocol] += 1
             self._troubles.note(protocol, "failed", peer, repr(exc))
         await _reset(stream)
 
@@ -359,10 +360,10 @@ class TrioHost:
         except StreamReset:
             return  # the sender gave the stream up: nothing to answer
         except RemoteProtocolError as exc:
-            self.transport.rejected[exc.reason] += 1
+            self.counters.rejected[exc.reason] += 1
             self._troubles.note(protocol, f"refused: {exc.reason}", peer, str(exc))
         except Exception as exc:
-            self.transport.stream_failures[protocol] += 1
+            self.counters.stream_failures[protocol] += 1
             self._troubles.note(protocol, "failed", peer, repr(exc))
         else:
             with contextlib.suppress(Exception):
@@ -381,8 +382,8 @@ class TrioHost:
     async def _on_loop(self, work: Callable[[], Awaitable[T]]) -> T:
         """Run ``work()`` on the asyncio loop; await its outcome without blocking either
         loop. Cancelled here (a deadline), it is cancelled there too."""
-        loop = self.transport._loop
-        assert loop is not None and self.token is not None
+        loop = self._loop_side().loop
+        assert self.token is not None
         token = self.token
         done = trio.Event()
 
@@ -448,7 +449,7 @@ class TrioHost:
                 except Exception as exc:
                     if not reused:
                         raise
-                    self.transport.push_retries[protocol] += 1
+                    self.counters.push_retries[protocol] += 1
                     logger.debug("push to %s on a fresh stream after %r", peer, exc)
                     await self._write_lane(lane, peer, protocol, frame)
 
@@ -504,7 +505,7 @@ class TrioHost:
     async def _open_lane(self, lane: _PushLane, peer: ID, protocol: str) -> _LaneStream:
         assert self.nursery is not None
         current = _LaneStream(await self._open(peer, protocol), trio.current_time())
-        self.transport.push_streams[protocol] += 1
+        self.counters.push_streams[protocol] += 1
         self.nursery.start_soon(self._watch, lane, current, peer, protocol)
         return current
 
@@ -533,12 +534,12 @@ class TrioHost:
                 except (Exception, trio.TooSlowError) as exc:
                     logger.warning("pushing again to %s failed: %r", peer, exc)
                     return
-                self.transport.pushes_resent[protocol] += 1
+                self.counters.pushes_resent[protocol] += 1
 
     async def _push_alone(self, peer: ID, protocol: str, frame: bytes) -> None:
         """``frame`` on a stream of its own, closed by us (for a one-frame reader)."""
         stream = await self._open(peer, protocol)
-        self.transport.push_streams[protocol] += 1
+        self.counters.push_streams[protocol] += 1
         try:
             await stream.write(frame)
         except BaseException:
@@ -550,7 +551,7 @@ class TrioHost:
     async def _answer_metadata(self, peer: str, request: bytes) -> bytes:
         """``/vac/waku/metadata/1.0.0``: the peer's cluster and shards in, ours out."""
         theirs = WakuMetadata.from_bytes(request)
-        waku = self.transport.waku
+        waku = self.settings.waku
         if theirs.cluster_id not in (None, waku.cluster_id):
             logger.info(
                 "peer %s is on cluster %s, we are on %s", peer, theirs.cluster_id, waku.cluster_id
@@ -560,22 +561,28 @@ class TrioHost:
     async def _redial_forever(self) -> None:
         while True:
             connected = set(self.host.get_connected_peers())
-            for peer_id, info in list(self.transport._peers.items()):
+            for peer_id, info in list(self.state.peers.items()):
                 if peer_id not in connected:
                     try:
                         await self.dial(info)
                     except (Exception, trio.TooSlowError) as exc:
                         logger.debug("dial %s failed: %s", peer_id, exc)
-            await trio.sleep(self.transport.gossip.redial_interval_s)
+            await trio.sleep(self.settings.gossip.redial_interval_s)
+
+    def _loop_side(self) -> LoopSide:
+        """The way back to the asyncio loop (set before the host thread started)."""
+        loop_side = self.state.loop_side
+        assert loop_side is not None
+        return loop_side
 
 
 class RelayTrioHost(TrioHost):
     """A host that relays too: Waku Relay's gossipsub router and pubsub, the outbox the
     asyncio side publishes through, and the validation and delivery of inbound frames."""
 
-    def __init__(self, transport: Libp2pTransport) -> None:
-        super().__init__(transport)
-        gossip = transport.gossip
+    def __init__(self, state: HostState) -> None:
+        super().__init__(state)
+        gossip = self.settings.gossip
         self.router = WakuGossipSub(
             protocols=[TProtocol(RELAY_PROTOCOL)],
             relay_protocols=(RELAY_PROTOCOL,),
@@ -601,10 +608,11 @@ class RelayTrioHost(TrioHost):
             strict_signing=False,
             msg_id_constructor=_relay_message_id,
             # Oversized frames must reach the validator to be counted, within reason.
-            max_inbound_rpc_size=max(1 << 20, 2 * transport.max_message_bytes),
+            max_inbound_rpc_size=max(1 << 20, 2 * self.settings.max_message_bytes),
         )
         self._joined: set[str] = set()
-        rate = transport.relay_rate
+        self._rng = random.Random(self.settings.seed)  # drop_rate's
+        rate = self.settings.relay_rate
         self._relay_rates = None if rate is None else PeerBuckets(rate)
         self._drain = _DrainWatch(_QUEUE_HIGH_WATER, _STALL_S)
         self._dropped: set[ID] = set()  # stuck peers we disconnected
@@ -623,7 +631,7 @@ class RelayTrioHost(TrioHost):
         assert self.nursery is not None
         async with background_trio_service(self.pubsub), background_trio_service(self.router):
             await self.pubsub.wait_until_ready()
-            for topic in self.transport._topics():
+            for topic in self.state.subscriptions.topics():
                 await self._join(topic)
             self.nursery.start_soon(self._send_forever)
             yield
@@ -641,7 +649,7 @@ class RelayTrioHost(TrioHost):
             raise LocalProtocolError("transport closed") from None
 
     async def mesh_peers(self, topic: str) -> list[str]:
-        topic = self.transport._route(topic)[0]
+        topic = self.settings.route(topic)[0]
         if topic in self.router.mesh:
             peers = self.router.mesh[topic]
         else:
@@ -651,7 +659,7 @@ class RelayTrioHost(TrioHost):
     # Trio side proper.
 
     def shards(self) -> tuple[int, ...]:
-        prefix = f"{SHARD_TOPIC_PREFIX}{self.transport.waku.cluster_id}/"
+        prefix = f"{SHARD_TOPIC_PREFIX}{self.settings.waku.cluster_id}/"
         relayed = {
             int(t[len(prefix) :])
             for t in self._joined
@@ -660,7 +668,7 @@ class RelayTrioHost(TrioHost):
         return tuple(sorted(relayed | set(super().shards())))
 
     async def _join(self, topic: str) -> None:
-        pubsub_topic = self.transport._route(topic)[0]
+        pubsub_topic = self.settings.route(topic)[0]
         if pubsub_topic in self._joined:
             return
         self._joined.add(pubsub_topic)
@@ -672,14 +680,14 @@ class RelayTrioHost(TrioHost):
         valid 14/WAKU2-MESSAGE on any well-formed content topic (other applications share
         the shard; we relay theirs)."""
         try:
-            transport = self.transport
+            settings = self.settings
             _check_relay_message(
-                msg, transport.max_message_bytes, transport.clock_ns(), transport.max_future_ns
+                msg, settings.max_message_bytes, settings.clock_ns(), settings.max_future_ns
             )
         except RemoteProtocolError as exc:
             topic = msg.topicIDs[0] if msg.topicIDs else ""
-            self.transport.rejected[exc.reason] += 1
-            logger.warning("%s: dropped a frame on %s: %s", self.transport.peer_id[-8:], topic, exc)
+            self.counters.rejected[exc.reason] += 1
+            logger.warning("%s: dropped a frame on %s: %s", self.settings.peer_id[-8:], topic, exc)
             return False
         return self._within_rate(forwarder, len(msg.data))
 
@@ -691,25 +699,24 @@ class RelayTrioHost(TrioHost):
             return True
         if rates.take(forwarder.to_base58(), time.monotonic(), size):
             return True
-        self.transport.relay_rate_limited += 1
+        self.counters.relay_rate_limited += 1
         return False
 
     def _cache_evicted(self, count: int) -> None:
-        self.transport.mcache_evicted += count
+        self.counters.mcache_evicted += count
 
     def _deliver(self, msg: rpc_pb2.Message, own: bool) -> None:
         """A validated publication: hand it to the asyncio subscribers of its pubsub
         topic (and content topic, where they asked for one)."""
         if own:
             return
-        transport = self.transport
-        transport.received += 1
-        if transport.drop_rate and transport._rng.random() < transport.drop_rate:
-            transport.randomly_dropped += 1
+        counters, drop_rate = self.counters, self.settings.drop_rate
+        counters.received += 1
+        if drop_rate and self._rng.random() < drop_rate:
+            counters.randomly_dropped += 1
             return
-        handover = transport._handover
-        assert handover is not None
-        message = decode_waku_message(msg.data, max_bytes=transport.max_message_bytes)
+        handover = self._loop_side().handover
+        message = decode_waku_message(msg.data, max_bytes=self.settings.max_message_bytes)
         for pubsub_topic in msg.topicIDs:
             envelope = Envelope(pubsub_topic, message, message.hash(pubsub_topic))
             frame = Received(message.payload, envelope.message_hash)
@@ -723,29 +730,25 @@ class RelayTrioHost(TrioHost):
         self, pubsub_topic: str, message: WakuMessage
     ) -> tuple[list[asyncio.Queue[Received | None]], list[asyncio.Queue[Envelope | None]]]:
         """The frame and envelope queues of the subscriptions ``message`` belongs to."""
-        transport = self.transport
+        route = self.settings.route
 
         def wanted(topic: str) -> bool:
-            routed, content_topic = transport._route(topic)
+            routed, content_topic = route(topic)
             return routed == pubsub_topic and content_topic in (None, message.content_topic)
 
-        with transport._lock:
-            frames = [q for t, qs in transport._frames.items() if wanted(t) for q in qs]
-            envelopes = [q for t, qs in transport._envelopes.items() if wanted(t) for q in qs]
-        return frames, envelopes
+        return self.state.subscriptions.matching(wanted)
 
     async def _send_forever(self) -> None:
-        handover = self.transport._handover
-        assert handover is not None
+        loop_side = self._loop_side()
         async for topic, frame in self._outbox_out:
             try:
                 await self._room_to_send()
                 await self.pubsub.publish_unsigned(topic, frame)
             except Exception as exc:
-                self.transport.publish_failures += 1
+                self.counters.publish_failures += 1
                 logger.warning("publishing on %s failed: %r", topic, exc)
             finally:
-                handover.post(self.transport._sent)
+                loop_side.handover.post(loop_side.sent)
 
     async def _room_to_send(self) -> None:
         """Wait while a peer's outbound queue is nearly full and still draining.
@@ -797,11 +800,11 @@ class RelayTrioHost(TrioHost):
 
     def _drop_stuck(self, peer: ID, why: str) -> None:
         assert self.nursery is not None
-        logger.warning("%s: peer %s %s: disconnecting it", self.transport.peer_id[-8:], peer, why)
+        logger.warning("%s: peer %s %s: disconnecting it", self.settings.peer_id[-8:], peer, why)
 
         async def drop() -> None:
             try:
-                with trio.move_on_after(self.transport.gossip.dial_timeout_s):
+                with trio.move_on_after(self.settings.gossip.dial_timeout_s):
                     for conn in self.host.get_network().get_connections(peer):
                         # The muxer's own close() would queue its goodbye behind the very
                         # write that is stuck; closing the secured connection beneath it
