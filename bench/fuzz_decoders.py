@@ -13,7 +13,7 @@ like and without hypothesis' per-example overhead:
   a rejected input leaves the channel's observable state unchanged, and an accepted one
   leaves the log strictly ordered by (Lamport timestamp, id);
 * the reconciliation decoders (``tests/reconcile/test_reconcile_fuzz.py``'s properties, from
-  ``sdsync.reconcile.fuzz``): RBSR and Prolly frames generated from scratch or mutated
+  ``sdsync.testing.reconcile_fuzz``): RBSR and Prolly frames generated from scratch or mutated
   from real conversations, fed to the session that was about to receive the real frame
   (only ``RemoteProtocolError``; a rejected frame changes nothing; work per frame, counted
   by the store, within the documented bound; one case in 16 also continues the
@@ -50,8 +50,8 @@ from sdsync.core.bloom import BloomParams
 from sdsync.core.channel import MessageChannel
 from sdsync.core.config import ChannelConfig, RepairConfig
 from sdsync.errors import RemoteProtocolError
-from sdsync.reconcile import fuzz
-from sdsync.store.sync import fuzz as batch_fuzz
+from sdsync.testing import reconcile_fuzz as fuzz
+from sdsync.testing import sync_fuzz as batch_fuzz
 from sdsync.testing.oracle import (
     ENTRY_FIELDS,
     INVALID_UTF8,

@@ -1,6 +1,6 @@
 """What one hostile frame can cost, and how long a hostile peer can keep a session going.
 
-Work is counted by a :class:`~sdsync.reconcile.fuzz.CountingStore` (store calls, items and
+Work is counted by a :class:`~sdsync.testing.reconcile_fuzz.CountingStore` (store calls, items and
 cut positions handed out, positions scanned), never timed. Each test below is a frame
 that, before the limits, made a session read a large part of its window, or a peer that
 kept a session going forever.
@@ -28,9 +28,9 @@ from sdsync.reconcile import (
 )
 from sdsync.reconcile import prolly_pb2 as pb
 from sdsync.reconcile.fingerprint import varint
-from sdsync.reconcile.fuzz import CountingStore
 from sdsync.reconcile.prolly import MessageType, decode, encode
 from sdsync.reconcile.rbsr import Mode
+from sdsync.testing.reconcile_fuzz import CountingStore
 
 BASE = 10**18
 

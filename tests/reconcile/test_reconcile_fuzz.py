@@ -2,11 +2,11 @@
 
 Every frame a session receives is untrusted. Frames come hypothesis-generated from
 scratch (ranges, nodes and entries with plausible and extreme fields) and as mutations
-of real frames recorded from real conversations (:mod:`sdsync.reconcile.fuzz`): bit
+of real frames recorded from real conversations (:mod:`sdsync.testing.reconcile_fuzz`): bit
 flips, truncations, splices of other frames, varints inflated or made overlong, ranges
 and nodes repeated (sometimes hundreds of times), dropped, swapped or reversed, fields
 set to extremes. Each frame is fed to the session that was about to receive the real
-one, and :func:`sdsync.reconcile.fuzz.check_frame` checks:
+one, and :func:`sdsync.testing.reconcile_fuzz.check_frame` checks:
 
 * only :class:`~sdsync.errors.RemoteProtocolError` escapes;
 * a rejected frame changes nothing (a snapshot of the session compares equal), and the
@@ -31,12 +31,13 @@ from google.protobuf.message import Message
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sdsync.reconcile import METHODS, fuzz
+from sdsync.reconcile import METHODS
 from sdsync.reconcile import prolly_pb2 as pb
 from sdsync.reconcile.fingerprint import varint
 from sdsync.reconcile.prolly import MessageType
 from sdsync.reconcile.rbsr import Mode
-from sdsync.store.sync import fuzz as batch_fuzz
+from sdsync.testing import reconcile_fuzz as fuzz
+from sdsync.testing import sync_fuzz as batch_fuzz
 
 FUZZ = settings(
     max_examples=400,

@@ -4,5 +4,7 @@ use and the library itself never imports (tests/test_layers.py checks).
 * :mod:`~sdsync.testing.gowaku` — a go-waku node on loopback, to interoperate with;
 * :mod:`~sdsync.testing.pgcluster` — throwaway PostgreSQL clusters for the archive's tests;
 * :mod:`~sdsync.testing.memory_store` — a store node in memory for ReliableChannel tests;
-* :mod:`~sdsync.testing.oracle` — a reference SDS decoder the fuzzer checks ours against.
+* :mod:`~sdsync.testing.oracle` — a reference SDS decoder the fuzzer checks ours against;
+* :mod:`~sdsync.testing.reconcile_fuzz`, :mod:`~sdsync.testing.sync_fuzz` — recorded
+  reconciliation frames and Store Sync batches, mutated, with the checks each must pass.
 """

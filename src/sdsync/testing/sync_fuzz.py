@@ -1,7 +1,7 @@
 """Hostile-input harness for Store Sync message batches (tests and ``bench/fuzz_decoders.py``).
 
 :func:`~sdsync.store.sync.wire.decode_batch` parses what a sync peer pushes or serves. A
-corpus of real batches is mutated (with :func:`sdsync.reconcile.fuzz.mutate`, method
+corpus of real batches is mutated (with :func:`sdsync.testing.reconcile_fuzz.mutate`, method
 ``"batch"``) or written from scratch entry by entry, and :func:`check_batch` compares what
 the decoder accepts with :func:`reference_batch`, a reader written from the batch format
 alone: the same messages, or a :class:`~sdsync.errors.RemoteProtocolError` and nothing.
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from google.protobuf.message import DecodeError
 
 from sdsync.errors import RemoteProtocolError
-from sdsync.reconcile.fuzz import HUGE, Outcome, encode_varint
 from sdsync.store.model import StoredMessage
 from sdsync.store.sync.wire import MAX_TOPIC_BYTES, decode_batch, encode_entry
+from sdsync.testing.reconcile_fuzz import HUGE, Outcome, encode_varint
 from sdsync.wire import waku_message_pb2 as wpb
 from sdsync.wire.waku import MAX_WAKU_MESSAGE_BYTES, WakuMessage
 
