@@ -192,6 +192,8 @@ EXPORTS: dict[str, frozenset[str]] = {
     ),
     "sdsync.store": frozenset(
         {
+            "RelayOptions",
+            "run_node",
             "Archive",
             "ArchiveUnavailable",
             "DEFAULT_PAGE_SIZE",

@@ -301,14 +301,13 @@ def serve(
     """Serve the archive over HTTP until SIGINT or SIGTERM."""
     from sdsync.errors import LocalProtocolError
     from sdsync.store import NodeConfig, RetentionPolicy, StoreNode
-    from sdsync.store import serve as serve_node
     from sdsync.store.filter import FilterLimits
-    from sdsync.store.light import LIGHT_PROTOCOLS, LightConfig
+    from sdsync.store.launch import RelayOptions, run_node
+    from sdsync.store.light import LightConfig
     from sdsync.store.lightpush import ServedTopics
     from sdsync.store.retention import DEFAULT_POLICY
     from sdsync.store.server import HttpLimits
     from sdsync.store.sync import SyncConfig
-    from sdsync.wire.waku_protocols import STORE_QUERY_PROTOCOL
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
     host, port = parse_listen(listen)
@@ -357,10 +356,24 @@ def serve(
         store_answers=_answer_limits(store_answer_bytes_per_peer, store_answer_bytes),
     )
 
-    relay_addrs: list[str] = []
-    protocols = [STORE_QUERY_PROTOCOL, *(LIGHT_PROTOCOLS if light else ())]
+    relay = RelayOptions(
+        listen=relay_listen or [DEFAULT_RELAY_LISTEN],
+        peers=relay_peer or (),
+        cluster_id=relay_cluster_id,
+        rate=relay_rate,
+        limits=_connection_limits(
+            relay_max_connections_per_ip,
+            relay_pending_handshakes,
+            relay_handshake_timeout,
+            relay_max_connections,
+            _exempt_ips(relay_exempt_ip, RELAY_EXEMPT_IPS),
+        )
+        if config.relay_topics
+        else None,
+        light=light,
+    )
 
-    def ready(node: StoreNode) -> None:
+    def ready(node: StoreNode, relay_addrs: list[str]) -> None:
         print(
             f"sdsync store: listening on {node.url} ({archive.backend} archive {_redacted(url)}; "
             f"writes {'need the token' if token else 'disabled'})",
@@ -370,36 +383,12 @@ def serve(
             print(
                 f"sdsync store: relay on {', '.join(relay_addrs)}, "
                 f"archiving {', '.join(config.relay_topics)} (Waku relay, cluster "
-                f"{relay_cluster_id}); serving {', '.join(protocols)}",
+                f"{relay_cluster_id}); serving {', '.join(relay.protocols)}",
                 flush=True,
             )
 
-    async def run() -> None:
-        if not config.relay_topics:
-            return await serve_node(StoreNode(archive, config), on_ready=ready)
-        from sdsync.transport.libp2p import Libp2pTransport, WakuRelayConfig
-
-        async with Libp2pTransport(
-            listen=relay_listen or [DEFAULT_RELAY_LISTEN],
-            peers=relay_peer or (),
-            waku=WakuRelayConfig(cluster_id=relay_cluster_id),
-            relay_rate=relay_rate,
-            limits=_connection_limits(
-                relay_max_connections_per_ip,
-                relay_pending_handshakes,
-                relay_handshake_timeout,
-                relay_max_connections,
-                _exempt_ips(relay_exempt_ip, RELAY_EXEMPT_IPS),
-            ),
-        ) as relay:
-            relay_addrs.extend(relay.listen_addrs)
-            node = StoreNode(
-                archive, config, relay=relay, libp2p=relay, light=relay if light else None
-            )
-            await serve_node(node, on_ready=ready)
-
     try:
-        asyncio.run(run())
+        asyncio.run(run_node(archive, config, relay, ready))
     except OSError as exc:
         raise fail(f"cannot listen on {listen}: {exc}") from None
     except LocalProtocolError as exc:  # a bad --relay-listen or --relay-peer

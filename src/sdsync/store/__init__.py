@@ -29,7 +29,9 @@ The parts, from the bottom up:
 * :mod:`~sdsync.store.lightpush`, :mod:`~sdsync.store.filter` — LightPush and Filter for
   light clients (sans-I/O), and :mod:`~sdsync.store.light`, their I/O on the host;
 * :mod:`~sdsync.store.resume` — Store Resume from a random peer after downtime;
-* :mod:`~sdsync.store.node` — the node that runs all of it (``sdsync store serve``);
+* :mod:`~sdsync.store.node` — the node that runs all of it, and
+  :mod:`~sdsync.store.launch`, which assembles one with its relay host from options
+  (``sdsync store serve``);
 * :mod:`~sdsync.store.client` — the HTTP client, also the runtime's StoreClient (as
   the Waku one is);
 * :mod:`~sdsync.store.export` — Parquet for the Spark pipeline.
@@ -39,6 +41,7 @@ from sdsync.store.archive import Archive, ArchiveUnavailable, SqlArchive
 from sdsync.store.backend import open_archive
 from sdsync.store.client import HttpStoreClient, StoreUnavailableError
 from sdsync.store.export import ExportReport, export_parquet
+from sdsync.store.launch import RelayOptions, run_node
 from sdsync.store.model import (
     DEFAULT_PAGE_SIZE,
     MAX_PAGE_SIZE,
@@ -62,6 +65,7 @@ __all__ = [
     "NodeConfig",
     "Page",
     "QueryError",
+    "RelayOptions",
     "RetentionPolicy",
     "SqlArchive",
     "StatusCode",
@@ -73,5 +77,6 @@ __all__ = [
     "answer_store_query",
     "export_parquet",
     "open_archive",
+    "run_node",
     "serve",
 ]

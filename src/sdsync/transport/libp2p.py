@@ -110,7 +110,7 @@ from sdsync.transport.libp2p_shared import (
     PushHandler,
     WakuRelayConfig,
 )
-from sdsync.transport.ratelimit import RateLimit
+from sdsync.transport.ratelimit import DEFAULT_RELAY_RATE, RateLimit
 from sdsync.wire.waku import DEFAULT_TIMESTAMP_VARIANCE_S, MAX_WAKU_MESSAGE_BYTES, WakuMessage
 from sdsync.wire.waku_protocols import MAX_RPC_BYTES, WakuMetadata
 
@@ -133,11 +133,6 @@ _OUTBOX_LIMIT = 256
 _FLUSH_S = 2.0
 _FLUSH_POLL_S = 0.005
 _STREAM_TIMEOUT_S = 10.0
-#: Relay bytes per forwarding peer: 2 MiB/s, 32 MiB at once. Gossipsub brings a mesh's
-#: traffic through a few peers, so this is far above an honest shard's (The Waku
-#: Network's RLN allows a member a message per epoch) yet cuts one peer's flood of
-#: 150-kB frames to ~14 a second.
-DEFAULT_RELAY_RATE = RateLimit(32 * 2**20, 16.0)
 
 
 def new_identity_key() -> bytes:

@@ -137,3 +137,10 @@ class PeerBuckets:
 
     def __len__(self) -> int:
         return len(self._buckets)
+
+
+#: Relay bytes per forwarding peer: 2 MiB/s, 32 MiB at once. Gossipsub brings a mesh's
+#: traffic through a few peers, so this is far above an honest shard's (The Waku
+#: Network's RLN allows a member a message per epoch) yet cuts one peer's flood of
+#: 150-kB frames to ~14 a second.
+DEFAULT_RELAY_RATE = RateLimit(32 * 2**20, 16.0)

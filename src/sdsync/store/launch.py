@@ -1,0 +1,76 @@
+"""A store node assembled from its options and run until a signal: what ``sdsync store
+serve`` starts, so the command line only parses and prints.
+
+Theory of operation
+-------------------
+A node without relay topics is the archive behind its HTTP API.  With relay topics, a
+Waku relay host (:class:`~sdsync.transport.libp2p.Libp2pTransport`) is started first,
+configured from :class:`RelayOptions`; the node archives what it relays, answers
+store-query on it and, if asked, serves LightPush and Filter to light clients on the same
+host.  ``on_ready`` hears of the node once it listens, with the relay's addresses and the
+protocols it serves; on SIGINT or SIGTERM the node stops, then the host.
+
+py-libp2p is an optional extra: it is imported only for a node with relay topics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from sdsync.store.archive import SqlArchive
+from sdsync.store.light import LIGHT_PROTOCOLS
+from sdsync.store.node import NodeConfig, StoreNode, serve
+from sdsync.transport.ratelimit import DEFAULT_RELAY_RATE, RateLimit
+from sdsync.wire.waku_protocols import STORE_QUERY_PROTOCOL
+
+if TYPE_CHECKING:
+    from sdsync.transport.libp2p_patches import ConnectionLimits
+
+__all__ = ["Ready", "RelayOptions", "run_node"]
+
+
+@dataclass(frozen=True)
+class RelayOptions:
+    """The relay host of a node with relay topics."""
+
+    listen: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",)
+    peers: Sequence[str] = ()
+    cluster_id: int = 1
+    rate: RateLimit | None = DEFAULT_RELAY_RATE
+    """Relay bytes one forwarding peer may bring (None: no limit)."""
+    limits: ConnectionLimits | None = None
+    """Connections per IP, handshakes and the total (None: the host's defaults)."""
+    light: bool = True
+    """Serve LightPush and Filter to light clients."""
+    protocols: tuple[str, ...] = field(init=False)
+    """What the host serves besides relay."""
+
+    def __post_init__(self) -> None:
+        served = (STORE_QUERY_PROTOCOL, *(LIGHT_PROTOCOLS if self.light else ()))
+        object.__setattr__(self, "protocols", served)
+
+
+Ready = Callable[[StoreNode, list[str]], None]
+"""Told the node once it listens, and the relay host's addresses (none without relay)."""
+
+
+async def run_node(
+    archive: SqlArchive, config: NodeConfig, relay: RelayOptions, on_ready: Ready
+) -> None:
+    """Run the node of ``config`` on ``archive`` until SIGINT or SIGTERM."""
+    if not config.relay_topics:
+        return await serve(StoreNode(archive, config), on_ready=lambda node: on_ready(node, []))
+    from sdsync.transport.libp2p import Libp2pTransport, WakuRelayConfig
+
+    async with Libp2pTransport(
+        listen=relay.listen,
+        peers=relay.peers,
+        waku=WakuRelayConfig(cluster_id=relay.cluster_id),
+        relay_rate=relay.rate,
+        limits=relay.limits,
+    ) as host:
+        light = host if relay.light else None
+        node = StoreNode(archive, config, relay=host, libp2p=host, light=light)
+        await serve(node, on_ready=lambda node: on_ready(node, host.listen_addrs))
