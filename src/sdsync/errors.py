@@ -129,6 +129,16 @@ class MessageTooLargeError(LocalProtocolError):
     (``WireLimits.max_message_bytes``); nothing was sent or changed."""
 
 
+class OptionError(LocalProtocolError):
+    """An option of a run (``option``: the field's name, as the library spells it) is
+    wrong; the message is about its value and names no command-line flag, so a command
+    line can say which of its flags set it."""
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(message)
+        self.option = option
+
+
 class InputError(SdsError):
     """Bad input files: unreadable, a missing column, a wrong type. Exit code 2.
 

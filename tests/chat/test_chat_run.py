@@ -124,7 +124,7 @@ class RecordingTransport(MemoryTransport):
         super().__init__(network, "me")
         self.mesh_waits = mesh_waits
         self.listen_addrs = ["/memory/me"]
-        self.received = self.randomly_dropped = 0
+        self.received = self.randomly_dropped = self.publish_failures = 0
         self.rejected: dict[str, int] = {}
 
     async def start(self) -> None:

@@ -72,8 +72,8 @@ def test_two_light_chats_converge_through_a_store_node(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "complaint"),
     [
-        (["--light"], "--light needs at least one --service"),
-        (["--service", PEER], "--service is for --light chats"),
+        (["--light"], "--light needs at least one service"),
+        (["--service", PEER], "--service is for light chats"),
         (["--light", "--service", PEER, "--peer", PEER], "--peer is for relay"),
         (
             ["--light", "--service", "/ip4/127.0.0.1/tcp/1"],

@@ -207,3 +207,29 @@ def test_a_chat_fetches_what_it_drops_from_a_waku_store_peer(tmp_path: Path) -> 
     assert b.dropped() > 0, "the 50 % drop was not applied"
     fetched = re.search(r"store: fetched (\d+) message\(s\)", b.err.read_text())
     assert fetched and int(fetched.group(1)) > 0, b.err.read_text()[-3000:]
+
+
+def test_the_chat_library_names_options_and_the_command_line_names_flags() -> None:
+    """The chat's errors name no flag (a library does not know its command line); every
+    option an OptionError names is a flag of `sdsync chat`, and its message starts there."""
+    import ast
+
+    import sdsync.chat
+    from sdsync.cli.chat import FLAGS
+
+    errors = {"OptionError", "LocalProtocolError"}
+    named: set[str] = set()
+    for path in Path(sdsync.chat.__file__).parent.glob("*.py"):
+        for call in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(call, ast.Call) and getattr(call.func, "id", None) in errors):
+                continue
+            texts = [n.value for n in ast.walk(call) if isinstance(n, ast.Constant)]
+            assert not any(re.search(r"--[a-z]", str(t)) for t in texts), (path, texts)
+            first = call.args[0]
+            if call.func.id == "OptionError" and isinstance(first, ast.Constant):  # type: ignore[attr-defined]
+                named.add(first.value)
+    assert named and named <= FLAGS.keys()
+    help_text = CliRunner().invoke(app, ["chat", "--help"], terminal_width=200).output
+    assert all(flag in help_text for flag in FLAGS.values())
+    refused = CliRunner().invoke(app, ["chat", "--store", "ftp://x"])
+    assert refused.exit_code == 2 and "--store 'ftp://x' is neither" in refused.output

@@ -13,7 +13,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from sdsync.errors import LocalProtocolError
+from sdsync.errors import LocalProtocolError, OptionError
 
 CHAT_FILE = "chat.json"
 
@@ -43,9 +43,10 @@ def load_identity(state_dir: Path | None, name: str | None) -> Identity:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise LocalProtocolError(f"{path} is not a chat identity file: {exc}") from None
     if name is not None and name != identity.participant_id:
-        raise LocalProtocolError(
+        raise OptionError(
+            "state_dir",
             f"{state_dir} belongs to {identity.participant_id!r}, not {name!r}: "
-            "use another --state-dir, or leave --name out"
+            "use another state directory, or leave the name out",
         )
     return identity
 

@@ -68,7 +68,7 @@ from sdsync.chat.stores import (
     store_kind,
 )
 from sdsync.core import ChannelConfig
-from sdsync.errors import LocalProtocolError, OutgoingBufferFullError
+from sdsync.errors import OptionError, OutgoingBufferFullError
 from sdsync.runtime import ReliableChannel, RuntimeConfig
 from sdsync.transport.base import Transport
 from sdsync.wire.waku_protocols import TWN_CLUSTER_ID
@@ -182,26 +182,27 @@ class ChatOptions:
         for store in self.stores:
             store_kind(store)  # refused now, not when a message goes missing
         for service in self.services:
-            check_peer_address("--service", service)
+            check_peer_address("services", service)
         if self.light and not self.services:
-            raise LocalProtocolError(
-                "--light needs at least one --service MULTIADDR: a Waku service node "
-                "(LightPush and Filter) to publish and receive through"
+            raise OptionError(
+                "light",
+                "needs at least one service (a multiaddr): a Waku service node "
+                "(LightPush and Filter) to publish and receive through",
             )
         if self.services and not self.light:
-            raise LocalProtocolError("--service is for --light chats")
+            raise OptionError("services", "is for light chats")
         if self.light and self.peers:
-            raise LocalProtocolError(
-                "--peer is for relay; a --light chat reaches the others through --service"
+            raise OptionError(
+                "peers", "is for relay; a light chat reaches the others through its services"
             )
 
     @property
     def store_peers(self) -> tuple[tuple[str, str], ...]:
-        """The stores to ask, each with the flag that named it: ``--store``, else a light
-        chat's services."""
+        """The stores to ask, each with the option that named it: ``stores``, else a light
+        chat's ``services``."""
         if self.stores:
-            return tuple(("--store", store) for store in self.stores)
-        return tuple(("--service", service) for service in self.services)
+            return tuple(("stores", store) for store in self.stores)
+        return tuple(("services", service) for service in self.services)
 
     @property
     def scripted(self) -> bool:

@@ -29,7 +29,12 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
 
-from sdsync.errors import LocalProtocolError, ProtocolNotSupportedError, RemoteProtocolError
+from sdsync.errors import (
+    LocalProtocolError,
+    OptionError,
+    ProtocolNotSupportedError,
+    RemoteProtocolError,
+)
 from sdsync.lifecycle import AsyncLifecycle
 from sdsync.transport.base import Received
 from sdsync.wire import HistoryEntry
@@ -53,39 +58,40 @@ def store_kind(value: str) -> StoreKind:
     """``"rest"`` for an http(s) URL, ``"waku"`` for a multiaddr of a peer; a value that is
     neither is the caller's mistake (LocalProtocolError)."""
     if value.startswith("/"):
-        check_peer_address("--store", value)
+        check_peer_address("stores", value)
         return "waku"
     url = urlsplit(value)
     if url.scheme in ("http", "https") and url.netloc:
         return "rest"
-    raise LocalProtocolError(
-        f"--store {value!r} is neither an http(s) URL (a store's REST API, e.g. "
+    raise OptionError(
+        "stores",
+        f"{value!r} is neither an http(s) URL (a store's REST API, e.g. "
         "http://127.0.0.1:8645) nor a libp2p multiaddr of a Waku store peer "
-        "(/ip4/HOST/tcp/PORT/p2p/PEER_ID)"
+        "(/ip4/HOST/tcp/PORT/p2p/PEER_ID)",
     )
 
 
-def check_peer_address(flag: str, value: str) -> None:
-    """Refuse (LocalProtocolError) a ``flag`` value that is no multiaddr of a peer."""
+def check_peer_address(option: str, value: str) -> None:
+    """Refuse (OptionError) a value of ``option`` that is no multiaddr of a peer."""
     import multiaddr  # the p2p extra, which the chat needs anyway
 
     try:
         peer_id = multiaddr.Multiaddr(value).get_peer_id()
     except Exception as exc:
-        raise LocalProtocolError(f"{flag} {value!r} is not a multiaddr: {exc}") from None
+        raise OptionError(option, f"{value!r} is not a multiaddr: {exc}") from None
     if peer_id is None:
-        raise LocalProtocolError(
-            f"{flag} {value!r} names no peer: end it with /p2p/PEER_ID, as a node prints it"
+        raise OptionError(
+            option, f"{value!r} names no peer: end it with /p2p/PEER_ID, as a node prints it"
         )
 
 
 async def refuse_stores_without_v3(
     stores: Sequence[tuple[str, str]], transport: StreamRequester
 ) -> None:
-    """Ask each Waku store peer of ``stores`` (flag, value) for one hash: LocalProtocolError
+    """Ask each Waku store peer of ``stores`` (option, value) for one hash: OptionError
     naming the first that is reachable but does not speak store v3."""
     probe = StoreQueryRequest(request_id=uuid.uuid4().hex, pagination_limit=1).to_bytes()
-    for flag, value in stores:
+    for option, value in stores:
         if store_kind(value) != "waku":
             continue
         try:
@@ -97,9 +103,10 @@ async def refuse_stores_without_v3(
                 timeout_s=PROBE_TIMEOUT_S,
             )
         except ProtocolNotSupportedError:
-            raise LocalProtocolError(
-                f"{flag} {value} does not serve Waku store v3 ({STORE_QUERY_PROTOCOL}; "
-                "go-waku serves only the legacy store): name a store v3 peer with --store"
+            raise OptionError(
+                option,
+                f"{value} does not serve Waku store v3 ({STORE_QUERY_PROTOCOL}; go-waku "
+                "serves only the legacy store): name a store v3 peer as a store",
             ) from None
         except (OSError, RemoteProtocolError) as exc:  # not there yet, perhaps: asked again
             logger.info("store %s did not answer at start: %s", value, exc)

@@ -20,7 +20,7 @@ from sdsync.chat import DEFAULT_LISTEN, ChatOptions, run_chat
 from sdsync.cli.errors import fail
 from sdsync.cli.options import DEFAULT_PROFILE, ProfileOption, chosen_profile, given
 from sdsync.core import ChannelConfig
-from sdsync.errors import LocalProtocolError
+from sdsync.errors import LocalProtocolError, OptionError
 from sdsync.runtime import PROFILES, Profile, RuntimeConfig
 from sdsync.wire.waku_protocols import TWN_CLUSTER_ID
 
@@ -31,13 +31,28 @@ def configure_logging() -> None:
     logging.getLogger("libp2p").setLevel(logging.ERROR)
 
 
+#: The flag that sets each ChatOptions field an OptionError can name.
+FLAGS = {
+    "stores": "--store",
+    "services": "--service",
+    "peers": "--peer",
+    "light": "--light",
+    "state_dir": "--state-dir",
+}
+
+
+def flagged(exc: LocalProtocolError) -> str:
+    """The message of ``exc``, led by the flag it is about if it names an option."""
+    return f"{FLAGS[exc.option]} {exc}" if isinstance(exc, OptionError) else str(exc)
+
+
 def chat_main(options: ChatOptions) -> int:
     configure_logging()
     console = Console(stderr=options.scripted, soft_wrap=True)
     try:
         return asyncio.run(run_chat(options, console))
     except LocalProtocolError as exc:
-        raise fail(str(exc)) from None
+        raise fail(flagged(exc)) from None
     except KeyboardInterrupt:
         return 130
 
@@ -281,5 +296,5 @@ def chat_command(
             config=config,
         )
     except LocalProtocolError as exc:
-        raise typer.BadParameter(str(exc)) from None
+        raise typer.BadParameter(flagged(exc)) from None
     raise typer.Exit(chat_main(options))
