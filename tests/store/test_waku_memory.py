@@ -20,7 +20,14 @@ import pytest
 from storetest import PUBSUB, in_order, make_messages, running
 
 from sdsync.errors import LocalProtocolError
-from sdsync.store import SqlArchive, StoreNode, StoreQuery, StoreUnavailableError, WakuStoreClient
+from sdsync.store import (
+    NodeConfig,
+    SqlArchive,
+    StoreNode,
+    StoreQuery,
+    StoreUnavailableError,
+    WakuStoreClient,
+)
 from sdsync.store.light import LightConfig
 from sdsync.store.lightpush import ServedTopics
 from sdsync.transport import MemoryNetwork, MemoryWakuNode
@@ -161,3 +168,8 @@ def test_a_light_client_publishes_hears_and_reads_the_store_through_its_service(
             assert light.duplicates == 1  # its own publication, pushed back once
 
     asyncio.run(scenario())
+
+
+def test_light_services_need_a_waku_node(sqlite_archive: SqlArchive, tmp_path: Path) -> None:
+    with pytest.raises(LocalProtocolError, match="Waku node"):
+        StoreNode(sqlite_archive, NodeConfig(data_dir=tmp_path), light=True)

@@ -128,6 +128,9 @@ class StoreNode(ArchiveHost):
         waku: WakuNode | None = None,
         light: bool = False,
     ) -> None:
+        """A node on ``archive``; on ``waku`` it also archives relay, answers store query
+        and exports the node's counters, and with ``light`` serves light clients there
+        (``config.light``)."""
         if light and waku is None:
             raise LocalProtocolError("light-client services need a Waku node to run on")
         self._executor = ThreadPoolExecutor(config.threads, thread_name_prefix="archive")

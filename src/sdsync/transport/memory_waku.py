@@ -120,13 +120,14 @@ class MemoryWakuNode(AsyncLifecycle):
         self._lanes: set[tuple[str, str]] = set()
         self._frames: dict[tuple[str, str | None], list[asyncio.Queue[Received | None]]] = {}
         self._envelopes: dict[str, list[asyncio.Queue[Envelope | None]]] = {}
-        # What a libp2p host counts (WakuCounters); only the first three happen here.
+        # What a libp2p host counts (WakuCounters): the first four happen here; the rest
+        # (connection limits, stream slots, lane retries) are the libp2p host's own.
         self.rejected: Counter[str] = Counter()
         self.stream_timeouts: Counter[str] = Counter()
         self.stream_failures: Counter[str] = Counter()
+        self.push_streams: Counter[str] = Counter()
         self.connections_refused: Counter[str] = Counter()
         self.streams_refused: Counter[str] = Counter()
-        self.push_streams: Counter[str] = Counter()
         self.push_retries: Counter[str] = Counter()
         self.pushes_resent: Counter[str] = Counter()
 
