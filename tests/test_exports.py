@@ -185,9 +185,16 @@ EXPORTS: dict[str, frozenset[str]] = {
             "Libp2pTransport",
             "MemoryNetwork",
             "MemoryTransport",
+            "MemoryWakuNode",
             "Received",
             "Transport",
+            "WakuClient",
+            "WakuCounters",
+            "WakuHost",
             "WakuLightTransport",
+            "WakuNode",
+            "WakuRelayConfig",
+            "WakuRequester",
         }
     ),
     "sdsync.store": frozenset(

@@ -6,7 +6,8 @@ Every ``sdsync.<component>`` import in the source, including those inside functi
 ``TYPE_CHECKING`` blocks, must name the importing component itself or one below it;
 components that share a layer do not import each other. Within a component no two files
 import each other (no circle in the import graph of files), and the libp2p transport's two
-threads read no private member of each other's files.
+threads read no private member of each other's files; the Waku node contract and its
+in-memory node import no p2p stack.
 """
 
 from __future__ import annotations
@@ -259,4 +260,39 @@ def test_the_private_member_check_sees_a_read_across_files(tmp_path: Path) -> No
     assert foreign_private_reads(tmp_path, ("face.py", "host.py")) == [
         "host.py: face._route",
         "host.py: face._sent",
+    ]
+
+
+# The Waku node contract (transport/waku_node.py), which the store and the chat are typed
+# with, and its in-memory node load without py-libp2p: what runs on a Waku node is
+# tested without it.
+CONTRACT_FILES = ("base.py", "waku_node.py", "memory_waku.py", "memory.py")
+P2P_PACKAGES = ("libp2p", "trio", "multiaddr")
+
+
+def p2p_imports(folder: Path, files: tuple[str, ...]) -> list[str]:
+    """``file imports x`` for each import, by one of ``files``, of a p2p package or of a
+    transport module outside ``files``."""
+    inside = {f"sdsync.transport.{Path(name).stem}" for name in files}
+    found = []
+    for name in files:
+        for target in imports(folder / name):
+            outside = target.startswith("sdsync.transport.") and target not in inside
+            if outside or target.split(".")[0] in P2P_PACKAGES:
+                found.append(f"{name} imports {target}")
+    return found
+
+
+def test_the_waku_node_contract_and_its_memory_node_need_no_p2p_stack() -> None:
+    assert p2p_imports(SRC / "transport", CONTRACT_FILES) == []
+
+
+def test_the_p2p_import_check_sees_both_kinds(tmp_path: Path) -> None:
+    (tmp_path / "node.py").write_text(
+        "import trio\nfrom sdsync.transport.libp2p import X\nfrom sdsync.transport.base import Y\n"
+    )
+    (tmp_path / "base.py").write_text("")
+    assert p2p_imports(tmp_path, ("node.py", "base.py")) == [
+        "node.py imports trio",
+        "node.py imports sdsync.transport.libp2p",
     ]

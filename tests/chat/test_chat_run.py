@@ -184,16 +184,6 @@ def test_min_peers_is_for_converged_and_min_mesh_for_the_wait_before_sending(
     assert mesh_waits == [(4, 3.0)]
 
 
-class Peers:
-    """The connected peers of a transport, as the test sets them."""
-
-    def __init__(self) -> None:
-        self.now: list[str] = []
-
-    async def connected_peers(self) -> list[str]:
-        return list(self.now)
-
-
 class EmptyStore:
     """A store with nothing in it; it counts the catch-ups asked of it."""
 
@@ -221,7 +211,8 @@ def test_peers_back_after_none_make_the_channel_catch_up_at_once() -> None:
     peers gone and then one back is: the catch-up that was an interval away runs now."""
     start = 1_700_000_000_000
     now = [start]
-    store, peers = EmptyStore(), Peers()
+    store, net = EmptyStore(), MemoryNetwork()
+    me, a, b = net.waku_node("me"), net.waku_node("a"), net.waku_node("b")
     runtime = RuntimeConfig(
         sync_interval_ms=10**9, incoming_sweep_ms=10**9, store_catchup_interval_ms=300_000
     )
@@ -239,17 +230,20 @@ def test_peers_back_after_none_make_the_channel_catch_up_at_once() -> None:
         try:
             await until(lambda: channel.catch_ups == 1)  # the one at start
             assert channel.driver.next_due() == start + 300_000
-            watch = PeerWatch(peers, channel)
+            watch = PeerWatch(me, channel)
             for moment, connected, back in [
                 (1_000, [], False),  # not connected yet
-                (2_000, ["a"], False),  # connected: the first time is no reconnection
+                (2_000, [a], False),  # connected: the first time is no reconnection
                 (3_000, [], False),  # every peer gone
                 (4_000, [], False),
-                (5_000, ["b"], True),  # back
-                (6_000, ["b"], False),
+                (5_000, [b], True),  # back
+                (6_000, [b], False),
             ]:
                 now[0] = start + moment
-                peers.now = connected
+                for peer in await me.connected_peers():
+                    me.disconnect(peer)
+                for node in connected:
+                    await me.connect(node.listen_addrs[0])
                 assert await watch.check() is back
                 if back:
                     assert channel.driver.next_due() == start + moment

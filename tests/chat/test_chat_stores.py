@@ -12,16 +12,16 @@ import pytest
 from sdsync.chat.stores import StoreChoice, open_stores
 from sdsync.store import HttpStoreClient, Page, StoreQuery, StoreUnavailableError, WakuStoreClient
 from sdsync.store.client import StoreQueries
+from sdsync.transport import MemoryNetwork
 from sdsync.transport.base import Received
 from sdsync.wire import HistoryEntry
 from sdsync.wire.waku_protocols import (
-    MAX_STORE_RESPONSE_BYTES,
+    MAX_RPC_BYTES,
     STORE_QUERY_PROTOCOL,
     StoreQueryRequest,
     StoreQueryResponse,
 )
 
-PEER = "/ip4/127.0.0.1/tcp/60000/p2p/12D3KooWEyoppNCUx8Yx66oV9fJnriXwCcXwDDUA2kj6vnc6iDEp"
 ENTRIES = (HistoryEntry("m1", b"\x01" * 32),)
 
 
@@ -58,34 +58,29 @@ def test_when_no_store_answers_the_runtime_hears_it() -> None:
     assert choice.unavailable == 2
 
 
-class Host:
-    """A libp2p host's request side, answering every store query with no messages."""
-
-    def __init__(self) -> None:
-        self.asked: list[tuple[str, str, int]] = []
-
-    async def request(
-        self,
-        peer: str,
-        protocol_id: str,
-        payload: bytes,
-        *,
-        max_response_bytes: int,
-        timeout_s: float,
-    ) -> bytes:
-        self.asked.append((peer, protocol_id, max_response_bytes))
-        request = StoreQueryRequest.from_bytes(payload)
-        return StoreQueryResponse(request.request_id, 200, "OK").to_bytes()
-
-
 def test_a_url_is_a_rest_api_and_a_multiaddr_a_waku_store_peer_over_our_host() -> None:
-    host = Host()
-    choice = open_stores(["http://127.0.0.1:8645", PEER], host)
-    rest, waku = choice.stores
-    assert isinstance(rest, HttpStoreClient) and rest.base_url == "http://127.0.0.1:8645"
-    assert isinstance(waku, WakuStoreClient) and waku.name == PEER
-    assert asyncio.run(waku.fetch("0", ENTRIES)) == []
-    assert host.asked == [(PEER, STORE_QUERY_PROTOCOL, MAX_STORE_RESPONSE_BYTES)]
+    """The Waku store peer is asked through the chat's node, with room for a store's
+    large answers (above an ordinary RPC's bound)."""
+    net = MemoryNetwork()
+    chat, store = net.waku_node("chat"), net.waku_node("store")
+    asked: list[str] = []
+
+    async def answer(peer: str, request: bytes) -> bytes:
+        asked.append(peer)
+        padding = "x" * MAX_RPC_BYTES
+        query = StoreQueryRequest.from_bytes(request)
+        return StoreQueryResponse(query.request_id, 200, padding).to_bytes()
+
+    async def scenario() -> None:
+        await store.serve(STORE_QUERY_PROTOCOL, answer)
+        choice = open_stores(["http://127.0.0.1:8645", store.listen_addrs[0]], chat)
+        rest, waku = choice.stores
+        assert isinstance(rest, HttpStoreClient) and rest.base_url == "http://127.0.0.1:8645"
+        assert isinstance(waku, WakuStoreClient) and waku.name == store.listen_addrs[0]
+        assert await waku.fetch("0", ENTRIES) == []
+        assert asked == [chat.peer_id]
+
+    asyncio.run(scenario())
 
 
 class Listing(Store):

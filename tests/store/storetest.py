@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from sdsync.store import Archive, NodeConfig, StoredMessage, StoreNode
-from sdsync.store.light import LightHost
-from sdsync.store.node import Relay, StreamServer
+from sdsync.transport.waku_node import WakuNode
 from sdsync.wire.waku import WakuMessage
 
 PUBSUB = "/waku/2/rs/1/0"
@@ -66,17 +65,15 @@ async def running(
     tmp: Path,
     *,
     clock_ns: Callable[[], int] = time.time_ns,
-    relay: Relay | None = None,
-    libp2p: StreamServer | None = None,
-    light_host: LightHost | None = None,
+    waku: WakuNode | None = None,
+    serve_light: bool = False,
     **config: Any,
 ) -> AsyncIterator[StoreNode]:
-    """A store node on a free loopback port, stopped (and its archive closed) on exit."""
+    """A store node on a free loopback port, stopped (and its archive closed) on exit; on
+    ``waku``, serving light clients there if ``serve_light``."""
     settings: dict[str, Any] = {"token": TOKEN, "retention": ()} | config
     node_config = NodeConfig(data_dir=tmp, port=0, **settings)
-    node = StoreNode(
-        archive, node_config, clock_ns=clock_ns, relay=relay, libp2p=libp2p, light=light_host
-    )
+    node = StoreNode(archive, node_config, clock_ns=clock_ns, waku=waku, light=serve_light)
     await node.start()
     try:
         yield node

@@ -13,7 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from storetest import running
 
-from sdsync.errors import ProtocolNotSupportedError
 from sdsync.store import SqlArchive
 from sdsync.store.filter import (
     FilterLimits,
@@ -24,12 +23,15 @@ from sdsync.store.filter import (
 )
 from sdsync.store.light import LightConfig
 from sdsync.store.lightpush import ServedTopics
+from sdsync.transport import MemoryNetwork
 from sdsync.wire.waku import WakuMessage
 from sdsync.wire.waku_protocols import (
+    FILTER_PUSH_PROTOCOL,
     FILTER_SUBSCRIBE_PROTOCOL,
     FilterSubscribeRequest,
     FilterSubscribeResponse,
     FilterSubscribeType,
+    MessagePush,
 )
 
 SHARD = "/waku/2/rs/1/7"
@@ -164,60 +166,44 @@ def test_the_answer_bytes_and_what_is_counted() -> None:
     assert counted == ["malformed_rpc", "not_subscribed"]
 
 
-class PushFailingHost:
-    """A LightHost whose pushes fail: "deaf" does not speak filter-push at all, "gone"
-    cannot be reached; "slow" takes its pushes only once ``opened`` is set."""
-
-    def __init__(self) -> None:
-        self.handlers: dict[str, object] = {}
-        self.opened = asyncio.Event()
-        self.pushed: list[str] = []
-
-    async def serve(self, protocol_id: str, handler: object, **options: object) -> None:
-        self.handlers[protocol_id] = handler
-
-    async def push(self, peer: str, protocol_id: str, payload: bytes, *, timeout_s: float) -> None:
-        if peer == "deaf":
-            raise ProtocolNotSupportedError(peer, protocol_id)
-        await self.opened.wait()
-        if peer == "gone":
-            raise ConnectionError(f"{peer} is gone")
-        self.pushed.append(peer)
-
-    async def publish_message(self, pubsub_topic: str, message: WakuMessage) -> bytes:
-        return message.hash(pubsub_topic)
-
-    async def mesh_peers(self, topic: str) -> list[str]:
-        return []
-
-    async def connected_peers(self) -> list[str]:
-        return []  # nobody, but the tests end before the first liveness check
-
-    async def peer_host(self, peer: str) -> str | None:
-        return None
-
-
 def test_light_services_drop_a_subscriber_that_takes_no_pushes_and_count_it(
     sqlite_archive: SqlArchive, tmp_path: Path
 ) -> None:
-    host = PushFailingHost()
+    """Three subscribers whose pushes fail or wait: "deaf" does not speak filter-push at
+    all, "gone" went away, "slow" takes its pushes only once ``opened`` is set."""
+    net = MemoryNetwork()
+    store = net.waku_node("store")
+    deaf, gone, slow = (net.waku_node(name) for name in ("deaf", "gone", "slow"))
+    opened, pushed = asyncio.Event(), []  # the payloads slow took
     config = LightConfig(served=ServedTopics(((SHARD, None),)), push_queue=8)
 
+    async def take(peer: str, frame: bytes) -> None:
+        await opened.wait()
+        message = MessagePush.from_bytes(frame).waku_message
+        pushed.append(message.payload if message else None)
+
     async def scenario() -> None:
-        async with running(sqlite_archive, tmp_path, light_host=host, light=config) as node:
+        async with running(
+            sqlite_archive, tmp_path, waku=store, serve_light=True, light=config
+        ) as node:
             services = node.light
             assert services is not None
-            handler = host.handlers[FILTER_SUBSCRIBE_PROTOCOL]
-            for peer in ("deaf", "gone", "slow"):
-                await handler(peer, request(SUBSCRIBE, X).to_bytes())  # type: ignore[operator]
+            await slow.serve_pushes(FILTER_PUSH_PROTOCOL, take)
+            for subscriber in (deaf, gone, slow):
+                await subscriber.request(
+                    store.listen_addrs[0],
+                    FILTER_SUBSCRIBE_PROTOCOL,
+                    request(SUBSCRIBE, X).to_bytes(),
+                )
+            await gone.close()
             for i in range(10):  # 8 queued for each, 2 over the bound
                 assert services.offer(SHARD, WakuMessage(bytes([i]), X, timestamp=i + 1)) == 3
-            host.opened.set()
+            opened.set()
             async with asyncio.timeout(10):
                 while services._workers:
                     await asyncio.sleep(0.01)
-            assert "deaf" not in services.filters and "gone" not in services.filters
-            assert host.pushed == ["slow"] * 8
+            assert deaf.peer_id not in services.filters and gone.peer_id not in services.filters
+            assert pushed == [bytes([i]) for i in range(8)]  # in order, the first 8
             sample = node.metrics.registry.get_sample_value
             drops = "sdsync_store_filter_subscriptions_dropped_total"
             assert sample(drops, {"reason": "no_push_protocol"}) == 1

@@ -6,15 +6,15 @@ was answered 503 until the attackers' subscriptions expired, 300 s after they le
 Now a host holds at most ``max_peers_per_host`` subscriptions, a full table makes room
 for a smaller host, and subscribers whose connection is gone are dropped within
 ``disconnect_grace_s`` plus one ``liveness_interval_s``.  Each refusal and drop is
-counted.  The node is a real StoreNode; the libp2p host is a fake that says which IP
-each peer connects from and who is connected.
+counted.  The node is a real StoreNode on an in-memory Waku node (MemoryWakuNode); each
+subscriber is a node of its own, on the IP it is given, connected until it closes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from storetest import running
@@ -24,7 +24,8 @@ from sdsync.store.filter import FilterLimits
 from sdsync.store.light import LightConfig
 from sdsync.store.lightpush import ServedTopics
 from sdsync.store.node import StoreNode
-from sdsync.wire.waku import WakuMessage
+from sdsync.transport import MemoryNetwork, MemoryWakuNode
+from sdsync.transport.memory_waku import memory_peer_id
 from sdsync.wire.waku_protocols import (
     FILTER_SUBSCRIBE_PROTOCOL,
     FilterSubscribeRequest,
@@ -39,39 +40,28 @@ PATIENCE_S = 30.0  # a liveness bound, not a timing
 SUBSCRIBE = FilterSubscribeRequest("id", FilterSubscribeType.SUBSCRIBE, SHARD, (TOPIC,)).to_bytes()
 
 
-@dataclass
-class HostileNet:
-    """A LightHost: each peer's IP is in ``hosts``; ``connected`` says who is."""
+class HostileNet(MemoryNetwork):
+    """A network with a store node and, as they come, subscribers on the hosts they say."""
 
-    hosts: dict[str, str] = field(default_factory=dict)
-    connected: set[str] = field(default_factory=set)
-    handlers: dict[str, object] = field(default_factory=dict)
-
-    async def serve(self, protocol_id: str, handler: object, **options: object) -> None:
-        self.handlers[protocol_id] = handler
-
-    async def push(self, peer: str, protocol_id: str, payload: bytes, *, timeout_s: float) -> None:
-        pass
-
-    async def publish_message(self, pubsub_topic: str, message: WakuMessage) -> bytes:
-        return message.hash(pubsub_topic)
-
-    async def mesh_peers(self, topic: str) -> list[str]:
-        return []
-
-    async def connected_peers(self) -> list[str]:
-        return sorted(self.connected)
-
-    async def peer_host(self, peer: str) -> str | None:
-        return self.hosts.get(peer) if peer in self.connected else None
+    def __init__(self) -> None:
+        super().__init__()
+        self.store = self.waku_node("store")
+        self.subscribers: dict[str, MemoryWakuNode] = {}
 
     async def subscribe(self, peer: str, ip: str) -> int:
-        """``peer`` connects from ``ip`` and subscribes; the status it is answered."""
-        self.hosts[peer] = ip
-        self.connected.add(peer)
-        handler = self.handlers[FILTER_SUBSCRIBE_PROTOCOL]
-        answer = await handler(peer, SUBSCRIBE)  # type: ignore[operator]
+        """``peer`` (a node made at its first call) subscribes from ``ip``; the status it
+        is answered."""
+        if peer not in self.subscribers:
+            self.subscribers[peer] = self.waku_node(peer, ip=ip)
+        address = self.store.listen_addrs[0]
+        answer = await self.subscribers[peer].request(address, FILTER_SUBSCRIBE_PROTOCOL, SUBSCRIBE)
         return FilterSubscribeResponse.from_bytes(answer).status_code
+
+    def serving(
+        self, archive: SqlArchive, tmp: Path, config: LightConfig
+    ) -> contextlib.AbstractAsyncContextManager[StoreNode]:
+        """The store node, serving light clients on ``store``."""
+        return running(archive, tmp, waku=self.store, serve_light=True, light=config)
 
 
 def sample(node: StoreNode, name: str, labels: dict[str, str]) -> float:
@@ -101,7 +91,9 @@ def test_fresh_identities_from_one_host_do_not_lock_out_an_honest_subscriber(
     net = HostileNet()
 
     async def scenario() -> None:
-        async with running(sqlite_archive, tmp_path, light_host=net, light=light()) as node:
+        async with running(
+            sqlite_archive, tmp_path, waku=net.store, serve_light=True, light=light()
+        ) as node:
             answers = [await net.subscribe(f"evil-{i}", "10.6.6.6") for i in range(ATTACKERS)]
             assert answers.count(200) == 100  # max_peers_per_host
             assert refused(node, "too_many_subscribers_per_host") == ATTACKERS - 100
@@ -115,14 +107,17 @@ def test_a_full_table_makes_room_for_a_new_host(sqlite_archive: SqlArchive, tmp_
     net = HostileNet()
 
     async def scenario() -> None:
-        async with running(sqlite_archive, tmp_path, light_host=net, light=light()) as node:
+        async with running(
+            sqlite_archive, tmp_path, waku=net.store, serve_light=True, light=light()
+        ) as node:
             # Ten attacking hosts, a hundred identities each: the table is full.
             for i in range(ATTACKERS):
                 assert await net.subscribe(f"evil-{i}", f"10.6.6.{i % 10}") == 200
             assert await net.subscribe("honest", "192.0.2.7") == 200
             assert dropped(node, "fair_share") == 1
-            assert node.light is not None and "honest" in node.light.filters
-            assert "evil-0" not in node.light.filters  # the stalest of the largest host
+            assert node.light is not None and memory_peer_id("honest") in node.light.filters
+            # The stalest of the largest host made room.
+            assert memory_peer_id("evil-0") not in node.light.filters
 
     asyncio.run(scenario())
 
@@ -136,11 +131,14 @@ def test_an_honest_subscriber_on_the_attackers_host_gets_in_once_they_left(
 
     async def scenario() -> None:
         config = light(disconnect_grace_s=grace_s)
-        async with running(sqlite_archive, tmp_path, light_host=net, light=config) as node:
+        async with running(
+            sqlite_archive, tmp_path, waku=net.store, serve_light=True, light=config
+        ) as node:
             for i in range(ATTACKERS):
                 await net.subscribe(f"evil-{i}", "127.0.0.1")
             assert await net.subscribe("honest", "127.0.0.1") == 503
-            net.connected -= {f"evil-{i}" for i in range(ATTACKERS)}
+            for i in range(ATTACKERS):
+                await net.subscribers[f"evil-{i}"].close()
             left = time.monotonic()
             async with asyncio.timeout(PATIENCE_S):  # bound: grace + one interval
                 while await net.subscribe("honest", "127.0.0.1") != 200:

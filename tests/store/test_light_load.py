@@ -69,9 +69,8 @@ def test_a_store_node_pushes_every_message_to_100_light_clients(
             running(
                 sqlite_archive,
                 tmp_path,
-                relay=host,
-                libp2p=host,
-                light_host=host,
+                waku=host,
+                serve_light=True,
                 relay_topics=(SHARD,),
                 light=light,
             ) as node,

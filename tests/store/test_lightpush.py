@@ -1,6 +1,6 @@
 """LightPush, the service side: what check_push accepts and refuses with which status,
 the answer bytes of both protocol versions, and LightServices (relay, archive, Filter) on
-a fake host."""
+an in-memory Waku node."""
 
 from __future__ import annotations
 
@@ -22,13 +22,15 @@ from sdsync.store.lightpush import (
     answer_lightpush_v2,
     check_push,
 )
+from sdsync.transport import MemoryNetwork, MemoryWakuNode
+from sdsync.transport.memory_waku import memory_peer_id
 from sdsync.wire.waku import MAX_WAKU_MESSAGE_BYTES, WakuMessage
 from sdsync.wire.waku_protocols import (
     FILTER_PUSH_PROTOCOL,
     FILTER_SUBSCRIBE_PROTOCOL,
     LIGHTPUSH_PROTOCOL,
-    LIGHTPUSH_V2_PROTOCOL,
     FilterSubscribeRequest,
+    FilterSubscribeResponse,
     FilterSubscribeType,
     LightPushRequestV3,
     LightPushResponseV3,
@@ -151,90 +153,76 @@ def test_answers_of_v2() -> None:
     assert answer.response.status_code == 400 and answer.response.info
 
 
-@dataclass
-class FakeHost:
-    """A LightHost: records publications; pushes fail for peers in ``unreachable``."""
-
-    peers: list[str] = field(default_factory=list)
-    unreachable: set[str] = field(default_factory=set)
-    handlers: dict[str, object] = field(default_factory=dict)
-    published: list[tuple[str, WakuMessage]] = field(default_factory=list)
-    pushed: list[tuple[str, MessagePush]] = field(default_factory=list)
-
-    async def serve(self, protocol_id: str, handler: object, **options: object) -> None:
-        self.handlers[protocol_id] = handler
-
-    async def push(self, peer: str, protocol_id: str, payload: bytes, *, timeout_s: float) -> None:
-        assert protocol_id == FILTER_PUSH_PROTOCOL
-        if peer in self.unreachable:
-            raise ConnectionError(f"{peer} is gone")
-        self.pushed.append((peer, MessagePush.from_bytes(payload)))
-
-    async def publish_message(self, pubsub_topic: str, message: WakuMessage) -> bytes:
-        self.published.append((pubsub_topic, message))
-        return message.hash(pubsub_topic)
-
-    async def mesh_peers(self, topic: str) -> list[str]:
-        return list(self.peers)
-
-    async def connected_peers(self) -> list[str]:
-        return []  # nobody, but the tests end before the first liveness check
-
-    async def peer_host(self, peer: str) -> str | None:
-        return None
-
-
-async def ask(host: FakeHost, protocol: str, peer: str, request: bytes) -> bytes:
-    handler = host.handlers[protocol]
-    return await handler(peer, request)  # type: ignore[operator, no-any-return]
-
-
-async def lightpush(host: FakeHost, request: LightPushRequestV3) -> LightPushResponseV3:
-    """The LightPush (3.0.0) answer to ``request`` from the peer "pusher"."""
-    answer = await ask(host, LIGHTPUSH_PROTOCOL, "pusher", request.to_bytes())
+async def lightpush(
+    pusher: MemoryWakuNode, store: MemoryWakuNode, request: LightPushRequestV3
+) -> LightPushResponseV3:
+    """The LightPush (3.0.0) answer of ``store`` to ``request`` from ``pusher``."""
+    answer = await pusher.request(store.listen_addrs[0], LIGHTPUSH_PROTOCOL, request.to_bytes())
     return LightPushResponseV3.from_bytes(answer)
+
+
+async def filter_subscriber(
+    net: MemoryNetwork, name: str, store: MemoryWakuNode
+) -> list[MessagePush]:
+    """A node named ``name`` subscribed at ``store`` to SDS on SHARD: the pushes it gets."""
+    node, pushed = net.waku_node(name), []
+
+    async def take(peer: str, frame: bytes) -> None:
+        pushed.append(MessagePush.from_bytes(frame))
+
+    await node.serve_pushes(FILTER_PUSH_PROTOCOL, take)
+    subscribe = FilterSubscribeRequest("s", FilterSubscribeType.SUBSCRIBE, SHARD, (SDS,))
+    answer = await node.request(
+        store.listen_addrs[0], FILTER_SUBSCRIBE_PROTOCOL, subscribe.to_bytes()
+    )
+    assert FilterSubscribeResponse.from_bytes(answer).status_code == 200
+    return pushed
 
 
 def test_light_services_relay_archive_and_push_to_filter_subscribers(
     sqlite_archive: SqlArchive, tmp_path: Path
 ) -> None:
-    host = FakeHost()
+    net = MemoryNetwork()
+    store, pusher, relay = net.waku_node("store"), net.waku_node("pusher"), net.waku_node("relay")
     config = LightConfig(served=SERVED)
 
     async def scenario() -> None:
         async with running(
-            sqlite_archive, tmp_path, clock_ns=lambda: NOW, light_host=host, light=config
+            sqlite_archive,
+            tmp_path,
+            clock_ns=lambda: NOW,
+            waku=store,
+            serve_light=True,
+            light=config,
         ) as node:
-            assert set(host.handlers) == {
-                LIGHTPUSH_PROTOCOL,
-                LIGHTPUSH_V2_PROTOCOL,
-                FILTER_SUBSCRIBE_PROTOCOL,
-            }
-            for peer in ("sub", "gone"):
-                subscribe = FilterSubscribeRequest(
-                    "s", FilterSubscribeType.SUBSCRIBE, SHARD, (SDS,)
-                ).to_bytes()
-                await ask(host, FILTER_SUBSCRIBE_PROTOCOL, peer, subscribe)
-            host.unreachable.add("gone")
-            # No relay peers: the archive and the subscribers count.
+            sub = await filter_subscriber(net, "sub", store)
+            await filter_subscriber(net, "gone", store)
+            gone = memory_peer_id("gone")
+            store.disconnect(gone)  # its pushes fail from now on
+            relayed = relay.subscribe_envelopes(SHARD)
             for i in range(3):
                 push = LightPushRequestV3(f"p{i}", SHARD, message(payload=bytes([i])))
-                assert (await lightpush(host, push)).status_code == 200
+                answer = await lightpush(pusher, store, push)
+                assert (answer.status_code, answer.relay_peer_count) == (200, 1)
             assert node.light is not None
             async with asyncio.timeout(10):
-                while len(host.pushed) < 3 or node.light.filters.criteria("gone"):
+                while len(sub) < 3 or node.light.filters.criteria(gone):
                     await asyncio.sleep(0.01)
-            assert [p.waku_message.payload for _, p in host.pushed] == [b"\0", b"\1", b"\2"]  # type: ignore[union-attr]
-            assert {peer for peer, _ in host.pushed} == {"sub"}
-            assert [t for t, _ in host.published] == [SHARD] * 3
+            assert [p.waku_message.payload for p in sub] == [b"\0", b"\1", b"\2"]  # type: ignore[union-attr]
+            assert [(await anext(relayed)).message.payload for _ in range(3)] == [
+                b"\0",
+                b"\1",
+                b"\2",
+            ]
             assert sqlite_archive.count() == 3
             # An ephemeral message no relay peer or subscriber takes: 505.
+            await relay.close()
             lonely = LightPushRequestV3(
                 "e", SHARD, message(content_topic="/other/1/x/proto", ephemeral=True)
             )
-            assert (await lightpush(host, lonely)).status_code == 505
-            host.peers.append("relay-peer")
-            assert (await lightpush(host, lonely)).relay_peer_count == 1
+            assert (await lightpush(pusher, store, lonely)).status_code == 505
+            net.waku_node("relay-peer").subscribe_envelopes(SHARD)
+            assert (await lightpush(pusher, store, lonely)).relay_peer_count == 1
             assert sqlite_archive.count() == 3  # ephemeral: relayed, not archived
             sample = node.metrics.registry.get_sample_value
             assert sample("sdsync_store_ingested_messages_total", {"source": "lightpush"}) == 3

@@ -71,7 +71,7 @@ def test_refused_connections_and_timed_out_streams_show_on_metrics(
     async def scenario() -> None:
         async with (
             libp2p.Libp2pTransport(limits=limits) as host,
-            running(sqlite_archive, tmp_path, relay=host, libp2p=host) as node,
+            running(sqlite_archive, tmp_path, waku=host) as node,
             libp2p.Libp2pTransport() as client,
         ):
             await host.serve(SLOW, slow, timeout_s=0.5, max_request_bytes=16)

@@ -38,9 +38,7 @@ def test_a_waku_store_archives_its_shard_and_answers_store_queries(
         await relay.start()
         publisher.subscribe(CHANNEL)  # join the shard so that a mesh forms
         try:
-            async with running(
-                sqlite_archive, tmp_path, relay=relay, libp2p=relay, relay_topics=(SHARD,)
-            ) as node:
+            async with running(sqlite_archive, tmp_path, waku=relay, relay_topics=(SHARD,)) as node:
                 assert await publisher.wait_for_mesh(CHANNEL, 1, PATIENCE_S)
                 hints = [await publisher.publish(CHANNEL, f"sds {i}".encode()) for i in range(5)]
                 hints.append(await publisher.publish(SHARD, b"another application"))

@@ -180,9 +180,7 @@ def test_a_missing_dependency_is_fetched_from_a_waku_store_peer(
             rng=random.Random(2),
         )
         try:
-            async with running(
-                sqlite_archive, tmp_path, relay=relay, libp2p=relay, relay_topics=(SHARD,)
-            ):
+            async with running(sqlite_archive, tmp_path, waku=relay, relay_topics=(SHARD,)):
                 await alice.start()
                 await bob.start()
                 # Bob and the store are in alice's mesh before she sends.

@@ -9,24 +9,23 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections import Counter
 from pathlib import Path
 
 from storetest import PUBSUB, T0, running
-from test_lightpush import NOW, SERVED, SHARD, FakeHost, ask, message
+from test_lightpush import NOW, SERVED, SHARD, lightpush, message
 
 from sdsync.store import SqlArchive, StoredMessage
 from sdsync.store.light import LightConfig
-from sdsync.store.metrics import LIBP2P_COUNTERS
 from sdsync.store.retention import ByteBudget, RetentionPolicy
 from sdsync.store.waku_store import AnswerLimits
+from sdsync.transport import MemoryNetwork, MemoryWakuNode
 from sdsync.transport.ratelimit import RateLimit
 from sdsync.wire import WakuMessage
 from sdsync.wire.waku_protocols import (
     LIGHTPUSH_PROTOCOL,
+    MAX_STORE_RESPONSE_BYTES,
     STORE_QUERY_PROTOCOL,
     LightPushRequestV3,
-    LightPushResponseV3,
     StoreQueryRequest,
     StoreQueryResponse,
 )
@@ -41,20 +40,16 @@ def rss_bytes() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-class Streams:
-    """A StreamServer that hands the tests its handlers, as the host's streams would."""
-
-    def __init__(self) -> None:
-        self.handlers: dict[str, object] = {}
-        for name, _, _ in LIBP2P_COUNTERS:  # what the node exports on /metrics
-            setattr(self, name, Counter())
-
-    async def serve(self, protocol_id: str, handler: object, **options: object) -> None:
-        self.handlers[protocol_id] = handler
-
-
-async def store_query(streams: Streams, peer: str, request: StoreQueryRequest) -> bytes:
-    return await ask(streams, STORE_QUERY_PROTOCOL, peer, request.to_bytes())  # type: ignore[arg-type]
+async def store_query(
+    asker: MemoryWakuNode, store: MemoryWakuNode, request: StoreQueryRequest
+) -> bytes:
+    """``store``'s answer to ``request`` from ``asker``."""
+    return await asker.request(
+        store.listen_addrs[0],
+        STORE_QUERY_PROTOCOL,
+        request.to_bytes(),
+        max_response_bytes=MAX_STORE_RESPONSE_BYTES,
+    )
 
 
 def big_messages(n: int) -> list[StoredMessage]:
@@ -75,16 +70,18 @@ def test_unread_store_answers_are_bounded_per_peer_and_in_all(
     answers), the rest refused 429/503 and counted, an honest query answered."""
     sqlite_archive.insert(big_messages(PAGE))
     limits = AnswerLimits(per_peer_bytes=8 * 2**20, total_bytes=32 * 2**20, hold_s=10.0)
-    streams = Streams()
+    net = MemoryNetwork()
+    store, honest = net.waku_node("store"), net.waku_node("honest")
+    attackers = [net.waku_node(f"attacker-{p}") for p in range(10)]
     query = StoreQueryRequest("q", include_data=True, pubsub_topic=PUBSUB, pagination_limit=PAGE)
 
     async def scenario() -> None:
-        async with running(sqlite_archive, tmp_path, libp2p=streams, store_answers=limits) as node:
+        async with running(sqlite_archive, tmp_path, waku=store, store_answers=limits) as node:
             before = rss_bytes()
             held = [
-                await store_query(streams, f"attacker-{p}", query)
+                await store_query(attacker, store, query)
                 for _ in range(6)
-                for p in range(10)
+                for attacker in attackers
             ]
             grown = rss_bytes() - before
             answered = [StoreQueryResponse.from_bytes(a) for a in held]
@@ -101,10 +98,10 @@ def test_unread_store_answers_are_bounded_per_peer_and_in_all(
                 for r in ("answer_budget_peer", "answer_budget_total")
             )
             assert refused == len(held) - statuses.count(200)
-            honest = StoreQueryRequest("h", pubsub_topic=PUBSUB, pagination_limit=PAGE)
+            asked = StoreQueryRequest("h", pubsub_topic=PUBSUB, pagination_limit=PAGE)
             started = time.monotonic()
             while True:
-                answer = StoreQueryResponse.from_bytes(await store_query(streams, "honest", honest))
+                answer = StoreQueryResponse.from_bytes(await store_query(honest, store, asked))
                 if answer.status_code == 200:
                     break
                 assert time.monotonic() - started < HONEST_WITHIN_S, answer
@@ -119,22 +116,27 @@ def test_a_lightpush_flood_from_one_peer_is_answered_429_and_counted(
 ) -> None:
     """64 pushes at once from one peer: 5 (nwaku's lightpush:5/1s) archived, the rest
     429 and counted; another peer's push is still accepted."""
-    host = FakeHost()
+    net = MemoryNetwork()
+    store, flooder, honest = (net.waku_node(n) for n in ("store", "flooder", "honest"))
     config = LightConfig(served=SERVED, lightpush_rate=RateLimit(5, 1.0))
 
-    async def push(peer: str, i: int) -> int:
+    async def push(pusher: MemoryWakuNode, i: int) -> int:
         request = LightPushRequestV3(f"p{i}", SHARD, message(payload=i.to_bytes(2, "big")))
-        answer = await ask(host, LIGHTPUSH_PROTOCOL, peer, request.to_bytes())
-        return LightPushResponseV3.from_bytes(answer).status_code
+        return (await lightpush(pusher, store, request)).status_code
 
     async def scenario() -> None:
         async with running(
-            sqlite_archive, tmp_path, clock_ns=lambda: NOW, light_host=host, light=config
+            sqlite_archive,
+            tmp_path,
+            clock_ns=lambda: NOW,
+            waku=store,
+            serve_light=True,
+            light=config,
         ) as node:
-            statuses = await asyncio.gather(*(push("flooder", i) for i in range(64)))
+            statuses = await asyncio.gather(*(push(flooder, i) for i in range(64)))
             assert statuses.count(200) <= 6  # 5, and what refilled meanwhile
             assert statuses.count(429) == 64 - statuses.count(200)
-            assert await push("honest", 1000) == 200
+            assert await push(honest, 1000) == 200
             assert sqlite_archive.count() == statuses.count(200) + 1
             sample = node.metrics.registry.get_sample_value
             assert sample("sdsync_store_lightpush_total", {"status": "429"}) == statuses.count(429)

@@ -109,9 +109,7 @@ class Service:
             ),
         )
         archive = open_archive(str(self.tmp / "store.sqlite3"))
-        self.node = StoreNode(
-            archive, config, relay=self.relay, libp2p=self.relay, light=self.relay
-        )
+        self.node = StoreNode(archive, config, waku=self.relay, light=True)
         await self.node.start()
 
     async def stop(self) -> None:

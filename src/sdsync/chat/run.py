@@ -70,29 +70,24 @@ from sdsync.chat.stores import (
 from sdsync.core import ChannelConfig
 from sdsync.errors import OptionError, OutgoingBufferFullError
 from sdsync.runtime import ReliableChannel, RuntimeConfig
-from sdsync.transport.base import Transport
+from sdsync.transport.waku_node import WakuClient
 from sdsync.wire.waku_protocols import TWN_CLUSTER_ID
 
 if TYPE_CHECKING:
     from collections import Counter
 
     from sdsync.chat.identity import Identity
-    from sdsync.transport.libp2p import WakuRelayConfig
+    from sdsync.transport.base import WakuRelayConfig
 
 DEFAULT_LISTEN = "/ip4/127.0.0.1/tcp/0"
 PEER_POLL_S = 1.0
 
 
-class ConnectedPeers(Protocol):
-    """The part of a transport a :class:`PeerWatch` looks at."""
-
-    async def connected_peers(self) -> list[str]: ...
-
-
-class ChatTransport(Transport, ConnectedPeers, Protocol):
-    """What a chat asks of its transport: a Waku relay node
-    (:class:`~sdsync.transport.libp2p.Libp2pTransport`) or a light client
-    (:class:`~sdsync.transport.waku_light.WakuLightTransport`)."""
+class ChatTransport(WakuClient, Protocol):
+    """What a chat asks of its transport: a Waku client (a relay node,
+    :class:`~sdsync.transport.libp2p.Libp2pTransport`, or a light client,
+    :class:`~sdsync.transport.waku_light.WakuLightTransport`) that starts, waits for its
+    mesh and reports what it received and dropped."""
 
     @property
     def listen_addrs(self) -> list[str]: ...
@@ -111,26 +106,14 @@ class ChatTransport(Transport, ConnectedPeers, Protocol):
 
     async def start(self) -> None: ...
 
-    async def mesh_peers(self, topic: str) -> list[str]: ...
-
     async def wait_for_mesh(self, topic: str, count: int, timeout_s: float) -> bool: ...
-
-    async def request(
-        self,
-        peer: str,
-        protocol_id: str,
-        payload: bytes,
-        *,
-        max_response_bytes: int,
-        timeout_s: float,
-    ) -> bytes: ...
 
 
 class PeerWatch:
     """Tells the channel it is back online when the transport has peers again after it had
     some and then none (not at start: the channel catches up then anyway)."""
 
-    def __init__(self, transport: ConnectedPeers, channel: ReliableChannel) -> None:
+    def __init__(self, transport: WakuClient, channel: ReliableChannel) -> None:
         self.transport = transport
         self.channel = channel
         self._connected_once = False
@@ -217,8 +200,7 @@ class ChatOptions:
 
 async def run_chat(options: ChatOptions, console: Console) -> int:
     """The whole chat; returns the exit code."""
-    from sdsync.transport.base import default_content_topic
-    from sdsync.transport.libp2p import WakuRelayConfig
+    from sdsync.transport.base import WakuRelayConfig, default_content_topic
 
     identity = load_identity(options.state_dir, options.name)
     waku = WakuRelayConfig(cluster_id=options.cluster_id, shard=options.shard)

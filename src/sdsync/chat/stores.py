@@ -37,6 +37,7 @@ from sdsync.errors import (
 )
 from sdsync.lifecycle import AsyncLifecycle
 from sdsync.transport.base import Received
+from sdsync.transport.waku_node import WakuRequester
 from sdsync.wire import HistoryEntry
 from sdsync.wire.waku_protocols import (
     MAX_STORE_RESPONSE_BYTES,
@@ -46,7 +47,6 @@ from sdsync.wire.waku_protocols import (
 
 if TYPE_CHECKING:
     from sdsync.store.client import StoreQueries
-    from sdsync.store.waku_store import StreamRequester
 
 logger = logging.getLogger("sdsync.chat")
 
@@ -86,7 +86,7 @@ def check_peer_address(option: str, value: str) -> None:
 
 
 async def refuse_stores_without_v3(
-    stores: Sequence[tuple[str, str]], transport: StreamRequester
+    stores: Sequence[tuple[str, str]], transport: WakuRequester
 ) -> None:
     """Ask each Waku store peer of ``stores`` (option, value) for one hash: OptionError
     naming the first that is reachable but does not speak store v3."""
@@ -112,7 +112,7 @@ async def refuse_stores_without_v3(
             logger.info("store %s did not answer at start: %s", value, exc)
 
 
-def open_stores(values: Sequence[str], transport: StreamRequester) -> StoreChoice:
+def open_stores(values: Sequence[str], transport: WakuRequester) -> StoreChoice:
     """The clients of the stores ``values`` names, in order; Waku store peers are asked
     through ``transport``."""
     from sdsync.store import HttpStoreClient, WakuStoreClient

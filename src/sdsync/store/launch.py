@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from sdsync.store.archive import SqlArchive
 from sdsync.store.light import LIGHT_PROTOCOLS
 from sdsync.store.node import NodeConfig, StoreNode, serve
+from sdsync.transport.base import WakuRelayConfig
 from sdsync.transport.ratelimit import DEFAULT_RELAY_RATE, RateLimit
 from sdsync.wire.waku_protocols import STORE_QUERY_PROTOCOL
 
@@ -62,7 +63,7 @@ async def run_node(
     """Run the node of ``config`` on ``archive`` until SIGINT or SIGTERM."""
     if not config.relay_topics:
         return await serve(StoreNode(archive, config), on_ready=lambda node: on_ready(node, []))
-    from sdsync.transport.libp2p import Libp2pTransport, WakuRelayConfig
+    from sdsync.transport.libp2p import Libp2pTransport
 
     async with Libp2pTransport(
         listen=relay.listen,
@@ -71,6 +72,5 @@ async def run_node(
         relay_rate=relay.rate,
         limits=relay.limits,
     ) as host:
-        light = host if relay.light else None
-        node = StoreNode(archive, config, relay=host, libp2p=host, light=light)
+        node = StoreNode(archive, config, waku=host, light=relay.light)
         await serve(node, on_ready=lambda node: on_ready(node, host.listen_addrs))

@@ -1,4 +1,4 @@
-"""A store node's light-client services: LightPush and Filter on its libp2p host.
+"""A store node's light-client services: LightPush and Filter on its Waku node.
 
 Theory of operation
 -------------------
@@ -8,7 +8,8 @@ from its store.  :class:`LightServices` makes a store node that service node.  I
 I/O around two sans-I/O parts:
 
 * :mod:`sdsync.store.lightpush` judges a pushed message and writes the answer; an
-  accepted one is published on Waku relay as it is (:meth:`LightHost.publish_message`),
+  accepted one is published on Waku relay as it is
+  (:meth:`~sdsync.transport.waku_node.WakuNode.publish_message`),
   archived as a relay message would be (counted under source ``lightpush``; our own
   relay subscription never hands our own publication back, so it is archived once;
   pushes that arrive during a write share the next transaction, and each is answered
@@ -21,8 +22,8 @@ Pushes to one subscriber go out in order, one at a time, each within
 ``push_timeout_s``; at most ``push_queue`` wait (more are dropped, counted, and logged
 once per overflow, not once a push), so a slow subscriber holds up nobody else.  The
 host writes them all on one long-lived stream per subscriber, its *push lane*
-(:meth:`LightHost.push`; js-waku refuses a peer's 101st stream of a protocol and then
-drops the connection, so a stream per push fails after 100), reopened when the
+(:meth:`~sdsync.transport.waku_node.WakuNode.push`; js-waku refuses a peer's 101st stream of a
+protocol and then drops the connection, so a stream per push fails after 100), reopened when the
 subscriber resets or closes it; a push whose write fails is retried once on a fresh
 stream there, and only then fails here.  go-waku's Filter client, which reads one push
 per stream and closes it, gets a stream per push instead: the host learns that per
@@ -43,8 +44,9 @@ here, which bounds, times out, counts and summarises such streams (docs/network.
 
 Filter is shared between hosts, not peer ids (:mod:`sdsync.store.filter`): each
 subscribe request is judged with the IP address the peer connects from
-(:meth:`LightHost.peer_host`), and every ``liveness_interval_s`` the services tell the
-table who is connected (:meth:`LightHost.connected_peers`), so a subscriber whose
+(:meth:`~sdsync.transport.waku_node.WakuNode.peer_host`), and every ``liveness_interval_s`` the
+services tell the table who is connected
+(:meth:`~sdsync.transport.waku_node.WakuNode.connected_peers`), so a subscriber whose
 connection is gone is dropped within ``disconnect_grace_s`` plus one interval.
 """
 
@@ -56,9 +58,8 @@ import functools
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from sdsync.errors import LocalProtocolError, ProtocolNotSupportedError, RemoteProtocolError
 from sdsync.store.filter import FilterLimits, FilterSubscriptions, answer_filter_subscribe
@@ -74,6 +75,7 @@ from sdsync.store.lightpush import (
 )
 from sdsync.store.model import StoredMessage
 from sdsync.transport.ratelimit import PeerBuckets, RateLimit
+from sdsync.transport.waku_node import WakuNode
 from sdsync.wire.waku import WakuMessage
 from sdsync.wire.waku_protocols import (
     FILTER_PUSH_PROTOCOL,
@@ -90,29 +92,6 @@ DEFAULT_LIGHTPUSH_RATE = RateLimit(100, 20.0)
 20 s window so that a chat's burst of up to 100 pushes passes."""
 LIGHT_PROTOCOLS = (LIGHTPUSH_PROTOCOL, LIGHTPUSH_V2_PROTOCOL, FILTER_SUBSCRIBE_PROTOCOL)
 """What :class:`LightServices` serves."""
-
-
-class LightHost(Protocol):
-    """The libp2p host the services run on (a Waku-mode
-    :class:`~sdsync.transport.libp2p.Libp2pTransport`)."""
-
-    async def serve(
-        self, protocol_id: str, handler: Callable[[str, bytes], Awaitable[bytes | None]]
-    ) -> None: ...
-
-    async def push(
-        self, peer: str, protocol_id: str, payload: bytes, *, timeout_s: float
-    ) -> None: ...
-
-    async def publish_message(self, pubsub_topic: str, message: WakuMessage) -> bytes: ...
-
-    async def mesh_peers(self, topic: str) -> list[str]: ...
-
-    async def connected_peers(self) -> list[str]: ...
-
-    async def peer_host(self, peer: str) -> str | None:
-        """The IP address ``peer`` is connected from; None if it is not connected."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -135,7 +114,7 @@ class LightServices:
     def __init__(
         self,
         node: ServedNode,
-        host: LightHost,
+        host: WakuNode,
         config: LightConfig,
         *,
         clock: Callable[[], float] = time.monotonic,

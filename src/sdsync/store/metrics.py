@@ -5,20 +5,22 @@ one process (tests, benchmarks) never share or collide on counters.  The Store S
 counters are defined now, with their final names, and are incremented by the sync
 component once it is mounted.
 
-The libp2p host keeps its own counters (plain ``Counter``s on
-:class:`~sdsync.transport.libp2p.Libp2pTransport`, written on its trio thread): a node
-with a host exports them through :class:`Libp2pCollector`, which reads them when
-``/metrics`` is scraped, so they are never counted twice nor copied on every event.
+The Waku node keeps its own counters (:class:`~sdsync.transport.waku_node.WakuCounters`:
+plain ``Counter``s on :class:`~sdsync.transport.libp2p.Libp2pTransport`, written on its
+trio thread): a store node on a Waku node exports them through :class:`Libp2pCollector`,
+which reads them when ``/metrics`` is scraped, so they are never counted twice nor copied
+on every event.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Protocol
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
+
+from sdsync.transport.waku_node import WakuCounters
 
 
 class StoreMetrics:
@@ -128,7 +130,7 @@ class StoreMetrics:
             registry=r,
         )
 
-    def export_libp2p(self, host: Libp2pCounters) -> None:
+    def export_libp2p(self, host: WakuCounters) -> None:
         """Export ``host``'s counters on this registry (:class:`Libp2pCollector`)."""
         self.registry.register(Libp2pCollector(host))
 
@@ -140,29 +142,7 @@ class StoreMetrics:
         self.refused.labels(route=route, reason=reason).inc()
 
 
-class Libp2pCounters(Protocol):
-    """The counters of a libp2p host (:class:`~sdsync.transport.libp2p.Libp2pTransport`'s
-    attributes of these names): counts by reason or by protocol id."""
-
-    @property
-    def rejected(self) -> Mapping[str, int]: ...
-    @property
-    def connections_refused(self) -> Mapping[str, int]: ...
-    @property
-    def stream_timeouts(self) -> Mapping[str, int]: ...
-    @property
-    def stream_failures(self) -> Mapping[str, int]: ...
-    @property
-    def streams_refused(self) -> Mapping[str, int]: ...
-    @property
-    def push_streams(self) -> Mapping[str, int]: ...
-    @property
-    def push_retries(self) -> Mapping[str, int]: ...
-    @property
-    def pushes_resent(self) -> Mapping[str, int]: ...
-
-
-# (attribute of Libp2pCounters and metric name, its label, its help)
+# (attribute of WakuCounters and metric name, its label, its help)
 LIBP2P_COUNTERS = (
     ("rejected", "reason", "Frames and requests from peers rejected as bad data."),
     (
@@ -196,7 +176,7 @@ class Libp2pCollector(Collector):
     """The libp2p host's counters as ``sdsync_store_libp2p_<name>_total{reason|protocol}``,
     read at scrape time."""
 
-    def __init__(self, host: Libp2pCounters) -> None:
+    def __init__(self, host: WakuCounters) -> None:
         self.host = host
 
     def collect(self) -> Iterator[CounterMetricFamily]:

@@ -13,17 +13,19 @@ background tasks:
 * *Store Sync* (:mod:`sdsync.store.sync`) answers peers' sync sessions under ``/sync/``
   and, when store peers are configured, runs a round with a random one every
   ``sync.interval_s`` (the first one interval after start: resume covers the start);
-* when a relay (a p2p transport that hands out whole WakuMessages, such as
-  :class:`~sdsync.transport.libp2p.Libp2pTransport`) and pubsub topics are configured,
-  one *relay* task per topic archives every message heard on it;
-* when a libp2p host is given (``sdsync store serve`` gives its relay's), the node
-  answers ``/vac/waku/store-query/3.0.0`` on it
-  (:func:`~sdsync.store.waku_store.answer_store_query`: the query engine of the REST API)
-  and exports the host's counters (refused connections, rejected frames, stream
-  timeouts...) on ``/metrics`` (:class:`~sdsync.store.metrics.Libp2pCollector`);
-* when a light-client host is given (the same relay), the node is a service node for
-  light clients (:class:`~sdsync.store.light.LightServices`): LightPush publishes on the
-  relay and archives, Filter pushes every message the relay or LightPush brings.
+* when it runs on a Waku node (``waku``: a
+  :class:`~sdsync.transport.waku_node.WakuNode`, such as the
+  :class:`~sdsync.transport.libp2p.Libp2pTransport` ``sdsync store serve`` starts, or a
+  :class:`~sdsync.transport.memory_waku.MemoryWakuNode` in tests):
+
+  - one *relay* task per configured pubsub topic archives every message heard on it;
+  - the node answers ``/vac/waku/store-query/3.0.0`` on it
+    (:func:`~sdsync.store.waku_store.answer_store_query`: the query engine of the REST
+    API) and exports the node's counters (refused connections, rejected frames, stream
+    timeouts...) on ``/metrics`` (:class:`~sdsync.store.metrics.Libp2pCollector`);
+  - with ``light``, it is a service node for light clients
+    (:class:`~sdsync.store.light.LightServices`): LightPush publishes on the relay and
+    archives, Filter pushes every message the relay or LightPush brings.
 
 Every path that adds messages — HTTP ingestion, Store Resume, a relay subscription,
 LightPush and Store Sync — goes through :meth:`~sdsync.store.host.ArchiveHost.ingest`, which counts
@@ -53,19 +55,18 @@ import random
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from aiohttp import web
 
-from sdsync.errors import RemoteProtocolError
+from sdsync.errors import LocalProtocolError, RemoteProtocolError
 from sdsync.store.archive import Archive, ArchiveUnavailable
 from sdsync.store.host import ArchiveHost, QueriesBusy
-from sdsync.store.light import LightConfig, LightHost, LightServices
-from sdsync.store.metrics import Libp2pCounters
+from sdsync.store.light import LightConfig, LightServices
 from sdsync.store.model import (
     InvalidMessageError,
     Page,
@@ -79,7 +80,9 @@ from sdsync.store.server import HttpLimits, HttpServer, create_app
 from sdsync.store.sync import PREFIX as SYNC_PREFIX
 from sdsync.store.sync import PeriodicSync, SyncConfig, responder_app
 from sdsync.store.waku_store import AnswerBudget, AnswerLimits, answer_store_query
-from sdsync.wire.waku import DEFAULT_TIMESTAMP_VARIANCE_S, WakuMessage
+from sdsync.transport.base import Envelope
+from sdsync.transport.waku_node import WakuNode
+from sdsync.wire.waku import DEFAULT_TIMESTAMP_VARIANCE_S
 from sdsync.wire.waku_protocols import STORE_QUERY_PROTOCOL
 
 logger = logging.getLogger("sdsync.store")
@@ -103,46 +106,15 @@ class NodeConfig:
     """Sub-applications to serve under a path prefix (one at ``/sync/`` replaces Store Sync's)."""
     sync: SyncConfig = field(default_factory=SyncConfig)
     relay_topics: tuple[str, ...] = ()
-    """Pubsub topics to archive from the relay, when the node has one."""
+    """Pubsub topics to archive from the relay, when the node runs on a Waku node."""
     timestamp_variance_s: float = DEFAULT_TIMESTAMP_VARIANCE_S
     """How far ahead of the node's clock an ingested message's timestamp may be."""
     light: LightConfig = field(default_factory=LightConfig)
-    """What LightPush and Filter serve, when the node has a light-client host."""
+    """What LightPush and Filter serve, when the node serves light clients."""
     http: HttpLimits = field(default_factory=HttpLimits)
     """Time bounds of the HTTP API's connections."""
     store_answers: AnswerLimits = field(default_factory=AnswerLimits)
     """Bytes of store-query answers in flight over libp2p, per peer and in all."""
-
-
-class Envelope(Protocol):
-    """A whole publication: the WakuMessage and the pubsub topic it was heard on."""
-
-    @property
-    def pubsub_topic(self) -> str: ...
-
-    @property
-    def message(self) -> WakuMessage: ...
-
-
-class Relay(Protocol):
-    """The p2p side of a store: every message published on a pubsub topic."""
-
-    def subscribe_envelopes(self, topic: str) -> AsyncIterator[Envelope]: ...
-
-
-class StreamServer(Libp2pCounters, Protocol):
-    """The request/response side of a libp2p host: ``handler(peer, request)`` answers
-    each request frame of ``protocol_id`` with a frame (the host frames, bounds and times
-    the exchange within ``timeout_s``, and refuses bad frames itself); and its counters,
-    which the node exports on ``/metrics`` (``sdsync_store_libp2p_*``)."""
-
-    async def serve(
-        self,
-        protocol_id: str,
-        handler: Callable[[str, bytes], Awaitable[bytes | None]],
-        *,
-        timeout_s: float = ...,
-    ) -> None: ...
 
 
 class StoreNode(ArchiveHost):
@@ -153,17 +125,20 @@ class StoreNode(ArchiveHost):
         *,
         clock_ns: Callable[[], int] = time.time_ns,
         rng: random.Random | None = None,
-        relay: Relay | None = None,
-        libp2p: StreamServer | None = None,
-        light: LightHost | None = None,
+        waku: WakuNode | None = None,
+        light: bool = False,
     ) -> None:
+        """A node on ``archive``; on ``waku`` it also archives relay, answers store query
+        and exports the node's counters, and with ``light`` serves light clients there
+        (``config.light``)."""
+        if light and waku is None:
+            raise LocalProtocolError("light-client services need a Waku node to run on")
         self._executor = ThreadPoolExecutor(config.threads, thread_name_prefix="archive")
         super().__init__(archive, executor=self._executor)
-        self.relay = relay
-        self.libp2p = libp2p
-        if libp2p is not None:
-            self.metrics.export_libp2p(libp2p)
-        self.light = None if light is None else LightServices(self, light, config.light)
+        self.waku = waku
+        if waku is not None:
+            self.metrics.export_libp2p(waku)
+        self.light = LightServices(self, waku, config.light) if waku is not None and light else None
         self.store_answers = AnswerBudget(config.store_answers)
         self.config = config
         self.last_online = LastOnline(config.data_dir / "last_online")
@@ -209,14 +184,13 @@ class StoreNode(ArchiveHost):
         if self.sync is not None and config.sync.interval_s is not None:
             rounds = self._every(config.sync.interval_s, self.sync.round, wait_first=True)
             self._tasks.append(self._spawn(rounds, "sync"))
-        if self.relay is not None:
+        if self.waku is not None:
             for topic in config.relay_topics:
-                envelopes = self.relay.subscribe_envelopes(topic)
+                envelopes = self.waku.subscribe_envelopes(topic)
                 self._tasks.append(self._spawn(self._archive_relay(envelopes), f"relay {topic}"))
-        if self.libp2p is not None:
             # The answer budget refills over the longest an answer can be held: the
             # stream's deadline is that same span.
-            await self.libp2p.serve(
+            await self.waku.serve(
                 STORE_QUERY_PROTOCOL,
                 self._answer_store_query,
                 timeout_s=self.store_answers.limits.hold_s,

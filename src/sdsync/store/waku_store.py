@@ -47,8 +47,8 @@ ReliableChannel fetches missing messages by hash from any Waku store peer), over
 ``request(protocol_id, payload) -> response`` callable that carries one request body to
 a peer and returns its response body (the transport frames both; bind the peer and the
 response limit :data:`~sdsync.wire.waku_protocols.MAX_STORE_RESPONSE_BYTES` into it).
-:meth:`WakuStoreClient.over` does that binding for a libp2p host such as
-:class:`~sdsync.transport.libp2p.Libp2pTransport`.
+:meth:`WakuStoreClient.over` does that binding for any Waku node
+(:class:`~sdsync.transport.waku_node.WakuRequester`: a relay node, a light client).
 """
 
 from __future__ import annotations
@@ -58,7 +58,6 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, fields, replace
-from typing import Protocol
 
 from sdsync.errors import RemoteProtocolError
 from sdsync.store.client import StoreQueries, StoreUnavailableError, check_status
@@ -73,6 +72,7 @@ from sdsync.store.model import (
     refusal_reason,
 )
 from sdsync.transport.ratelimit import PeerBuckets, RateLimit, TokenBucket
+from sdsync.transport.waku_node import WakuRequester
 from sdsync.wire.waku_protocols import (
     MAX_RPC_BYTES,
     MAX_STORE_RESPONSE_BYTES,
@@ -90,22 +90,6 @@ Request = Callable[[str, bytes], Awaitable[bytes]]
 """Carry a request body to a store peer under a protocol id; its response body."""
 QUERY_TIMEOUT_S = 10.0
 """How long :meth:`WakuStoreClient.over` gives a store peer to answer, dialling included."""
-
-
-class StreamRequester(Protocol):
-    """The asking side of a libp2p host (:meth:`~sdsync.transport.libp2p.Libp2pTransport.request`):
-    one request frame to ``peer`` (a multiaddr with ``/p2p/<id>``, or a connected peer's
-    id), its answer's body back."""
-
-    async def request(
-        self,
-        peer: str,
-        protocol_id: str,
-        payload: bytes,
-        *,
-        max_response_bytes: int,
-        timeout_s: float,
-    ) -> bytes: ...
 
 
 # -- serving
@@ -242,7 +226,7 @@ class WakuStoreClient(StoreQueries):
 
     @classmethod
     def over(
-        cls, host: StreamRequester, peer: str, *, timeout_s: float = QUERY_TIMEOUT_S
+        cls, host: WakuRequester, peer: str, *, timeout_s: float = QUERY_TIMEOUT_S
     ) -> WakuStoreClient:
         """The store peer ``peer`` asked through ``host``, which dials it when asked;
         an answer must come within ``timeout_s`` and fit

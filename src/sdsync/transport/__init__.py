@@ -1,12 +1,21 @@
-"""Transports: how SDS bytes travel between participants."""
+"""Transports: how SDS bytes travel between participants, and the Waku node contract
+(:mod:`sdsync.transport.waku_node`) that the store and the chat run on."""
 
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from sdsync.transport.base import Envelope, Received, Transport
+from sdsync.transport.base import Envelope, Received, Transport, WakuRelayConfig
 from sdsync.transport.memory import MemoryNetwork, MemoryTransport
+from sdsync.transport.memory_waku import MemoryWakuNode
+from sdsync.transport.waku_node import (
+    WakuClient,
+    WakuCounters,
+    WakuHost,
+    WakuNode,
+    WakuRequester,
+)
 
 if TYPE_CHECKING:
     from sdsync.transport.libp2p import Libp2pTransport
@@ -17,9 +26,16 @@ __all__ = [
     "Libp2pTransport",
     "MemoryNetwork",
     "MemoryTransport",
+    "MemoryWakuNode",
     "Received",
     "Transport",
+    "WakuClient",
+    "WakuCounters",
+    "WakuHost",
     "WakuLightTransport",
+    "WakuNode",
+    "WakuRelayConfig",
+    "WakuRequester",
 ]
 
 # py-libp2p takes about a second to import: load it only for those who use it.

@@ -87,7 +87,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, Generic, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
 
 import multiaddr
 import trio
@@ -97,24 +97,23 @@ from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 
 from sdsync.errors import LocalProtocolError, ProtocolNotSupportedError, RemoteProtocolError
 from sdsync.lifecycle import AsyncLifecycle
-from sdsync.transport.base import Envelope, Received, default_content_topic
+from sdsync.transport.base import Envelope, Received, WakuRelayConfig, default_content_topic
 from sdsync.transport.libp2p_host import RelayTrioHost, TrioHost, run_host
 from sdsync.transport.libp2p_patches import ConnectionLimits
 from sdsync.transport.libp2p_shared import (
     GossipParams,
-    Handler,
     Handover,
     HostSettings,
     HostState,
     LoopSide,
-    PushHandler,
-    WakuRelayConfig,
 )
 from sdsync.transport.ratelimit import DEFAULT_RELAY_RATE, RateLimit
+from sdsync.transport.waku_node import Handler, PushHandler, WakuHost, WakuNode
 from sdsync.wire.waku import DEFAULT_TIMESTAMP_VARIANCE_S, MAX_WAKU_MESSAGE_BYTES, WakuMessage
 from sdsync.wire.waku_protocols import MAX_RPC_BYTES, WakuMetadata
 
-# The settings' types live with the state the trio thread shares; users import them here.
+# The settings' types live with the state the trio thread shares (WakuRelayConfig in
+# transport.base, for the hosts without py-libp2p too); users import them here.
 __all__ = [
     "DEFAULT_RELAY_RATE",
     "KEY_SIZE",
@@ -704,3 +703,8 @@ class _QueueIterator(AsyncIterator[T]):
             self._queue.put_nowait(None)  # stay ended for repeated calls
             raise StopAsyncIteration
         return item
+
+
+if TYPE_CHECKING:  # mypy holds the transport to the contract the store and chat are typed with
+    _RELAY_NODE: type[WakuNode] = Libp2pTransport
+    _LIGHT_HOST: type[WakuHost] = Libp2pTransport

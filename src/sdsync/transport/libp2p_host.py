@@ -130,8 +130,9 @@ from sdsync.transport.libp2p_patches import (
     WakuGossipSub,
     remote_ip,
 )
-from sdsync.transport.libp2p_shared import Handler, HostState, LoopSide
+from sdsync.transport.libp2p_shared import HostState, LoopSide
 from sdsync.transport.ratelimit import PeerBuckets
+from sdsync.transport.waku_node import Handler
 from sdsync.wire.waku import WakuMessage, check_relayable, decode_waku_message
 from sdsync.wire.waku_protocols import (
     METADATA_PROTOCOL,
@@ -156,10 +157,10 @@ _ROOM_POLL_S = 0.005
 T = TypeVar("T")
 _METADATA_TIMEOUT_S = 10.0
 #: ``(peer_id, request) -> answer`` on the trio thread: a served protocol's responder
-#: (a :data:`~sdsync.transport.libp2p_shared.Handler` is the asyncio loop's).
+#: (a :data:`~sdsync.transport.waku_node.Handler` is the asyncio loop's).
 Responder = Callable[[str, bytes], Awaitable[bytes | None]]
 #: ``(peer_id, frame) -> None`` on the trio thread: where the frames of served push
-#: streams go (a :data:`~sdsync.transport.libp2p_shared.PushHandler` is the loop's).
+#: streams go (a :data:`~sdsync.transport.waku_node.PushHandler` is the loop's).
 Receiver = Callable[[str, bytes], Awaitable[object]]
 #: Streams of one protocol one peer may hold open with us at once; more are reset. A
 #: js-waku or go-waku peer holds one or two; our own push lanes one.

@@ -34,7 +34,7 @@ import asyncio
 import logging
 import threading
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -43,25 +43,14 @@ from libp2p.crypto.keys import KeyPair
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
-from sdsync.errors import LocalProtocolError
-from sdsync.transport.base import Envelope, Received
+from sdsync.transport.base import Envelope, Received, WakuRelayConfig
 from sdsync.transport.libp2p_patches import MESSAGE_CACHE_BYTES, ConnectionLimits
 from sdsync.transport.ratelimit import RateLimit
-from sdsync.wire.waku_protocols import (
-    SHARD_TOPIC_PREFIX,
-    TWN_CLUSTER_ID,
-    TWN_SHARD_COUNT,
-    parse_content_topic,
-    shard_pubsub_topic,
-)
+from sdsync.transport.waku_node import Handler, PushHandler
 
 logger = logging.getLogger("sdsync.transport.libp2p")
 
 T = TypeVar("T")
-#: ``(peer_id, request) -> answer`` on the asyncio loop: a served protocol's handler.
-Handler = Callable[[str, bytes], Awaitable[bytes | None]]
-#: ``(peer_id, frame) -> None`` on the asyncio loop: where served push frames go.
-PushHandler = Callable[[str, bytes], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,31 +68,6 @@ class GossipParams:
     # or restart).
     redial_interval_s: float = 1.0
     dial_timeout_s: float = 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class WakuRelayConfig:
-    """Which Waku cluster :class:`~sdsync.transport.libp2p.Libp2pTransport` relays on,
-    and how content topics map to shards — all on ``shard`` (static sharding), or
-    autosharded over ``shard_count`` shards when ``shard`` is None (The Waku Network:
-    cluster 1, 8)."""
-
-    cluster_id: int = TWN_CLUSTER_ID
-    shard: int | None = None
-    shard_count: int = TWN_SHARD_COUNT
-
-    def __post_init__(self) -> None:
-        if self.cluster_id < 0 or self.shard_count < 1:
-            raise LocalProtocolError(f"no cluster {self.cluster_id} of {self.shard_count} shards")
-        if self.shard is not None and self.shard < 0:
-            raise LocalProtocolError(f"no shard {self.shard}")
-
-    def pubsub_topic(self, content_topic: str) -> str:
-        """The pubsub topic ``/waku/2/rs/<cluster>/<shard>`` that carries ``content_topic``."""
-        if self.shard is not None:
-            parse_content_topic(content_topic)  # well-formed all the same
-            return shard_pubsub_topic(self.cluster_id, self.shard)
-        return parse_content_topic(content_topic).pubsub_topic(self.cluster_id, self.shard_count)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,12 +99,8 @@ class HostSettings:
     seed: int | None
 
     def route(self, topic: str) -> tuple[str, str | None]:
-        """The pubsub topic that carries the caller's ``topic``, and the content topic
-        its subscribers want (None: every one)."""
-        if topic.startswith(SHARD_TOPIC_PREFIX):
-            return topic, None
-        content_topic = self.content_topic(topic)
-        return self.waku.pubsub_topic(content_topic), content_topic
+        """:meth:`~sdsync.transport.base.WakuRelayConfig.route` with our content topics."""
+        return self.waku.route(topic, self.content_topic)
 
 
 @dataclass(eq=False, slots=True)

@@ -4,6 +4,10 @@ Each copy of a publication is decided on its own: lost (independently, or in bur
 a Gilbert–Elliott receiver state), delayed by latency plus jitter (so copies reorder),
 duplicated, or cut off by a partition. One ``seed`` fixes every decision; delivery uses
 the running event loop's timers, so wall-clock interleaving still varies.
+
+The same network also holds Waku nodes (:meth:`MemoryNetwork.waku_node`,
+:mod:`sdsync.transport.memory_waku`): the whole Waku node contract — relay envelopes,
+request/response and pushes between nodes, peers — without faults, in order.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from sdsync.errors import LocalProtocolError
-from sdsync.transport.base import Received
+from sdsync.transport.base import Received, WakuRelayConfig
+from sdsync.transport.memory_waku import MemoryWakuNode, Peers
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,9 +48,22 @@ class MemoryNetwork:
         self._burst_bad: dict[str, bool] = {}
         self.copies = 0
         self.dropped = 0
+        self._waku_nodes: Peers = {}
 
     def transport(self, name: str) -> MemoryTransport:
         return MemoryTransport(self, name)
+
+    def waku_node(
+        self,
+        name: str,
+        *,
+        ip: str = "127.0.0.1",
+        relay: bool = True,
+        waku: WakuRelayConfig | None = None,
+    ) -> MemoryWakuNode:
+        """A Waku node named ``name`` (unique in the network), connecting from ``ip``;
+        ``relay=False`` makes a light client's host."""
+        return MemoryWakuNode(self._waku_nodes, name, ip=ip, relay=relay, waku=waku)
 
     def partition(self, *groups: list[str]) -> None:
         """Only members of the same group hear each other (others form group 0)."""

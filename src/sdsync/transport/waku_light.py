@@ -6,11 +6,14 @@ A Waku light client joins no gossipsub mesh: it asks *service nodes* (nwaku, go-
 ``sdsync store serve``) to publish for it (19/WAKU2-LIGHTPUSH) and to push it what is
 published on its content topics (12/WAKU2-FILTER v2). :class:`WakuLightTransport` is
 such a client behind the :class:`~sdsync.transport.Transport` contract, so a
-ReliableChannel runs over it as over relay. Its libp2p host is a
-:class:`~sdsync.transport.libp2p.Libp2pTransport` made with ``relay=False``: it mounts no
+ReliableChannel runs over it as over relay (it is a
+:class:`~sdsync.transport.waku_node.WakuClient`, as a relay node is). It runs on a
+:class:`~sdsync.transport.waku_node.WakuHost`, the ``host`` given (a
+:class:`~sdsync.transport.memory_waku.MemoryWakuNode` in tests) or else one it makes: a
+:class:`~sdsync.transport.libp2p.Libp2pTransport` with ``relay=False``, which mounts no
 gossipsub at all (a relay peer would otherwise queue it every publication, in case it
 subscribed), but names the shards of its content topics in its metadata (go-waku on
-cluster 1 drops a peer that names none).
+cluster 1 drops a peer that names none). Either way the transport starts and closes it.
 
 *Publishing.* :meth:`~WakuLightTransport.publish` wraps the SDS bytes in a WakuMessage
 (the channel's content topic, a fresh timestamp), returns its Waku message hash at once
@@ -67,13 +70,14 @@ import uuid
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import multiaddr
 
 from sdsync.errors import LocalProtocolError, ProtocolNotSupportedError, RemoteProtocolError
 from sdsync.lifecycle import AsyncLifecycle
-from sdsync.transport.base import Received, default_content_topic
-from sdsync.transport.libp2p import Libp2pTransport, WakuRelayConfig
+from sdsync.transport.base import Received, WakuRelayConfig, default_content_topic
+from sdsync.transport.waku_node import WakuClient, WakuHost
 from sdsync.wire.waku import MAX_WAKU_MESSAGE_BYTES, WakuMessage
 from sdsync.wire.waku_protocols import (
     FILTER_PUSH_PROTOCOL,
@@ -408,7 +412,9 @@ class WakuLightTransport(AsyncLifecycle):
         max_message_bytes: int = MAX_WAKU_MESSAGE_BYTES,
         recent_hashes: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
+        host: WakuHost | None = None,
     ) -> None:
+        """``listen`` and ``key`` are those of the host made when no ``host`` is given."""
         if not 0.0 <= drop_rate <= 1.0:
             raise LocalProtocolError("drop_rate must be a probability")
         self.services = [ServiceNode.parse(address) for address in services]
@@ -418,13 +424,17 @@ class WakuLightTransport(AsyncLifecycle):
         self.content_topic = content_topic
         self.drop_rate = drop_rate
         self.max_message_bytes = max_message_bytes
-        self.host: Libp2pTransport = Libp2pTransport(
-            listen=listen,
-            key=key,
-            waku=self.waku,
-            announce_shards=announced_shards(self.waku, topics, content_topic),
-            relay=False,
-        )
+        if host is None:
+            from sdsync.transport.libp2p import Libp2pTransport  # py-libp2p: a second to load
+
+            host = Libp2pTransport(
+                listen=listen,
+                key=key,
+                waku=self.waku,
+                announce_shards=announced_shards(self.waku, topics, content_topic),
+                relay=False,
+            )
+        self.host = host
         self.peer_id = self.host.peer_id
         self._by_peer = {service.peer_id: index for index, service in enumerate(self.services)}
         self._rng = random.Random(seed)
@@ -821,3 +831,7 @@ async def _drain(queue: asyncio.Queue[Received | None]) -> AsyncIterator[Receive
     while (item := await queue.get()) is not None:
         yield item
     queue.put_nowait(None)  # stay ended for another reader
+
+
+if TYPE_CHECKING:  # mypy holds the light client to the contract a chat is typed with
+    _CONTRACT: type[WakuClient] = WakuLightTransport

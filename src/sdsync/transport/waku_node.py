@@ -1,0 +1,176 @@
+"""The Waku node contract: what the store and the chat ask of a Waku node, declared once.
+
+Theory of operation
+-------------------
+A Waku node is a libp2p host that relays WakuMessages on pubsub topics and speaks the
+Waku request/response protocols (store query, LightPush, Filter) on protocol ids. What
+its users need of it comes in parts, each a :class:`typing.Protocol` that the node
+satisfies structurally (no base class to inherit), the smaller ones inside the larger:
+
+* :class:`WakuRequester` — one request frame to a peer, its answer back: what a store
+  client asks a store peer through (:meth:`sdsync.store.WakuStoreClient.over`);
+* :class:`WakuClient` — the :class:`~sdsync.transport.base.Transport` contract
+  (publish/subscribe SDS bytes), a requester, and its connected and mesh peers: what a
+  chat runs on, be it a relay node or a light client
+  (:class:`~sdsync.transport.waku_light.WakuLightTransport`, whose "mesh" is the
+  services holding its Filter subscription);
+* :class:`WakuHost` — the streams side of a host, relaying or not: it serves protocol
+  ids, takes and sends pushes, knows its connections and where each comes from; what
+  a light client runs on (a :class:`~sdsync.transport.libp2p.Libp2pTransport` made with
+  ``relay=False``);
+* :class:`WakuCounters` — what the host counts of its peers' misbehaviour, which a
+  store node exports on ``/metrics``;
+* :class:`WakuNode` — all of them and relay envelopes in and out: what a store node
+  archives from, serves store query, LightPush and Filter on, and exports.
+
+:class:`~sdsync.transport.libp2p.Libp2pTransport` is a WakuNode over py-libp2p;
+:class:`~sdsync.transport.memory_waku.MemoryWakuNode` is one in memory, for tests.
+
+What every implementation promises:
+
+* *Peers* are named by their peer id, or by a multiaddr ending in ``/p2p/<id>``, which
+  is dialled first; a request or push to a peer id we hold no connection to, or to an
+  address that cannot be reached, raises ``ConnectionError``.
+* *Requests* carry one uvarint-length-prefixed frame each way
+  (:func:`~sdsync.wire.waku_protocols.encode_frame`). :meth:`WakuRequester.request`
+  raises ``TimeoutError`` past ``timeout_s``,
+  :class:`~sdsync.errors.RemoteProtocolError` for an answer above
+  ``max_response_bytes``, truncated or missing (a handler that answered None),
+  :class:`~sdsync.errors.ProtocolNotSupportedError` if the peer does not serve the
+  protocol id, and ``ConnectionError`` if the exchange broke (the server reset it: a
+  request over its bound, its deadline passed, its handler failed).
+* *Serving*: :meth:`WakuHost.serve` runs ``handler(peer_id, request)`` on the caller's
+  asyncio loop for each request frame; the host refuses a request above
+  ``max_request_bytes`` or truncated (counted in ``rejected`` by reason) and one not
+  answered within ``timeout_s`` (``stream_timeouts`` by protocol id), and a handler's
+  exception resets the exchange (``stream_failures``). Pushes
+  (:meth:`WakuHost.push`, Filter's MessagePush) are unanswered frames that reach the
+  receiver's :meth:`WakuHost.serve_pushes` handler in the order sent to it.
+* *Closed*, or not started, a node raises :class:`~sdsync.errors.LocalProtocolError`
+  (our caller's misuse), as a relay-less host does when asked to relay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Protocol
+
+from sdsync.transport.base import Envelope, Transport
+from sdsync.wire.waku import WakuMessage
+
+Handler = Callable[[str, bytes], Awaitable[bytes | None]]
+"""``(peer_id, request) -> answer`` on the asyncio loop: a served protocol's handler
+(None: no answer)."""
+PushHandler = Callable[[str, bytes], Awaitable[None]]
+"""``(peer_id, frame) -> None`` on the asyncio loop: where served push frames go."""
+
+
+class WakuRequester(Protocol):
+    """The asking side of a Waku node."""
+
+    async def request(
+        self,
+        peer: str,
+        protocol_id: str,
+        payload: bytes,
+        *,
+        max_response_bytes: int = ...,
+        timeout_s: float = ...,
+    ) -> bytes:
+        """Send ``payload`` as one frame to ``peer`` on ``protocol_id``; the answer frame's
+        body (errors: see the module)."""
+        ...
+
+
+class WakuClient(Transport, WakuRequester, Protocol):
+    """What a chat runs on: a relay node or a light client."""
+
+    async def connected_peers(self) -> list[str]:
+        """The ids of the peers we hold a connection to."""
+        ...
+
+    async def mesh_peers(self, topic: str) -> list[str]:
+        """The peers a publication on ``topic`` goes to now (for a light client, the
+        services holding its subscription)."""
+        ...
+
+
+class WakuHost(WakuRequester, Protocol):
+    """The streams side of a Waku node, relaying or not: what a light client runs on."""
+
+    @property
+    def peer_id(self) -> str: ...
+
+    @property
+    def listen_addrs(self) -> list[str]:
+        """Where peers reach us: multiaddrs ending in ``/p2p/<peer_id>``."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def serve(
+        self,
+        protocol_id: str,
+        handler: Handler,
+        *,
+        max_request_bytes: int = ...,
+        timeout_s: float = ...,
+    ) -> None:
+        """Answer each request frame of ``protocol_id`` with ``handler``."""
+        ...
+
+    async def serve_pushes(
+        self, protocol_id: str, handler: PushHandler, *, max_frame_bytes: int = ...
+    ) -> None:
+        """Hand each frame pushed to us on ``protocol_id`` to ``handler``, in order."""
+        ...
+
+    async def push(
+        self, peer: str, protocol_id: str, payload: bytes, *, timeout_s: float = ...
+    ) -> None:
+        """Send ``payload`` as one unanswered frame; raises as
+        :meth:`WakuRequester.request` does."""
+        ...
+
+    async def connected_peers(self) -> list[str]: ...
+
+    async def peer_host(self, peer: str) -> str | None:
+        """The IP address ``peer`` is connected from (what per-host limits count); None
+        if it is not connected."""
+        ...
+
+
+class WakuCounters(Protocol):
+    """What a Waku node counts of its peers, by reason or by protocol id (their meaning:
+    :data:`sdsync.store.metrics.LIBP2P_COUNTERS`)."""
+
+    @property
+    def rejected(self) -> Mapping[str, int]: ...
+    @property
+    def connections_refused(self) -> Mapping[str, int]: ...
+    @property
+    def stream_timeouts(self) -> Mapping[str, int]: ...
+    @property
+    def stream_failures(self) -> Mapping[str, int]: ...
+    @property
+    def streams_refused(self) -> Mapping[str, int]: ...
+    @property
+    def push_streams(self) -> Mapping[str, int]: ...
+    @property
+    def push_retries(self) -> Mapping[str, int]: ...
+    @property
+    def pushes_resent(self) -> Mapping[str, int]: ...
+
+
+class WakuNode(WakuClient, WakuHost, WakuCounters, Protocol):
+    """A Waku relay node: what a store node runs on."""
+
+    def subscribe_envelopes(self, topic: str) -> AsyncIterator[Envelope]:
+        """Whole WakuMessages published on the pubsub topic ``topic`` by other peers."""
+        ...
+
+    async def publish_message(self, pubsub_topic: str, message: WakuMessage) -> bytes:
+        """Relay ``message`` as it is on ``pubsub_topic``; its Waku message hash."""
+        ...
