@@ -202,9 +202,10 @@ def test_the_circle_check_sees_every_kind_of_import(tmp_path: Path) -> None:
     }
 
 
-# Private members across files: the transport's two threads share one HostState
-# (transport/libp2p_shared.py) instead of reading each other's members.
-LIBP2P_FILES = ("libp2p.py", "libp2p_host.py", "libp2p_shared.py")
+# Private members across files: no module reads what another keeps private (the
+# transport's two threads, for one, share a HostState in transport/libp2p_shared.py).
+# The one module that patches py-libp2p reaches into its internals by design.
+PATCHES = "transport/libp2p_patches.py"
 
 
 def private_members(tree: ast.AST) -> set[str]:
@@ -227,13 +228,18 @@ def private_members(tree: ast.AST) -> set[str]:
     return {n for n in names if n.startswith("_") and not n.startswith("__")}
 
 
-def foreign_private_reads(folder: Path, files: tuple[str, ...]) -> list[str]:
+def foreign_private_reads(
+    folder: Path, files: tuple[str, ...], *, trusted: tuple[str, ...] = ()
+) -> list[str]:
     """``file: x._name`` for each read, on anything but ``self``, of a private member
-    that another of ``files`` defines and this one does not."""
+    that another of ``files`` defines and this one does not (reads in ``trusted`` files
+    are not looked at)."""
     trees = {name: ast.parse((folder / name).read_text()) for name in files}
     privates = {name: private_members(tree) for name, tree in trees.items()}
     found = []
     for name, tree in trees.items():
+        if name in trusted:
+            continue
         theirs = set().union(*(p for other, p in privates.items() if other != name))
         for node in ast.walk(tree):
             if (
@@ -245,8 +251,9 @@ def foreign_private_reads(folder: Path, files: tuple[str, ...]) -> list[str]:
     return sorted(set(found))
 
 
-def test_the_libp2p_threads_read_no_private_member_of_each_other() -> None:
-    assert foreign_private_reads(SRC / "transport", LIBP2P_FILES) == []
+def test_no_module_reads_a_private_member_another_defines() -> None:
+    files = tuple(str(p.relative_to(SRC)) for p in sorted(SRC.rglob("*.py")))
+    assert foreign_private_reads(SRC, files, trusted=(PATCHES,)) == []
 
 
 def test_the_private_member_check_sees_a_read_across_files(tmp_path: Path) -> None:

@@ -205,6 +205,11 @@ class ReconcileSession(ABC):
         return self._start[0], end
 
     @property
+    def bounds(self) -> tuple[Bound, Bound] | None:
+        """The window as the item bounds the session compares (None until known)."""
+        return None if self._end is None else (self._start, self._end)
+
+    @property
     def done(self) -> bool:
         """True once neither side has anything left to send."""
         return self._state is _State.DONE

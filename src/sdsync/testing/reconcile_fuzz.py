@@ -330,11 +330,6 @@ class Outcome:
     """Frames ``receive`` handled in this case, continuations included."""
 
 
-def _window_of(session: ReconcileSession) -> tuple[Bound, Bound] | None:
-    end = session._end  # the harness inspects sessions
-    return None if end is None else (session._start, end)
-
-
 def _receive(
     session: ReconcileSession, store: CountingStore, frame: bytes, out: Outcome
 ) -> tuple[bool, bytes | None]:
@@ -370,7 +365,7 @@ def _receive(
     _check_scan(store, out)
     if reply is not None and len(reply) > session.max_frame_size:
         out.failures.append(f"reply of {len(reply)} bytes over the limit")
-    window = _window_of(session)
+    window = session.bounds
     for item in session.have[have:]:
         if not store.holds(item) or (window and not window[0] <= item < window[1]):
             out.failures.append(f"have holds {item!r}, not ours or outside the window")

@@ -791,13 +791,7 @@ class RelayTrioHost(TrioHost):
         It also queues publications for a new peer identified but not (yet) subscribed
         to their topic (:class:`~sdsync.transport.libp2p_patches.NewcomerQueues`): such
         a queue may be old, yet its peer is identified."""
-        pending = self.router._pending_messages
-        known = self.router.peer_protocol
-        return {
-            peer
-            for peer, queue in list(pending.items())
-            if queue and peer not in known and wall_now - queue[0][0] > _UNIDENTIFIED_S
-        }
+        return self.router.unidentified_since(wall_now - _UNIDENTIFIED_S)
 
     def _drop_stuck(self, peer: ID, why: str) -> None:
         assert self.nursery is not None

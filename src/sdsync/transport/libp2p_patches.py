@@ -190,6 +190,15 @@ class WakuGossipSub(GossipSub):
         super().remove_peer(peer_id)
         self._added_at.pop(peer_id, None)
 
+    def unidentified_since(self, wall_time: float) -> set[ID]:
+        """Peers the router does not know that it has held frames for since before
+        ``wall_time`` (``time.time()``, as py-libp2p stamps its pending messages)."""
+        return {
+            peer
+            for peer, queue in list(self._pending_messages.items())
+            if queue and peer not in self.peer_protocol and queue[0][0] < wall_time
+        }
+
     def _new(self, peer_id: ID) -> bool:
         """Not identified yet, or identified less than ``SUBSCRIPTION_GRACE_S`` ago."""
         if peer_id not in self.peer_protocol:
