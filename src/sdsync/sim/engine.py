@@ -2,10 +2,18 @@
 
 Theory of operation
 -------------------
-One heap of timed events drives everything: a participant publishing, a packet copy
-arriving, a participant's driver waking up, a store answering a query, churn and outages.
-Every random choice comes from one ``random.Random(seed)``, and ties in time are broken by
-a sequence number, so the same seed replays the same run bit for bit.
+One heap of timed events drives everything. Each event is one small frozen class that
+carries what it needs (the union :data:`Event`): a participant publishing
+(:class:`Publish`), a packet copy arriving (:class:`Arrival`), a participant's driver
+waking up (:class:`Wake`), a store's answer (:class:`StoreReply`) or a catch-up's listing
+(:class:`Listed`) reaching a participant, and the faults: a participant leaving or coming
+back (:class:`Churn`), a store going down or back up (:class:`StoreChurn`), the group
+splitting or healing (:class:`Partition`). The heap orders ``(time, rank, sequence,
+event)`` tuples: events due at the same time run by their class's ``rank`` (faults first,
+then copies arriving, store answers, listings, publishes, wake-ups), and then in the order
+they were scheduled, so the event itself is never compared. :meth:`Simulation.run`
+dispatches with ``match``, so each handler takes its own event class. Every random choice
+comes from one ``random.Random(seed)``, so the same seed replays the same run bit for bit.
 
 Participants run the real engine: a :class:`~sdsync.core.MessageChannel` wrapped in the
 runtime's :class:`~sdsync.runtime.ChannelDriver`, exactly as the live runtime does; the
@@ -44,6 +52,7 @@ import random
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ClassVar, assert_never
 
 from sdsync.core import BloomParams, ChannelConfig, MessageChannel, RepairConfig
 from sdsync.runtime import CatchUp, ChannelDriver, QueryStore, RuntimeConfig, Step, Transmit
@@ -58,8 +67,6 @@ from sdsync.wire.waku_protocols import (
     WakuMessageKeyValue,
 )
 
-# Event kinds in the heap, in the order they run when due at the same time.
-_CHURN, _OUTAGE, _ARRIVE, _STORE_REPLY, _LISTED, _PUBLISH, _WAKE = range(7)
 CHECK_EVERY_MS = 5_000
 
 PUBSUB_TOPIC = "/waku/2/default-waku/proto"
@@ -132,13 +139,93 @@ shares)."""
 _ARRIVAL_TIMES_KEPT = 4_096
 """Arrival times remembered for sharing (a broadcast's copies land within a second)."""
 
-_Reply = tuple[int, list[tuple[bytes, bytes]], CatchUp | None, bool]
-"""A store's answer as it reaches a participant: channel, (hint, bytes) found, the
-catch-up it answers (None: a query by hint), and whether a store answered at all."""
+# The ranks of the events due at the same time, in the order they run: a fault takes
+# effect before what else happens at that instant, and a participant wakes up last, once
+# everything that reached it then is in.
+_CHURN, _OUTAGE, _ARRIVE, _STORE_REPLY, _LISTED, _PUBLISH, _WAKE = range(7)
 
-_Listing = tuple[int, CatchUp, SimulatedStore, list[bytes]]
-"""A catch-up's listing as it reaches a participant: channel, window, the store that
-answered, and the hashes it listed."""
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """A copy of a broadcast reaches a participant."""
+
+    rank: ClassVar[int] = _ARRIVE
+    participant: int
+    packet: _Packet
+
+
+@dataclass(frozen=True, slots=True)
+class Wake:
+    """A participant's drivers are due; skipped if a sooner wake-up superseded it."""
+
+    rank: ClassVar[int] = _WAKE
+    participant: int
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    """A participant sends the workload's message ``number``."""
+
+    rank: ClassVar[int] = _PUBLISH
+    participant: int
+    number: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreReply:
+    """A store's answer reaches a participant: the (hint, bytes) found, the catch-up it
+    answers (None: a query by hint), and whether a store answered at all."""
+
+    rank: ClassVar[int] = _STORE_REPLY
+    participant: int
+    channel: int
+    found: list[tuple[bytes, bytes]]
+    window: CatchUp | None
+    answered: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Listed:
+    """A catch-up's listing reaches a participant: the store that answered and the
+    hashes it listed in the window."""
+
+    rank: ClassVar[int] = _LISTED
+    participant: int
+    channel: int
+    window: CatchUp
+    store: SimulatedStore
+    hints: list[bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class Churn:
+    """A participant goes offline (losing its volatile state or not) or comes back."""
+
+    rank: ClassVar[int] = _CHURN
+    participant: int
+    online: bool
+    lose_state: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StoreChurn:
+    """A store node goes down or comes back (a store outage starts or ends)."""
+
+    rank: ClassVar[int] = _OUTAGE
+    store: int
+    online: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Partition:
+    """The group splits: the members of each of ``groups`` hear only each other, and
+    everyone in none of them forms one more group. No groups: the partition heals."""
+
+    rank: ClassVar[int] = _OUTAGE
+    groups: tuple[tuple[int, ...], ...]
+
+
+Event = Arrival | Wake | Publish | StoreReply | Listed | Churn | StoreChurn | Partition
 
 _REQUEST_ID = "0" * 32
 """As long as the uuid4 hex a client sends."""
@@ -188,7 +275,7 @@ class Simulation:
         self.now = 0
         self.recorder = Recorder(config, record_events)
         self._progress = progress
-        self._heap: list[tuple[int, int, int, int, object]] = []
+        self._heap: list[tuple[int, int, int, Event]] = []
         self._seq = 0
         proto = config.protocol
         self.channel_config = ChannelConfig(
@@ -253,9 +340,9 @@ class Simulation:
         ]
         return Participant(index, name, drivers)
 
-    def _push(self, at: int, kind: int, target: int, payload: object = None) -> None:
+    def _push(self, at: int, event: Event) -> None:
         self._seq += 1
-        heapq.heappush(self._heap, (at, kind, self._seq, target, payload))
+        heapq.heappush(self._heap, (at, event.rank, self._seq, event))
 
     def _schedule_workload(self) -> None:
         work = self.config.workload
@@ -266,7 +353,7 @@ class Simulation:
                 sender = 0
             else:
                 sender = self.rng.randrange(n)
-            self._push(at, _PUBLISH, sender, i)
+            self._push(at, Publish(sender, i))
 
     def _schedule_faults(self) -> None:
         config = self.config
@@ -276,17 +363,17 @@ class Simulation:
             + [p.heal_ms for p in config.partitions]
             + [0]
         )
-        for churn in self.config.churn:
-            self._push(
-                churn.start_ms, _CHURN, churn.participant, (False, churn.lose_volatile_state)
-            )
-            self._push(churn.end_ms, _CHURN, churn.participant, (True, False))
-        for outage in self.config.store_outages:
-            self._push(outage.start_ms, _OUTAGE, outage.store, False)
-            self._push(outage.end_ms, _OUTAGE, outage.store, True)
-        for part in self.config.partitions:
-            self._push(part.start_ms, _OUTAGE, -1, part)
-            self._push(part.heal_ms, _OUTAGE, -1, None)
+        for churn in config.churn:
+            offline = Churn(churn.participant, online=False, lose_state=churn.lose_volatile_state)
+            self._push(churn.start_ms, offline)
+            self._push(churn.end_ms, Churn(churn.participant, online=True))
+        for outage in config.store_outages:
+            self._push(outage.start_ms, StoreChurn(outage.store, online=False))
+            self._push(outage.end_ms, StoreChurn(outage.store, online=True))
+        halves = (tuple(range(config.participants // 2)),)
+        for part in config.partitions:
+            self._push(part.start_ms, Partition(part.groups or halves))
+            self._push(part.heal_ms, Partition(()))
 
     # -------------------------------------------------------------------- run
 
@@ -299,7 +386,7 @@ class Simulation:
         next_check = 0
         heap = self._heap
         while heap:
-            at, kind, _, target, payload = heap[0]
+            at, _, _, event = heap[0]
             if at > deadline:
                 break
             if at >= next_check:
@@ -310,20 +397,25 @@ class Simulation:
                     break
             heapq.heappop(heap)
             self.now = at
-            if kind == _ARRIVE:
-                self._arrive(target, payload)  # type: ignore[arg-type]
-            elif kind == _WAKE:
-                self._wake(target)
-            elif kind == _PUBLISH:
-                self._publish(target, payload)  # type: ignore[arg-type]
-            elif kind == _STORE_REPLY:
-                self._store_reply(target, payload)  # type: ignore[arg-type]
-            elif kind == _LISTED:
-                self._listed(target, payload)  # type: ignore[arg-type]
-            elif kind == _CHURN:
-                self._churn(target, *payload)  # type: ignore[misc]
-            else:
-                self._outage(target, payload)
+            match event:  # the commonest first: each case is one isinstance check
+                case Arrival():
+                    self._arrive(event)
+                case Wake():
+                    self._wake(event)
+                case Publish():
+                    self._publish(event)
+                case StoreReply():
+                    self._store_reply(event)
+                case Listed():
+                    self._listed(event)
+                case Churn():
+                    self._churn(event)
+                case StoreChurn():
+                    self.stores[event.store].online = event.online
+                case Partition():
+                    self._partition(event)
+                case _:
+                    assert_never(event)
         self.recorder.finish(
             self.now,
             [p.online for p in self.participants],
@@ -346,8 +438,9 @@ class Simulation:
 
     # ---------------------------------------------------------------- actions
 
-    def _publish(self, index: int, number: int) -> None:
-        p = self.participants[index]
+    def _publish(self, event: Publish) -> None:
+        p = self.participants[event.participant]
+        number = event.number
         if not p.online:
             return  # an offline participant writes nothing
         channel = number % self.config.channels
@@ -356,8 +449,8 @@ class Simulation:
         self.recorder.published(p.index, channel, published.message_id)
         self._carry_out(p, channel, published.whole())
 
-    def _wake(self, index: int) -> None:
-        p = self.participants[index]
+    def _wake(self, event: Wake) -> None:
+        p = self.participants[event.participant]
         if not p.online or self.now != p.wake_at:
             return
         p.wake_at = -1
@@ -374,7 +467,7 @@ class Simulation:
         due = max(self.now, earliest)
         if p.wake_at < 0 or due < p.wake_at:
             p.wake_at = due
-            self._push(due, _WAKE, p.index)
+            self._push(due, Wake(p.index))
 
     def _carry_out(self, p: Participant, channel: int, step: Step) -> None:
         self.recorder.events(p.index, channel, step.events, self.now)
@@ -424,7 +517,7 @@ class Simulation:
             for _ in range(copies):
                 latency = self._latency(self._link_factor(sender.index, p.index))
                 at = self.now + latency
-                self._push(times.setdefault(at, at), _ARRIVE, p.index, packet)
+                self._push(times.setdefault(at, at), Arrival(p.index, packet))
         self.recorder.on_wire(action.kind, len(data), _bloom_field_size(message), on_wire)
         for store in self.stores:
             if store.online and not (net.store_loss and rng.random() < net.store_loss):
@@ -460,9 +553,10 @@ class Simulation:
             delay += net.reorder_delay_ms
         return max(1, int(delay))
 
-    def _arrive(self, index: int, packet: _Packet) -> None:
+    def _arrive(self, event: Arrival) -> None:
+        index = event.participant
         p = self.participants[index]
-        channel, message, data, hint, size = packet
+        channel, message, data, hint, size = event.packet
         if not p.online:
             self.recorder.dropped_copy(index, channel, message.message_id, "offline", self.now)
             return
@@ -490,7 +584,7 @@ class Simulation:
         )
         self._count_exchange(request, None, self._data_entries(channel, found))
         rtt = self._latency() + self._latency()
-        self._push(self.now + rtt, _STORE_REPLY, p.index, (channel, found, None, True))
+        self._push(self.now + rtt, StoreReply(p.index, channel, found, window=None))
 
     def _catch_up(self, p: Participant, channel: int, window: CatchUp) -> None:
         """Phase one: list the window's hashes, page by page."""
@@ -518,20 +612,19 @@ class Simulation:
             cursor = None if last else hints[start + size - 1]
             self._count_exchange(request, cursor, entries * _HASH_ENTRY)
             at += self._latency() + self._latency()
-        listing: _Listing = (channel, window, store, hints)
-        self._push(at, _LISTED, p.index, listing)
+        self._push(at, Listed(p.index, channel, window, store, hints))
 
-    def _listed(self, index: int, listing: _Listing) -> None:
+    def _listed(self, listing: Listed) -> None:
         """Phase two: fetch by hash what the participant has not seen, 100 per query."""
-        p = self.participants[index]
-        channel, window, store, hints = listing
+        p = self.participants[listing.participant]
+        channel, window, store = listing.channel, listing.window, listing.store
         if not p.online:
             p.drivers[channel].catch_up_failed(self.now)
             return
         if not store.online:
             self._catch_up_failed(p, channel, window)
             return
-        unseen = p.drivers[channel].unseen(hints)
+        unseen = p.drivers[channel].unseen(listing.hints)
         found = [(hint, store.by_hint[hint]) for hint in unseen]
         at = self.now
         for start in range(0, len(unseen), MAX_STORE_PAGE_SIZE):
@@ -545,11 +638,11 @@ class Simulation:
             at += self._latency() + self._latency()
         self.recorder.catch_ups += 1
         self.recorder.catch_up_fetched += len(found)
-        self._push(at, _STORE_REPLY, p.index, (channel, found, window, True))
+        self._push(at, StoreReply(p.index, channel, found, window))
 
     def _catch_up_failed(self, p: Participant, channel: int, window: CatchUp) -> None:
-        failed: _Reply = (channel, [], window, False)
-        self._push(self.now + self._latency() + self._latency(), _STORE_REPLY, p.index, failed)
+        failed = StoreReply(p.index, channel, [], window, answered=False)
+        self._push(self.now + self._latency() + self._latency(), failed)
 
     def _count_exchange(
         self, request: StoreQueryRequest, cursor: bytes | None, entries: int
@@ -575,9 +668,10 @@ class Simulation:
             total += entry
         return total
 
-    def _store_reply(self, index: int, reply: _Reply) -> None:
+    def _store_reply(self, reply: StoreReply) -> None:
+        index = reply.participant
         p = self.participants[index]
-        channel, found, window, answered = reply
+        channel, found, window = reply.channel, reply.found, reply.window
         driver = p.drivers[channel]
         if not p.online:
             for _, data in found:
@@ -609,36 +703,28 @@ class Simulation:
             self.recorder.received(p.index, channel, message, len(data), self.now, store=True)
             self._carry_out(p, channel, step)
         if window is not None:
-            if answered:
+            if reply.answered:
                 self._carry_out(p, channel, driver.caught_up(window, self.now))
             else:
                 self._carry_out(p, channel, driver.catch_up_failed(self.now))
 
     # ------------------------------------------------------------------ faults
 
-    def _churn(self, index: int, online: bool, lose_state: bool) -> None:
-        p = self.participants[index]
-        p.online = online
-        self.recorder.churned(index, online, self.now)
+    def _churn(self, event: Churn) -> None:
+        p = self.participants[event.participant]
+        p.online = online = event.online
+        self.recorder.churned(p.index, online, self.now)
         if online:
             for driver in p.drivers:
                 driver.back_online(self.now)
             p.wake_at = -1
             self._rearm(p)
-        elif lose_state:
+        elif event.lose_state:
             for driver in p.drivers:
                 driver.channel.drop_volatile_state()
 
-    def _outage(self, target: int, payload: object) -> None:
-        if target >= 0:
-            self.stores[target].online = bool(payload)
-            return
-        n = self.config.participants
-        if payload is None:
-            self._partition_of = [0] * n
-            return
-        groups = payload.groups or (tuple(range(n // 2)),)  # type: ignore[attr-defined]
-        self._partition_of = [0] * n
-        for g, members in enumerate(groups, start=1):
+    def _partition(self, event: Partition) -> None:
+        self._partition_of = [0] * self.config.participants
+        for g, members in enumerate(event.groups, start=1):
             for member in members:
                 self._partition_of[member] = g
