@@ -37,7 +37,7 @@ import multiaddr
 import trio
 from storeprocess import StoreProcess, store_serve
 from testdeps import require
-from transporttest import PATIENCE_S, until
+from transporttest import PATIENCE_S
 
 from sdsync.store import StoredMessage
 from sdsync.store.client import HttpStoreClient
@@ -290,7 +290,10 @@ async def until_counted(
                 await asyncio.sleep(0.2)
 
 
-HELD = soak_scale(260, 1_000)
+HELD = soak_scale(260, 500)
+#: Bounds the attackers' own progress: hundreds of handshakes in one thread, on a
+#: loaded machine.
+ATTACK_PATIENCE_S = 180.0
 #: The attack's connections stay this long while the honest peer probes.
 HOLD_S = 5.0
 HOLD_RSS_BUDGET = 150 * _MB
@@ -310,7 +313,9 @@ def test_row2_one_ip_holds_at_most_its_share_of_connections(tmp_path: Path) -> N
             # Each of HELD at once; one that fails tries again as another, up to 2 * HELD.
             attack = asyncio.ensure_future(attackers.run(2 * HELD, HELD, attackers.hold))
             try:
-                await until(lambda: attackers.connected + attackers.failed == 2 * HELD)
+                async with asyncio.timeout(ATTACK_PATIENCE_S):
+                    while attackers.connected + attackers.failed < 2 * HELD:
+                        await asyncio.sleep(0.05)
                 await asyncio.sleep(HOLD_S)
             finally:
                 attackers.released.set()
@@ -383,9 +388,9 @@ WAVES = soak_scale(1, 3)
 #: Longer than the node holds an unread answer (the stream's 10 s deadline).
 UNREAD_HOLD_S = 12.0
 #: Answers the node may still hold: at most twice the 256 MiB it may send per 10 s,
-#: each byte of them held about three times over on its way out (measured: +1.2 GB
-#: for one wave, +1.3 GB for three); the budget off, one wave took +2.1 GB.
-ANSWERS_RSS_BUDGET = 1536 * _MB
+#: each byte of them held about three times over on its way out (measured: +1.1 to
+#: +1.2 GB for one wave, +1.3 GB for three); the budget off, one wave took +2.1 GB.
+ANSWERS_RSS_BUDGET = 1792 * _MB
 
 
 def test_row4_unread_store_answers_are_bounded_per_peer_and_in_all(tmp_path: Path) -> None:
@@ -433,7 +438,7 @@ def test_row4_unread_store_answers_are_bounded_per_peer_and_in_all(tmp_path: Pat
         assert result.rss_growth < ANSWERS_RSS_BUDGET, result
 
 
-PUSHES = soak_scale(400, 2_000)
+PUSHES = soak_scale(400, 1_000)
 PUSHERS = 16  # streams at once, from one peer
 #: --lightpush-rate-limit's default, 100/20s: a burst of 100, then 5 a second.
 PUSH_BURST, PUSH_RATE = 100, 5.0
@@ -484,7 +489,7 @@ def test_row5_a_lightpush_flood_from_one_peer_is_answered_429_and_counted(
         assert result.rss_growth < PUSH_RSS_BUDGET, result
 
 
-RELAYED = soak_scale(600, 3_000)
+RELAYED = soak_scale(600, 1_500)
 #: --relay-rate-limit's default, 32MiB/16s: a burst of 32 MiB, then 2 MiB a second.
 RELAY_BURST, RELAY_RATE = 32 * _MB, 2 * _MB
 RELAY_RSS_BUDGET = 400 * _MB
@@ -541,7 +546,7 @@ async def until_archived(store: StoreProcess, message_hash: bytes) -> None:
             await asyncio.sleep(0.2)
 
 
-SUBSCRIBERS = soak_scale(300, 1_500)
+SUBSCRIBERS = soak_scale(300, 1_000)
 SUBSCRIBE = FilterSubscribeRequest(
     "s", FilterSubscribeType.SUBSCRIBE, SHARD, (CONTENT_TOPIC,)
 ).to_bytes()
