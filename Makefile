@@ -63,10 +63,19 @@ test: $(STAMP) $(JSSTAMP) $(NODESTAMPS) postgres lint typecheck
 # Then a js-waku light node takes 10,000 Filter pushes from `sdsync store serve` (1,000 in
 # make test): none lost, none twice, its connection never dropped. Then 2,000 libp2p
 # connections opened and closed against one host (300 in make test), still served.
+# Then issue 27's attacks on a real `sdsync store serve` at their larger sizes, its RSS and
+# an honest peer's latency measured (tests/store/test_hostile_node.py), and every other
+# hostile-peer module.
 soak: $(STAMP) tests/interop/waku_light/node_modules/.installed-stamp
 	SDSYNC_SOAK=1 $(PY) -m pytest -n 2 --dist load $(PYTEST_ARGS) tests/reliability/test_crash_harness.py
 	SDSYNC_SOAK=1 $(PY) -m pytest $(PYTEST_ARGS) tests/interop/test_js_waku_filter_load.py
 	SDSYNC_SOAK=1 $(PY) -m pytest $(PYTEST_ARGS) tests/transport/test_libp2p_hostile.py
+	SDSYNC_SOAK=1 $(PY) -m pytest -s $(PYTEST_ARGS) tests/store/test_hostile_node.py
+	SDSYNC_SOAK=1 $(PY) -m pytest $(PYTEST_ARGS) tests/store/test_store_budgets_hostile.py \
+		tests/store/test_relay_hostile.py tests/store/test_filter_hostile.py \
+		tests/store/test_sync_riblt_hostile.py tests/store/test_rest_timeouts.py \
+		tests/transport/test_relay_rate.py tests/reliability/test_hostile_buffers.py \
+		tests/reliability/test_hostile_grpc.py
 
 proto: $(STAMP)
 	cd src && PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(CURDIR)/$(PY) -m grpc_tools.protoc -I. \

@@ -27,6 +27,7 @@ from reliabilityprocess import EventLog, ServerProcess
 from sdsync.reliability import reliability_pb2 as pb
 from sdsync.reliability import reliability_pb2_grpc as pb_grpc
 from sdsync.runtime import system_clock_ms
+from sdsync.testing.hostile import process_rss
 from sdsync.wire import HistoryEntry, Message, encode
 
 TOKEN = "s3cret"
@@ -42,13 +43,6 @@ RSS_BUDGET = (64 << 20) + (300 << 20)
 HONEST_BOUND_S = 10.0
 #: The waiting messages are listed with their payloads and dependencies: many MB.
 BIG_ANSWERS = [("grpc.max_receive_message_length", 256 << 20)]
-
-
-def _rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 def _forged(i: int) -> bytes:
@@ -95,14 +89,14 @@ def test_forged_histories_cannot_grow_the_incoming_buffer_past_its_budget(
 
     try:
         stub.OpenChannel(pb.OpenChannelRequest(channel_id=ROOM), metadata=AUTH)
-        baseline = _rss(pid)
+        baseline = process_rss(pid)
         waiting, _ = unwrap(_honest("h2", ["h1"]))
         assert list(waiting.missing_dependencies) == ["h1"]
 
         peak, slowest = baseline, 0.0
         for i in range(FORGED):
             unwrap(_forged(i))
-            peak = max(peak, _rss(pid))
+            peak = max(peak, process_rss(pid))
             if i % 20 == 10:  # an honest peer's message, with nothing missing
                 answer, took = unwrap(_honest(f"ok{i}", []))
                 assert answer.payload and not answer.missing_dependencies

@@ -18,6 +18,7 @@ from sdsync.store import SqlArchive, StoredMessage
 from sdsync.store.light import LightConfig
 from sdsync.store.retention import ByteBudget, RetentionPolicy
 from sdsync.store.waku_store import AnswerLimits
+from sdsync.testing.hostile import process_rss
 from sdsync.transport import MemoryNetwork, MemoryWakuNode
 from sdsync.transport.ratelimit import RateLimit
 from sdsync.wire import WakuMessage
@@ -33,11 +34,6 @@ from sdsync.wire.waku_protocols import (
 BIG = 140_000
 PAGE = 20  # messages of BIG bytes a page: ~2.8 MB an answer
 HONEST_WITHIN_S = 30.0  # liveness bound, not a benchmark
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 async def store_query(
@@ -77,13 +73,13 @@ def test_unread_store_answers_are_bounded_per_peer_and_in_all(
 
     async def scenario() -> None:
         async with running(sqlite_archive, tmp_path, waku=store, store_answers=limits) as node:
-            before = rss_bytes()
+            before = process_rss(os.getpid())
             held = [
                 await store_query(attacker, store, query)
                 for _ in range(6)
                 for attacker in attackers
             ]
-            grown = rss_bytes() - before
+            grown = process_rss(os.getpid()) - before
             answered = [StoreQueryResponse.from_bytes(a) for a in held]
             statuses = [a.status_code for a in answered]
             held_bytes = sum(len(a) for a in held)

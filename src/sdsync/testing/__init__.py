@@ -2,6 +2,8 @@
 use and the library itself never imports (tests/test_layers.py checks).
 
 * :mod:`~sdsync.testing.gowaku` — a go-waku node on loopback, to interoperate with;
+* :mod:`~sdsync.testing.hostile` — a node's memory and an honest peer's service, measured
+  while a hostile-peer test attacks it;
 * :mod:`~sdsync.testing.pgcluster` — throwaway PostgreSQL clusters for the archive's tests;
 * :mod:`~sdsync.testing.memory_store` — a store node in memory for ReliableChannel tests;
 * :mod:`~sdsync.testing.oracle` — a reference SDS decoder the fuzzer checks ours against;
