@@ -31,7 +31,7 @@ class StoreProcess:
             lines = response.read().decode().splitlines()
         wanted = [f'{key}="{value}"' for key, value in labels.items()]
         for line in lines:
-            if line.startswith(name + "{") and all(w in line for w in wanted):
+            if line.startswith((name + "{", name + " ")) and all(w in line for w in wanted):
                 return float(line.rsplit(" ", 1)[1])
         return 0.0
 

@@ -171,6 +171,20 @@ LIBP2P_COUNTERS = (
     ),
 )
 
+#: The host's plain counts, as ``sdsync_store_libp2p_<name>_total``.
+LIBP2P_TOTALS = (
+    (
+        "relay_rate_limited",
+        "Relay frames dropped, neither archived nor relayed: their forwarding peer was"
+        " over its relay rate.",
+    ),
+    (
+        "mcache_evicted",
+        "Messages evicted from the gossip message cache, oldest first, to keep it within"
+        " its byte budget.",
+    ),
+)
+
 
 class Libp2pCollector(Collector):
     """The libp2p host's counters as ``sdsync_store_libp2p_<name>_total{reason|protocol}``,
@@ -189,3 +203,7 @@ class Libp2pCollector(Collector):
             for key, count in sorted(dict(getattr(self.host, name)).items()):
                 family.add_metric([key], count)
             yield family
+        for name, documentation in LIBP2P_TOTALS:
+            yield CounterMetricFamily(
+                f"sdsync_store_libp2p_{name}", documentation, value=getattr(self.host, name)
+            )

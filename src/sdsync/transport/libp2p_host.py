@@ -140,6 +140,7 @@ from sdsync.wire.waku_protocols import (
     SHARD_TOPIC_PREFIX,
     WakuMetadata,
     encode_frame,
+    frame_prefix,
     parse_content_topic,
     read_frame,
 )
@@ -177,6 +178,8 @@ _RECALL_FRAMES = 256
 _RESEND_TIMEOUT_S = 10.0
 _LANES_BEFORE_PRUNING = 512
 _RESET_S = 2.0
+#: Answers up to this size are written as one copy with their prefix (one yamux frame).
+_COPY_FRAME_BYTES = 64 * 1024
 
 
 def run_host(state: HostState, ready: concurrent.futures.Future[TrioHost]) -> None:
@@ -335,7 +338,7 @@ class TrioHost:
                 # None: the peer closed the stream unused (js-waku does, for metadata).
                 answer = None if request is None else await responder(peer, request)
                 if answer is not None:
-                    await stream.write(encode_frame(answer))
+                    await _write_frame(stream, answer)
                 await stream.close()
             return
         except RemoteProtocolError as exc:
@@ -939,6 +942,16 @@ class _StreamTroubles:
             peer,
             f": {detail}" if detail else "",
         )
+
+
+async def _write_frame(stream: INetStream, body: bytes) -> None:
+    """``body`` as one frame.  A large one goes behind its prefix rather than copied into
+    one with it: an answer held by a peer that does not read would be held twice."""
+    if len(body) < _COPY_FRAME_BYTES:
+        await stream.write(encode_frame(body))
+        return
+    await stream.write(frame_prefix(len(body)))
+    await stream.write(body)
 
 
 async def _reset(stream: INetStream) -> None:

@@ -130,6 +130,7 @@ class MemoryWakuNode(AsyncLifecycle):
         self.streams_refused: Counter[str] = Counter()
         self.push_retries: Counter[str] = Counter()
         self.pushes_resent: Counter[str] = Counter()
+        self.relay_rate_limited = self.mcache_evicted = 0  # no rate, no gossip cache here
 
     @property
     def listen_addrs(self) -> list[str]:

@@ -144,7 +144,7 @@ class WakuHost(WakuRequester, Protocol):
 
 class WakuCounters(Protocol):
     """What a Waku node counts of its peers, by reason or by protocol id (their meaning:
-    :data:`sdsync.store.metrics.LIBP2P_COUNTERS`)."""
+    :data:`sdsync.store.metrics.LIBP2P_COUNTERS` and ``LIBP2P_TOTALS``)."""
 
     @property
     def rejected(self) -> Mapping[str, int]: ...
@@ -162,6 +162,10 @@ class WakuCounters(Protocol):
     def push_retries(self) -> Mapping[str, int]: ...
     @property
     def pushes_resent(self) -> Mapping[str, int]: ...
+    @property
+    def relay_rate_limited(self) -> int: ...
+    @property
+    def mcache_evicted(self) -> int: ...
 
 
 class WakuNode(WakuClient, WakuHost, WakuCounters, Protocol):

@@ -90,15 +90,19 @@ _M = TypeVar("_M", bound=ProtoMessage)
 # --- framing ---------------------------------------------------------------------------
 
 
-def encode_frame(body: bytes) -> bytes:
-    """``body`` behind its uvarint length prefix."""
+def frame_prefix(length: int) -> bytes:
+    """The uvarint length prefix of a frame of ``length`` bytes."""
     prefix = bytearray()
-    length = len(body)
     while length >= 0x80:
         prefix.append(length & 0x7F | 0x80)
         length >>= 7
     prefix.append(length)
-    return bytes(prefix) + body
+    return bytes(prefix)
+
+
+def encode_frame(body: bytes) -> bytes:
+    """``body`` behind its uvarint length prefix."""
+    return frame_prefix(len(body)) + body
 
 
 async def read_frame(
