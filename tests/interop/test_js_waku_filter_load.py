@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import os
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -27,6 +26,7 @@ from storeprocess import StoreProcess, store_serve
 from testdeps import require
 from waku_drivers import WakuDriver, connected_client, light_node
 
+from sdsync.testing.hostile import soak_scale
 from sdsync.wire.waku import WakuMessage
 from sdsync.wire.waku_protocols import (
     FILTER_PUSH_PROTOCOL,
@@ -47,7 +47,7 @@ PUBSUB_TOPIC = "/waku/2/rs/1/7"  # /sds/1/... content topics, autosharded on clu
 # The load is the point: no LightPush rate limit (its default would answer 429).
 UNLIMITED = ("--lightpush-rate-limit", "off")
 TOPIC = "/sds/1/filter-load/proto"
-PUSHES = 10_000 if os.environ.get("SDSYNC_SOAK") == "1" else 1_000
+PUSHES = soak_scale(1_000, 10_000)
 WINDOW = 200
 IN_FLIGHT = 8
 WAIT_S = 60.0  # a liveness bound per window: one normally takes well under a second

@@ -25,6 +25,7 @@ from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.tools.anyio_service import background_trio_service
 from transporttest import run, until
 
+from sdsync.testing.hostile import soak_scale
 from sdsync.transport import Libp2pTransport
 from sdsync.transport.libp2p import GossipParams
 from sdsync.transport.libp2p_patches import ConnectionLimits
@@ -33,7 +34,7 @@ ECHO = "/sdsync/test/echo/1"
 ATTACKER_IP = "127.0.0.2"
 #: An honest request is answered within this (a liveness bound, not a measurement).
 HONEST_S = 20.0
-CHURN = 2_000 if os.environ.get("SDSYNC_SOAK") == "1" else 300
+CHURN = soak_scale(300, 2_000)
 #: The attacker's connections in flight at once (each opened and closed in turn).
 ATTACKERS = 16
 TOPIC = "/sds/1/hostile"
