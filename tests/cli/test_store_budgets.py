@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-import sdsync.store
+import sdsync.store.launch
 from sdsync.cli.main import app
 from sdsync.cli.store import _size, serve
 from sdsync.store import NodeConfig
@@ -33,10 +33,10 @@ def served_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *options: str
     """The NodeConfig `store serve` would run with ``options`` (the node is not started)."""
     seen: list[NodeConfig] = []
 
-    async def serve_node(node: Any, **_: Any) -> None:
-        seen.append(node.config)
+    async def run_node(archive: Any, config: NodeConfig, *_: Any) -> None:
+        seen.append(config)
 
-    monkeypatch.setattr(sdsync.store, "serve", serve_node)
+    monkeypatch.setattr(sdsync.store.launch, "run_node", run_node)
     argv = ["store", "serve", "--data-dir", str(tmp_path), "--retention", "none", *options]
     result = CliRunner().invoke(app, argv)
     assert result.exit_code == 0, result.output
