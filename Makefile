@@ -13,7 +13,7 @@ NODE_JS_DIRS := tests/interop/waku_relay tests/interop/waku_light tests/interop/
 NODESTAMPS := $(NODE_JS_DIRS:%=%/node_modules/.installed-stamp)
 PYTEST_ARGS ?=
 
-.PHONY: demo test soak lint typecheck proto bench bench-memory bench-reconcile bench-sim bench-reliability bench-waku fuzz clean postgres
+.PHONY: demo test soak lint typecheck proto bench bench-memory bench-reconcile bench-sim bench-reliability bench-waku fuzz clean postgres chromium
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,17 @@ ifeq ($(PG_CTL),)
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql
 endif
 
+# The browser tests (tests/web) drive Debian's Chromium through Playwright, whose own
+# browser download is not reachable from CI: the package is installed when no Chromium is.
+CHROMIUM := $(firstword $(shell command -v chromium chromium-browser))
+
+chromium:
+ifeq ($(CHROMIUM),)
+	@echo "Chromium missing: installing Debian's chromium package"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium
+endif
+
 demo: $(STAMP)
 	$(VENV)/bin/sdsync demo
 
@@ -54,7 +65,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-test: $(STAMP) $(JSSTAMP) $(NODESTAMPS) postgres lint typecheck
+test: $(STAMP) $(JSSTAMP) $(NODESTAMPS) postgres chromium lint typecheck
 	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
 
 # The reliability service's kill -9 harness at 500 seeds instead of make test's 50

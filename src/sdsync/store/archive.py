@@ -54,7 +54,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -98,6 +98,17 @@ Key = tuple[int, bytes]
 """A position in archive order: (timestamp ns, message hash)."""
 ItemArrays = tuple[npt.NDArray[np.int64], npt.NDArray[np.uint8]]
 """Timestamps ``(n,)`` and message hashes ``(n, 32)`` of ``n`` items, row by row."""
+
+
+class TopicCount(NamedTuple):
+    """The messages archived on one (pubsub topic, content topic)."""
+
+    pubsub_topic: str
+    content_topic: str
+    messages: int
+    oldest: int
+    """Timestamp (Unix ns) of the oldest."""
+    newest: int
 
 
 class ArchiveUnavailable(Exception):  # noqa: N818 -- a condition to retry, not a bug
@@ -167,6 +178,11 @@ class Archive(Protocol):
 
     def size_bytes(self) -> int:
         """Bytes the archive occupies on disk."""
+        ...
+
+    def topic_counts(self, limit: int) -> list[TopicCount]:
+        """The ``limit`` (pubsub topic, content topic) pairs holding most messages, most
+        first: one scan of the topics index (the status page's archive table)."""
         ...
 
     def delete_before(self, timestamp: int) -> int:
@@ -265,6 +281,17 @@ class SqlArchive(ABC):
     def count_items(self, start: int, end: int) -> int:
         sql = "SELECT count(*) FROM messages WHERE timestamp >= ? AND timestamp < ?"
         return int(self._fetch(sql, [start, end])[0][0])
+
+    def topic_counts(self, limit: int) -> list[TopicCount]:
+        sql = (
+            "SELECT pubsub_topic, content_topic, count(*), min(timestamp), max(timestamp)"
+            " FROM messages GROUP BY pubsub_topic, content_topic"
+            " ORDER BY count(*) DESC, pubsub_topic, content_topic LIMIT ?"
+        )
+        return [
+            TopicCount(p, c, int(n), int(lo), int(hi))
+            for p, c, n, lo, hi in self._fetch(sql, [limit])
+        ]
 
     def query(self, query: StoreQuery) -> Page:
         cursor, size = query.pagination_cursor, query.pagination_limit

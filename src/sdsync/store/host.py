@@ -143,6 +143,8 @@ class ArchiveHost:
         """
         new = await self.in_archive(self.archive.insert, messages)
         self.metrics.ingested.labels(source=source).inc(new)
+        if new:
+            self.metrics.traffic.add(source, new)
         self.metrics.duplicates.labels(source=source).inc(len(messages) - new)
         return new
 

@@ -14,7 +14,9 @@ on every event.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections import Counter as Tally
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
@@ -122,6 +124,8 @@ class StoreMetrics:
             ["reason"],
             registry=r,
         )
+        self.traffic = MinuteTraffic()
+        """``ingested``, per minute over the last hour (the status page's chart)."""
         self.sync_symbol_buckets = Counter(
             "sdsync_store_sync_symbol_buckets",
             "RIBLT bucket rows a snapshot took from the node's symbol cache (reused) or "
@@ -140,6 +144,37 @@ class StoreMetrics:
         (``bad_time``, ``timestamp_in_future``...).  Both are labels: never put request
         data in them."""
         self.refused.labels(route=route, reason=reason).inc()
+
+
+class MinuteTraffic:
+    """Counts per source and wall-clock minute, over the last ``minutes`` minutes.
+
+    A Prometheus counter has only its total; the status page charts the last hour without
+    a time-series database, so the counts that feed ``sdsync_store_ingested_messages`` are
+    also added here, at most ``minutes + 1`` minutes of them kept.
+    """
+
+    def __init__(self, minutes: int = 60, clock: Callable[[], float] = time.time) -> None:
+        self.minutes = minutes
+        self._clock = clock
+        self._by_minute: dict[int, Tally[str]] = {}
+
+    def now_minute(self) -> int:
+        """The current minute (Unix s // 60)."""
+        return int(self._clock() // 60)
+
+    def add(self, source: str, count: int) -> None:
+        minute = self.now_minute()
+        self._by_minute.setdefault(minute, Tally())[source] += count
+        for old in [m for m in self._by_minute if m <= minute - self.minutes]:
+            del self._by_minute[old]
+
+    def last(self) -> tuple[int, list[dict[str, int]]]:
+        """The first of the last ``minutes`` minutes, and each one's counts by source,
+        oldest first (the current minute last, still counting)."""
+        first = self.now_minute() - self.minutes + 1
+        counts = [dict(self._by_minute.get(first + i, {})) for i in range(self.minutes)]
+        return first, counts
 
 
 # (attribute of WakuCounters and metric name, its label, its help)

@@ -15,6 +15,9 @@ Routes, and who may call them:
   request is rejected (400, nothing stored) if any message's hash does not match it.
 * ``POST /admin/v1/retention`` and ``GET /admin/v1/info`` — token.
 * ``GET /metrics`` (Prometheus) and ``GET /health`` — anyone, as scrapers expect.
+* ``GET /status`` (``/`` redirects there) — anyone: the operator's page of the same
+  counters (:mod:`sdsync.store.status`); with the token it shows the node's
+  configuration and Store Sync rounds too, as ``/admin/v1/info`` does.
 
 Connections are bounded in time (:class:`HttpLimits`): one that has not sent a whole
 request head within ``idle_timeout_s`` of opening, or of its last answer, is closed.
@@ -69,7 +72,7 @@ from aiohttp.typedefs import Handler, Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 
 from sdsync.errors import RemoteProtocolError
-from sdsync.store import rest
+from sdsync.store import rest, status
 from sdsync.store.archive import ArchiveUnavailable
 from sdsync.store.host import (
     QueryFailure,
@@ -129,6 +132,9 @@ def create_app(
             web.get("/admin/v1/info", info),
             web.get("/metrics", metrics),
             web.get("/health", health),
+            web.get("/status", status_page),
+            web.get("/status/{name}", status_asset),
+            web.get("/", to_status),
         ]
     )
     for prefix, subapp in (mounts or {}).items():
@@ -448,3 +454,22 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
+
+
+async def status_page(request: web.Request) -> web.Response:
+    node = request.app[NODE]
+    token = node.config.token
+    view = await status.gather(node, admin=token is not None and bearer_matches(request, token))
+    return web.Response(text=status.render(view), content_type="text/html", headers=status.HEADERS)
+
+
+async def status_asset(request: web.Request) -> web.Response:
+    found = status.asset(request.match_info["name"])
+    if found is None:
+        raise web.HTTPNotFound()
+    body, content_type = found
+    return web.Response(body=body, content_type=content_type, headers=status.HEADERS)
+
+
+async def to_status(request: web.Request) -> web.Response:
+    raise web.HTTPFound("/status")
