@@ -10,14 +10,26 @@ in ``bench/js/core_bench.mjs``), so process start-up and JSON transport are excl
 timed regions, which keeps the sender's outgoing buffer (and its copies of the ~37 KB
 wires) bounded. Each message carries a 32-byte retrieval hint, as over Waku.
 
+Beside the totals, each N is run a second time with the sender instrumented, for the time
+per send split by stage: ``id`` (the message id's hash), ``history`` (the causal history
+quoted), ``bloom`` (the filter's bytes, the new id's positions and its insertion),
+``encode``, ``hint`` (the 32-byte hint made and attached), ``log`` (our own message
+entered in the local log) and ``bookkeeping`` (the rest: checks, Lamport timestamp,
+outgoing buffer, events, and for @waku/sds its task queue). The stages are timed by
+wrapping what a send calls (:func:`instrument` here, ``instrument`` in the Node script),
+which costs time of its own, so the instrumented total is shown apart from the plain one.
+``--sizes`` defaults to 1k, 2k and 10k; ``--with-100k`` adds 100k, where @waku/sds
+(which re-sorts its whole local history on every send) usually reaches ``--js-max-seconds``
+first and is reported over the messages it completed.
+
 Then Python alone streams ``--big`` messages and compares its receive rate with the one at
 ``--baseline`` messages (target: within 2x). Timing never fails the run: the exit status
 is 0 whenever the bench completes; ``--json FILE`` keeps every number.
 
 Usage::
 
-    .venv/bin/python bench/core_vs_js.py [--sizes 1000,2000,5000] [--big 100000]
-        [--quick] [--json FILE] [--profile 2000]
+    .venv/bin/python bench/core_vs_js.py [--sizes 1000,2000,10000] [--with-100k]
+        [--big 100000] [--quick] [--json FILE] [--profile 2000] [--no-stages]
 """
 
 from __future__ import annotations
@@ -35,13 +47,16 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.console import Console
 from rich.table import Table
 
+import sdsync.core.bloom as bloom_module
+import sdsync.core.channel as channel_module
 from sdsync.core import ChannelConfig, MessageChannel, MessageDelivered
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,6 +66,9 @@ CHANNEL = "0"
 T0_MS = 1_700_000_000_000
 TARGET_SPEEDUP = 10.0
 TARGET_SCALING = 0.5  # receive rate at --big over the rate at --baseline
+# Timed stages of a send; "bookkeeping" is the instrumented total less these.
+STAGES = ("id", "history", "bloom", "encode", "hint", "log")
+T = TypeVar("T")
 
 # Wide enough for the table when stdout is a pipe or a file (rich assumes 80 columns).
 console = Console(width=None if sys.stdout.isatty() else 132)
@@ -69,6 +87,19 @@ class RunResult:
     delivered: int | None = None
     correct: bool = True
     note: str = ""
+    # From the instrumented run: its send seconds and seconds per stage (STAGES).
+    staged_send_seconds: float | None = None
+    staged_completed: int = 0
+    stages: dict[str, float] = field(default_factory=dict)
+
+    def stage_us(self) -> dict[str, float] | None:
+        """Microseconds per send by stage, bookkeeping last; None if not instrumented."""
+        if self.staged_send_seconds is None or not self.staged_completed:
+            return None
+        per = {name: self.stages.get(name, 0.0) for name in STAGES}
+        per["bookkeeping"] = max(0.0, self.staged_send_seconds - sum(per.values()))
+        per["total"] = self.staged_send_seconds
+        return {name: seconds / self.staged_completed * 1e6 for name, seconds in per.items()}
 
     @property
     def send_rate(self) -> float:
@@ -95,11 +126,98 @@ class RunResult:
 # ---------------------------------------------------------------------------- Python
 
 
-def python_run(n: int, *, ack_every: int = 100, hints: bool = True) -> RunResult:
+class StageClock:
+    """Seconds per stage of the sender's sends. ``active`` only inside a timed send, so
+    what the receiver calls through the same module functions is not counted."""
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(STAGES, 0.0)
+        self.active = False
+
+    def timed(self, stage: str, fn: Callable[..., T]) -> Callable[..., T]:
+        clock, seconds = time.perf_counter, self.seconds
+
+        def wrapper(*args: Any, **kwargs: Any) -> T:
+            if not self.active:
+                return fn(*args, **kwargs)
+            t0 = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                seconds[stage] += clock() - t0
+
+        return wrapper
+
+
+class _Wrapped:
+    """``target`` with some of its methods replaced (for objects with __slots__)."""
+
+    def __init__(self, target: object, **methods: Callable[..., Any]) -> None:
+        self._target = target
+        self.__dict__.update(methods)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._target, name)
+
+
+def instrument(sender: MessageChannel, clock: StageClock) -> Callable[[], None]:
+    """Wrap what ``MessageChannel.send`` calls, by stage; returns the undo of the two
+    module-level patches. Keyed to send's internals: a renamed call shows up as time
+    moved to bookkeeping, never as time lost (bookkeeping is the total less the stages).
+    """
+    timed = clock.timed
+    s: Any = sender  # the bench reaches into the channel's private parts on purpose
+    s._default_message_id = timed("id", s._default_message_id)
+    s._history = _Wrapped(s._history, quote=timed("history", s._history.quote))
+    s._bloom = _Wrapped(s._bloom, to_bytes=timed("bloom", s._bloom.to_bytes))
+    s._add_to_bloom = timed("bloom", s._add_to_bloom)
+    s._insert_log = timed("log", s._insert_log)
+    encode, positions = channel_module.encode, bloom_module._positions
+    channel_module.encode = timed("encode", encode)
+    bloom_module._positions = timed("bloom", positions)  # type: ignore[assignment]
+
+    def undo() -> None:
+        channel_module.encode = encode
+        bloom_module._positions = positions
+
+    return undo
+
+
+def python_run(
+    n: int, *, ack_every: int = 100, hints: bool = True, stages: StageClock | None = None
+) -> RunResult:
     """Stream ``n`` messages from a fresh "a" to a fresh "b"; check b's log afterwards."""
     config = ChannelConfig()
     sender = MessageChannel(CHANNEL, "a", now_ms=T0_MS, config=config)
     receiver = MessageChannel(CHANNEL, "b", now_ms=T0_MS, config=config)
+    undo = instrument(sender, stages) if stages is not None else None
+    try:
+        return _stream(n, sender, receiver, ack_every=ack_every, hints=hints, stages=stages)
+    finally:
+        if undo is not None:
+            undo()
+
+
+def python_staged(n: int, *, ack_every: int, hints: bool) -> RunResult:
+    """A plain run of ``n`` with the per-stage split of an instrumented one attached."""
+    result = python_run(n, ack_every=ack_every, hints=hints)
+    stages = StageClock()
+    staged = python_run(n, ack_every=ack_every, hints=hints, stages=stages)
+    result.staged_send_seconds = staged.send_seconds
+    result.staged_completed = staged.completed
+    result.stages = stages.seconds
+    return result
+
+
+def _stream(
+    n: int,
+    sender: MessageChannel,
+    receiver: MessageChannel,
+    *,
+    ack_every: int,
+    hints: bool,
+    stages: StageClock | None,
+) -> RunResult:
     clock = time.perf_counter
     send_s = recv_s = 0.0
     wire_bytes = delivered = 0
@@ -108,13 +226,20 @@ def python_run(n: int, *, ack_every: int = 100, hints: bool = True) -> RunResult
     for i in range(n):
         now = T0_MS + i
         payload = f"message {i}".encode()
+        if stages is not None:
+            stages.active = True
         t0 = clock()
         out = sender.send(payload, now)
         hint = None
         if hints:
+            th = clock() if stages is not None else 0.0
             hint = hashlib.sha256(out.message.message_id.encode()).digest()
             sender.set_retrieval_hint(out.message.message_id, hint)
+            if stages is not None:
+                stages.seconds["hint"] += clock() - th
         t1 = clock()
+        if stages is not None:
+            stages.active = False
         events = receiver.receive(out.data, now, retrieval_hint=hint)
         t2 = clock()
         send_s += t1 - t0
@@ -151,7 +276,13 @@ def python_profile(n: int) -> str:
 
 
 def js_runs(
-    sizes: list[int], *, warmup: int, ack_every: int, max_seconds: float, hints: bool
+    sizes: list[int],
+    *,
+    warmup: int,
+    ack_every: int,
+    max_seconds: float,
+    hints: bool,
+    stages: bool,
 ) -> tuple[dict[str, Any] | None, str]:
     """Run bench/js/core_bench.mjs; returns its JSON (or None) and a reason if skipped."""
     node = shutil.which("node")
@@ -173,6 +304,8 @@ def js_runs(
     ]
     if not hints:
         cmd.append("--no-hints")
+    if stages:
+        cmd.append("--stages")
     env = {k: v for k, v in os.environ.items() if k != "DEBUG"}  # keep `debug` logging off
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env, check=False)
     if proc.returncode != 0:
@@ -193,6 +326,7 @@ def js_result(raw: dict[str, Any]) -> RunResult:
         and raw["task_errors"] == 0
     )
     note = f"capped at {completed}/{n} messages" if raw["capped"] else ""
+    staged = raw.get("stages") or {}
     return RunResult(
         n,
         completed,
@@ -203,6 +337,9 @@ def js_result(raw: dict[str, Any]) -> RunResult:
         delivered=int(raw["delivered"]),
         correct=correct,
         note=note,
+        staged_send_seconds=staged.get("send_seconds"),
+        staged_completed=int(staged.get("completed", 0)),
+        stages={name: float(staged[name]) for name in STAGES if name in staged},
     )
 
 
@@ -230,9 +367,36 @@ def nearest(results: dict[int, RunResult], n: int) -> int | None:
     return min(results, key=lambda k: (abs(k - n), k)) if results else None
 
 
+def stage_table(
+    sizes: list[int], py: dict[int, RunResult], js: dict[int, RunResult], against: str
+) -> Table:
+    """Microseconds per send by stage, both implementations, from the instrumented runs."""
+    table = Table(
+        title=f"Time per send by stage, us (instrumented runs; sdsync vs {against})",
+        caption="total: the instrumented run's send time per message (the wrappers add"
+        " their own); bookkeeping: total less the timed stages; js/py: per-stage ratio",
+    )
+    for col in ("N", "impl", *STAGES, "bookkeeping", "total"):
+        table.add_column(col, justify="right")
+    for n in sizes:
+        rows = [("py", py[n].stage_us())]
+        if n in js:
+            rows.append(("js", js[n].stage_us()))
+        for impl, per in rows:
+            cells = [f"{per[k]:,.1f}" if per else "-" for k in (*STAGES, "bookkeeping", "total")]
+            table.add_row(f"{n:,}", impl, *cells)
+        py_us, js_us = rows[0][1], rows[-1][1] if len(rows) > 1 else None
+        if py_us and js_us:
+            ratios = [fmt_ratio(js_us[k], py_us[k]) for k in (*STAGES, "bookkeeping", "total")]
+            table.add_row(f"{n:,}", "js/py", *ratios)
+    return table
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--sizes", default="1000,2000,5000", help="comma-separated N values")
+    parser.add_argument("--sizes", default="1000,2000,10000", help="comma-separated N values")
+    parser.add_argument("--with-100k", action="store_true", help="add N=100,000 to --sizes")
+    parser.add_argument("--no-stages", action="store_true", help="no per-stage split of a send")
     parser.add_argument("--big", type=int, default=100_000, help="Python-only N (0 to skip)")
     parser.add_argument("--baseline", type=int, default=1000, help="N the --big rate is judged by")
     parser.add_argument("--warmup", type=int, default=200, help="discarded warm-up run size")
@@ -249,7 +413,10 @@ def main(argv: list[str] | None = None) -> int:
     big, baseline, warmup = args.big, args.baseline, args.warmup
     if args.quick:
         sizes, big, baseline, warmup = [200, 500], 2000, 200, 50
+    if args.with_100k and 100_000 not in sizes:
+        sizes.append(100_000)
     hints = not args.no_hints
+    staged = not args.no_stages
     started = time.perf_counter()
 
     console.print(
@@ -268,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
             ack_every=args.ack_every,
             max_seconds=args.js_max_seconds,
             hints=hints,
+            stages=staged,
         )
         if js_meta is not None:
             js = {r.n: r for r in map(js_result, js_meta["results"])}
@@ -277,7 +445,10 @@ def main(argv: list[str] | None = None) -> int:
     python_run(warmup, ack_every=args.ack_every, hints=hints)
     py: dict[int, RunResult] = {}
     for n in sizes:
-        py[n] = python_run(n, ack_every=args.ack_every, hints=hints)
+        if staged:
+            py[n] = python_staged(n, ack_every=args.ack_every, hints=hints)
+        else:
+            py[n] = python_run(n, ack_every=args.ack_every, hints=hints)
         console.print(
             f"py: N={n} send {py[n].send_rate:,.0f} msg/s, recv {py[n].recv_rate:,.0f} msg/s"
         )
@@ -323,6 +494,9 @@ def main(argv: list[str] | None = None) -> int:
     for j in js.values():
         if j.capped:
             console.print(f"* JS N={j.n}: {j.note} ({args.js_max_seconds:.0f} s wall limit)")
+
+    if staged:
+        console.print(stage_table(sizes, py, js, against))
 
     scaling = None
     if big_run is not None and base_run is not None:
@@ -388,6 +562,7 @@ def main(argv: list[str] | None = None) -> int:
                 "warmup": warmup,
                 "ack_every": args.ack_every,
                 "hints": hints,
+                "stages": staged,
                 "js_max_seconds": args.js_max_seconds,
             },
             "js": [r.as_json() for r in js.values()],

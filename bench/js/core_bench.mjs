@@ -15,6 +15,14 @@
 // Usage (from the repository root):
 //   node bench/js/core_bench.mjs [--sizes 1000,2000,5000] [--warmup 200]
 //                                [--ack-every 100] [--max-seconds 300] [--no-hints]
+//                                [--stages]
+//
+// --stages adds, per N, a second run with the sender instrumented: the time of each stage
+// of a send (id, history, bloom, encode, hint, log, and the rest as bookkeeping), by
+// wrapping the library's own calls on that sender (MessageChannel.getMessageId, the local
+// history's slice and map and push, the bloom filter's toBytes and insert) and timing the
+// encode and the hint in the send callback. Its total is reported apart: the wrappers
+// cost time of their own.
 //
 // Each message gets a 32-byte retrieval hint (sha256 of its id, standing in for a Waku
 // message hash) from the send callback, and the receiver is given the same hint, so causal
@@ -37,7 +45,7 @@ for (const name of ["log", "info", "debug"]) {
 function usageExit(msg) {
   process.stderr.write(
     `error: ${msg}\nusage: node bench/js/core_bench.mjs [--sizes N,N,...] [--warmup N] ` +
-      `[--ack-every N] [--max-seconds S] [--no-hints]\n`
+      `[--ack-every N] [--max-seconds S] [--no-hints] [--stages]\n`
   );
   process.exit(2);
 }
@@ -48,7 +56,8 @@ function parseArgs(argv) {
     warmup: 200,
     ackEvery: 100,
     maxSeconds: 300,
-    hints: true
+    hints: true,
+    stages: false
   };
   const intArg = (flag, v) => {
     if (v === undefined || !/^[0-9]+$/.test(v)) usageExit(`${flag} expects an integer`);
@@ -78,6 +87,9 @@ function parseArgs(argv) {
         break;
       case "--no-hints":
         opts.hints = false;
+        break;
+      case "--stages":
+        opts.stages = true;
         break;
       default:
         usageExit(`unknown option ${flag}`);
@@ -128,8 +140,51 @@ async function ackBack(sender, receiver) {
   await sender.processTasks();
 }
 
-async function run(n, { maxSeconds, ackEvery, hints }) {
+const STAGES = ["id", "history", "bloom", "encode", "hint", "log"];
+
+// Seconds per stage of the sender's sends; `active` only inside a timed send, so calls the
+// receiver makes through the same (static) functions are not counted.
+function stageClock() {
+  const ns = Object.fromEntries(STAGES.map((s) => [s, 0n]));
+  const clock = { ns, active: false };
+  clock.timed = (stage, fn) =>
+    function (...args) {
+      if (!clock.active) return fn.apply(this, args);
+      const t0 = nowNs();
+      try {
+        return fn.apply(this, args);
+      } finally {
+        ns[stage] += nowNs() - t0;
+      }
+    };
+  return clock;
+}
+
+// Wraps what a send calls on `sender` (see the header); returns a function undoing the
+// one global patch (the static getMessageId).
+function instrument(sender, clock) {
+  const getMessageId = MessageChannel.getMessageId;
+  MessageChannel.getMessageId = clock.timed("id", getMessageId);
+  const history = sender.localHistory;
+  const slice = history.slice.bind(history);
+  history.slice = clock.timed("history", (...args) => {
+    const quoted = slice(...args);
+    quoted.map = clock.timed("history", Array.prototype.map.bind(quoted));
+    return quoted;
+  });
+  history.push = clock.timed("log", history.push.bind(history));
+  const filter = sender.filter;
+  filter.toBytes = clock.timed("bloom", filter.toBytes.bind(filter));
+  filter.insert = clock.timed("bloom", filter.insert.bind(filter));
+  return () => {
+    MessageChannel.getMessageId = getMessageId;
+  };
+}
+
+async function run(n, { maxSeconds, ackEvery, hints }, clock = null) {
   const sender = new MessageChannel(CHANNEL, "a", OPTIONS);
+  const undo = clock === null ? () => {} : instrument(sender, clock);
+  const timed = (stage, fn) => (clock === null ? fn() : clock.timed(stage, fn)());
   const receiver = new MessageChannel(CHANNEL, "b", OPTIONS);
   const delivered = countEvents(receiver, MessageChannelEvent.InMessageDelivered);
   const errors = countEvents(sender, MessageChannelEvent.ErrorTask);
@@ -148,15 +203,20 @@ async function run(n, { maxSeconds, ackEvery, hints }) {
     let wire = null;
     let hint = null;
     let t0 = nowNs();
+    if (clock !== null) clock.active = true;
     sender.pushOutgoingMessage(payload, async (message) => {
-      wire = message.encode();
+      wire = timed("encode", () => message.encode());
       ids.add(message.messageId);
       if (!hints) return { success: true };
-      hint = new Uint8Array(createHash("sha256").update(message.messageId).digest());
+      hint = timed(
+        "hint",
+        () => new Uint8Array(createHash("sha256").update(message.messageId).digest())
+      );
       return { success: true, retrievalHint: hint };
     });
     await sender.processTasks();
     let t1 = nowNs();
+    if (clock !== null) clock.active = false;
     sendNs += t1 - t0;
     if (wire === null) throw new Error(`send callback not invoked for message ${i}`);
     bytes += wire.length;
@@ -178,6 +238,7 @@ async function run(n, { maxSeconds, ackEvery, hints }) {
       break;
     }
   }
+  undo();
   const history = receiver.localHistory;
   return {
     n,
@@ -201,6 +262,15 @@ if (OPTS.warmup > 0) {
 for (const n of OPTS.sizes) {
   process.stderr.write(`js: N=${n} ...\n`);
   const r = await run(n, OPTS);
+  if (OPTS.stages) {
+    const clock = stageClock();
+    const staged = await run(n, OPTS, clock);
+    r.stages = {
+      completed: staged.completed,
+      send_seconds: staged.send_seconds,
+      ...Object.fromEntries(STAGES.map((s) => [s, Number(clock.ns[s]) / 1e9]))
+    };
+  }
   process.stderr.write(
     `js: N=${n} send ${(r.completed / r.send_seconds).toFixed(1)} msg/s, ` +
       `recv ${(r.completed / r.recv_seconds).toFixed(1)} msg/s, wall ${r.wall_seconds.toFixed(1)} s\n`
@@ -215,6 +285,7 @@ process.stdout.write(
     warmup: OPTS.warmup,
     ack_every: OPTS.ackEvery,
     hints: OPTS.hints,
+    stages: OPTS.stages,
     max_seconds: OPTS.maxSeconds,
     results
   })}\n`

@@ -68,3 +68,17 @@ def test_rollover_keeps_recent_ids_and_bounds_the_fill() -> None:
 def test_invalid_parameters_are_rejected(capacity: int, rate: float) -> None:
     with pytest.raises(LocalProtocolError):
         BloomParams(capacity, rate)
+
+
+def test_filter_bytes_are_copied_once_per_change_and_never_stale() -> None:
+    params = BloomParams(100, 0.01)
+    rolling = RollingBloomFilter(params)
+    empty = rolling.to_bytes()
+    assert rolling.to_bytes() is empty  # unchanged: the same bytes again
+    rolling.insert("x")
+    after = rolling.to_bytes()
+    assert after != empty and "x" in BloomFilter(params, after)
+    assert empty == bytes(params.n_bytes)  # what was handed out never changes
+    for i in range(params.capacity + 1):  # through a rollover
+        rolling.insert(f"y{i}")
+        assert f"y{i}" in BloomFilter(params, rolling.to_bytes())

@@ -161,13 +161,17 @@ def received_filter(data: bytes, params: BloomParams) -> ReceivedFilter:
 class BloomFilter:
     """A fixed-size filter (no rollover) with js-waku's byte layout."""
 
-    __slots__ = ("_bits", "count", "params")
+    __slots__ = ("_bits", "_snapshot", "count", "params")
 
     def __init__(self, params: BloomParams, data: bytes | None = None) -> None:
         if data is not None and len(data) != params.n_bytes:
             raise LocalProtocolError(f"filter has {len(data)} bytes, expected {params.n_bytes}")
         self.params = params
         self._bits = bytearray(data) if data is not None else bytearray(params.n_bytes)
+        # The bytes last handed out, while no insert changed them: every message sent
+        # carries the filter (18.7 kB with js-waku's defaults), and a sender whose filter
+        # did not change since its last message need not copy it again.
+        self._snapshot: bytes | None = None
         self.count = 0
 
     def insert(self, item: str) -> None:
@@ -177,13 +181,17 @@ class BloomFilter:
         bits = self._bits
         for i, mask in positions:
             bits[i] |= mask
+        self._snapshot = None
         self.count += 1
 
     def __contains__(self, item: str) -> bool:
         return contains(self._bits, self.params.positions(item))
 
     def to_bytes(self) -> bytes:
-        return bytes(self._bits)
+        snapshot = self._snapshot
+        if snapshot is None:
+            snapshot = self._snapshot = bytes(self._bits)
+        return snapshot
 
 
 class RollingBloomFilter:

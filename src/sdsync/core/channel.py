@@ -105,6 +105,7 @@ from sdsync.core.events import (
     SyncSent,
     missing_event,
 )
+from sdsync.core.history import HistoryWindow
 from sdsync.core.journal import ChannelSnapshot, Journal, StoredIncoming, StoredOutgoing
 from sdsync.core.log import HistoryStore, LocalLog, LogEntry
 from sdsync.core.missing import KnownMissing, MissingDependency
@@ -228,6 +229,7 @@ class MessageChannel:
         self.stats = ChannelStats()
         self._bloom = RollingBloomFilter(self.config.bloom, rollover=self.config.bloom_rollover)
         self._log = LocalLog(self.config.max_log_entries, history_store)
+        self._history = HistoryWindow(self.config.causal_history_size)
         self._outgoing: dict[str, OutgoingEntry] = {}
         self._wires: WireStore = wire_store if wire_store is not None else MemoryWireStore()
         # In arrival order: among equals, the first to give way is the first key.
@@ -264,16 +266,17 @@ class MessageChannel:
         if message_id is None:
             message_id = self._default_message_id(payload, lamport)
         self._check_sendable(message_id)
+        history = self._history.quote(self._log)
         message = Message(
             sender_id=self.participant_id,
             message_id=message_id,
             channel_id=self.channel_id,
             lamport_timestamp=lamport,
-            causal_history=self._causal_history(),
+            causal_history=history.entries,
             bloom_filter=self._bloom.to_bytes(),
             content=bytes(payload),
         )
-        data = encode(message)
+        data = encode(message, history)
         limit = self.config.limits.max_message_bytes
         if len(data) > limit:
             raise MessageTooLargeError(
@@ -284,7 +287,7 @@ class MessageChannel:
         repairs = self._take_repair_requests(now_ms, message_id, events)
         if repairs:
             carrier = replace(message, repair_request=repairs)
-            carried = encode(carrier)
+            carried = encode(carrier, history)
             if len(carried) <= limit:
                 message, data = carrier, carried
             else:  # they wait, due, for the next message
@@ -340,22 +343,22 @@ class MessageChannel:
                 f"{self.participant_id}\x00{self.channel_id}\x00{lamport}".encode()
             ).hexdigest()[:24]
         )
-        history = self._causal_history()
+        history = self._history.quote(self._log)
         events: list[Event] = []
         repairs = self._take_repair_requests(now_ms, sync_id, events)
-        if not history and not repairs:
+        if not history.entries and not repairs:
             return None
         message = Message(
             sender_id=self.participant_id,
             message_id=sync_id,
             channel_id=self.channel_id,
             lamport_timestamp=lamport,
-            causal_history=history,
+            causal_history=history.entries,
             bloom_filter=self._bloom.to_bytes(),
             repair_request=repairs,
         )
         events.insert(0, SyncSent(sync_id, lamport))
-        return Outgoing(message, encode(message), events)
+        return Outgoing(message, encode(message, history), events)
 
     def send_ephemeral(self, payload: bytes, *, message_id: str | None = None) -> Outgoing:
         """A message with no reliability: no timestamp, history, filter or buffering."""
@@ -425,10 +428,6 @@ class MessageChannel:
 
     def _next_lamport(self, now_ms: int) -> int:
         return max(self.lamport_timestamp + 1, now_ms)
-
-    def _causal_history(self) -> tuple[HistoryEntry, ...]:
-        tail = self._log.tail(self.config.causal_history_size)
-        return tuple(entry.history_entry for entry in tail)
 
     def _take_repair_requests(
         self, now_ms: int, carrier_id: str, events: list[Event]

@@ -155,7 +155,7 @@ class LocalLog:
         """The newest ``n`` entries, oldest first."""
         if n <= 0:
             return []
-        return [key[2] for key in self._keys[-n:]]
+        return list(map(_ENTRY, self._keys[-n:]))
 
     def count_since(self, lamport_timestamp: int) -> int:
         """How many entries have a Lamport timestamp of at least ``lamport_timestamp``."""

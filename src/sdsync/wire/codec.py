@@ -28,6 +28,7 @@ Anything else is not an SDS message and is rejected.
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -147,25 +148,85 @@ def message_id_for_sender(sender_id: str, lamport_timestamp: int, payload: bytes
     return digest.hexdigest()
 
 
-def encode(message: Message) -> bytes:
-    """Serialise a message; raises LocalProtocolError if it is not a valid SDS message."""
+def encode(message: Message, history: EncodedHistory | None = None) -> bytes:
+    """Serialise a message; raises LocalProtocolError if it is not a valid SDS message.
+
+    ``history``, when it holds the very tuple the message quotes, supplies that causal
+    history's bytes ready-made (see :class:`EncodedHistory`); any other history is
+    encoded here.
+    """
     message.kind  # noqa: B018 — validates field presence before we emit bytes
-    if message.lamport_timestamp is not None and not 0 <= message.lamport_timestamp <= MAX_UINT64:
-        raise LocalProtocolError(f"lamport timestamp {message.lamport_timestamp} is not a uint64")
-    out = pb.SdsMessageView(
-        sender_id=message.sender_id,
-        message_id=message.message_id,
-        channel_id=message.channel_id,
-    )
-    out.causal_history.extend(map(HistoryEntry.to_bytes, message.causal_history))
-    out.repair_request.extend(map(HistoryEntry.to_bytes, message.repair_request))
-    if message.lamport_timestamp is not None:
-        out.lamport_timestamp = message.lamport_timestamp
+    lamport = message.lamport_timestamp
+    if lamport is not None and not 0 <= lamport <= MAX_UINT64:
+        raise LocalProtocolError(f"lamport timestamp {lamport} is not a uint64")
+    if history is None or history.entries is not message.causal_history:
+        history = EncodedHistory.of(message.causal_history)
+    parts = [
+        _string_field(b"\x0a", message.sender_id),
+        _string_field(b"\x12", message.message_id),
+        _string_field(b"\x1a", message.channel_id),
+    ]
+    if lamport is not None:
+        parts.append(b"\x50" + _varint(lamport))
+    parts += history.frames
     if message.bloom_filter is not None:
-        out.bloom_filter = message.bloom_filter
+        parts += (b"\x62", _varint(len(message.bloom_filter)), message.bloom_filter)
+    parts += map(_repair_frame, message.repair_request)
     if message.content is not None:
-        out.content = message.content
-    return out.SerializeToString()
+        parts += (b"\xa2\x01", _varint(len(message.content)), message.content)
+    return b"".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedHistory:
+    """A causal history with its encoding (field 11, every entry framed), for a sender.
+
+    A sender quotes the newest entries of its log, so consecutive messages share all but
+    the oldest and the newest: :meth:`slide` builds the next history from the previous
+    one by encoding only the entries that are new, instead of all ~200 of them.
+    """
+
+    entries: tuple[HistoryEntry, ...] = ()
+    # Each entry as one element of field 11: tag, length, entry bytes.
+    frames: tuple[bytes, ...] = ()
+
+    @classmethod
+    def of(cls, entries: tuple[HistoryEntry, ...]) -> EncodedHistory:
+        return cls(entries, tuple(map(_history_frame, entries)))
+
+    def slide(self, drop: int, added: tuple[HistoryEntry, ...]) -> EncodedHistory:
+        """This history without its ``drop`` oldest entries and with ``added`` after it."""
+        frames = self.frames[drop:] + tuple(map(_history_frame, added))
+        return EncodedHistory(self.entries[drop:] + added, frames)
+
+
+def _framed(tag: bytes, entry: HistoryEntry) -> bytes:
+    """A history entry as one element of a repeated field: tag, length, entry bytes."""
+    raw = entry.to_bytes()
+    return tag + _varint(len(raw)) + raw
+
+
+_history_frame = functools.partial(_framed, b"\x5a")  # field 11, causal_history
+_repair_frame = functools.partial(_framed, b"\x6a")  # field 13, repair_request
+
+
+def _string_field(tag: bytes, value: str) -> bytes:
+    """A proto3 string field: omitted when empty, as upb and the JS encoder do."""
+    if not value:
+        return b""
+    raw = value.encode()
+    return tag + _varint(len(raw)) + raw
+
+
+def _varint(value: int) -> bytes:
+    if value < 0x80:
+        return bytes((value,))
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def decode(data: bytes, limits: WireLimits = DEFAULT_LIMITS) -> Message:
@@ -313,6 +374,7 @@ def _check_id(name: str, value: str, limits: WireLimits) -> None:
 
 __all__ = [
     "DEFAULT_LIMITS",
+    "EncodedHistory",
     "HistoryEntry",
     "Message",
     "MessageKind",
