@@ -19,8 +19,8 @@ from sdsync.core import ChannelConfig, MessageChannel
 from sdsync.core.bloom import BloomParams
 from sdsync.core.history import HistoryWindow
 from sdsync.core.log import LocalLog, LogEntry
+from sdsync.testing.oracle import reference_encode
 from sdsync.wire import HistoryEntry, Message, encode
-from sdsync.wire import sds_message_pb2 as pb
 from sdsync.wire.codec import EncodedHistory
 
 CONFIG = ChannelConfig(bloom=BloomParams(200, 0.01), causal_history_size=4, max_log_entries=12)
@@ -44,31 +44,7 @@ def check_sent(quoted: tuple[HistoryEntry, ...], message: Message, data: bytes) 
         message.content,
         message.repair_request,
     )
-    assert data == reference_encoding(fresh)
-
-
-def reference_encoding(message: Message) -> bytes:
-    """The generated protobuf class's bytes for ``message`` (what @waku/sds writes)."""
-    out = pb.SdsMessage(
-        sender_id=message.sender_id, message_id=message.message_id, channel_id=message.channel_id
-    )
-    for field, entries in (
-        (out.causal_history, message.causal_history),
-        (out.repair_request, message.repair_request),
-    ):
-        for entry in entries:
-            added = field.add(message_id=entry.message_id)
-            if entry.retrieval_hint is not None:
-                added.retrieval_hint = entry.retrieval_hint
-            if entry.sender_id is not None:
-                added.sender_id = entry.sender_id
-    if message.lamport_timestamp is not None:
-        out.lamport_timestamp = message.lamport_timestamp
-    if message.bloom_filter is not None:
-        out.bloom_filter = message.bloom_filter
-    if message.content is not None:
-        out.content = message.content
-    return out.SerializeToString()
+    assert data == reference_encode(fresh)
 
 
 # (operation, peer, lamport offset): send, receive from a peer at an offset from our own
@@ -151,7 +127,7 @@ def test_hand_written_encoder_matches_protobuf() -> None:
             content,
             tuple(entry() for _ in range(rng.randrange(3))),
         )
-        expected = reference_encoding(message)
+        expected = reference_encode(message)
         assert encode(message) == expected
         assert encode(message, EncodedHistory.of(message.causal_history)) == expected
         # A history object for another tuple is ignored, not trusted.
