@@ -167,13 +167,13 @@ def encode(message: Message, history: EncodedHistory | None = None) -> bytes:
         _string_field(b"\x1a", message.channel_id),
     ]
     if lamport is not None:
-        parts.append(b"\x50" + _varint(lamport))
+        parts.append(b"\x50" + uvarint(lamport))
     parts += history.frames
     if message.bloom_filter is not None:
-        parts += (b"\x62", _varint(len(message.bloom_filter)), message.bloom_filter)
+        parts += (b"\x62", uvarint(len(message.bloom_filter)), message.bloom_filter)
     parts += map(_repair_frame, message.repair_request)
     if message.content is not None:
-        parts += (b"\xa2\x01", _varint(len(message.content)), message.content)
+        parts += (b"\xa2\x01", uvarint(len(message.content)), message.content)
     return b"".join(parts)
 
 
@@ -203,7 +203,7 @@ class EncodedHistory:
 def _framed(tag: bytes, entry: HistoryEntry) -> bytes:
     """A history entry as one element of a repeated field: tag, length, entry bytes."""
     raw = entry.to_bytes()
-    return tag + _varint(len(raw)) + raw
+    return tag + uvarint(len(raw)) + raw
 
 
 _history_frame = functools.partial(_framed, b"\x5a")  # field 11, causal_history
@@ -215,10 +215,11 @@ def _string_field(tag: bytes, value: str) -> bytes:
     if not value:
         return b""
     raw = value.encode()
-    return tag + _varint(len(raw)) + raw
+    return tag + uvarint(len(raw)) + raw
 
 
-def _varint(value: int) -> bytes:
+def uvarint(value: int) -> bytes:
+    """``value`` as a protobuf varint (base 128, least significant group first)."""
     if value < 0x80:
         return bytes((value,))
     out = bytearray()

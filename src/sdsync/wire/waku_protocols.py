@@ -56,6 +56,7 @@ from sdsync.wire import waku_filter_pb2 as filter_pb
 from sdsync.wire import waku_lightpush_pb2 as lightpush_pb
 from sdsync.wire import waku_metadata_pb2 as metadata_pb
 from sdsync.wire import waku_store_pb2 as store_pb
+from sdsync.wire.codec import uvarint
 from sdsync.wire.untrusted import parse_untrusted
 from sdsync.wire.waku import HASH_SIZE, MAX_WAKU_MESSAGE_BYTES, WakuMessage, decode_waku_message
 
@@ -92,12 +93,7 @@ _M = TypeVar("_M", bound=ProtoMessage)
 
 def frame_prefix(length: int) -> bytes:
     """The uvarint length prefix of a frame of ``length`` bytes."""
-    prefix = bytearray()
-    while length >= 0x80:
-        prefix.append(length & 0x7F | 0x80)
-        length >>= 7
-    prefix.append(length)
-    return bytes(prefix)
+    return uvarint(length)
 
 
 def encode_frame(body: bytes) -> bytes:
