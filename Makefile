@@ -8,12 +8,12 @@ JS     := tests/interop/js
 JSSTAMP := $(JS)/node_modules/.installed-stamp
 # js-waku's relay node (sdk 0.0.27, libp2p 1) and light node (sdk 0.0.36, libp2p 2) cannot
 # share one node_modules: each driver has its own folder. reliability_grpc is the Node
-# gRPC client of `sdsync reliability serve`.
-NODE_JS_DIRS := tests/interop/waku_relay tests/interop/waku_light tests/interop/reliability_grpc
+# gRPC client of `sdsync reliability serve`. web is the chat page's source (make web).
+NODE_JS_DIRS := tests/interop/waku_relay tests/interop/waku_light tests/interop/reliability_grpc web
 NODESTAMPS := $(NODE_JS_DIRS:%=%/node_modules/.installed-stamp)
 PYTEST_ARGS ?=
 
-.PHONY: demo test soak lint typecheck proto bench bench-memory bench-reconcile bench-sim bench-reliability bench-waku fuzz clean postgres chromium
+.PHONY: demo test soak web lint typecheck proto bench bench-memory bench-reconcile bench-sim bench-reliability bench-waku fuzz clean postgres chromium
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,12 @@ ifeq ($(CHROMIUM),)
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium
 endif
+
+# The chat page's script (sdsync store serve --web): web/ bundled by esbuild into the
+# package, with chat.json recording the hashes it was built from (tests/web/test_chat_bundle.py
+# checks both). Run after changing web/src or web/package-lock.json, and commit the result.
+web: web/node_modules/.installed-stamp
+	node web/build.mjs
 
 demo: $(STAMP)
 	$(VENV)/bin/sdsync demo

@@ -89,3 +89,68 @@ class ChatProcess:
     def stop(self) -> None:
         if self.process.poll() is None:
             self.kill()
+
+
+class TypedChat:
+    """An interactive `sdsync chat` in ``channel``: lines are typed on its stdin, its
+    screen is a file; each wait is bounded by ``patience_s``."""
+
+    def __init__(
+        self, tmp: Path, name: str, channel: str, args: list[str], *, patience_s: float = 20.0
+    ) -> None:
+        self.tmp, self.name, self.patience_s = tmp, name, patience_s
+        self.screen = tmp / f"{name}.screen"
+        self.state = ["--channel", channel, "--state-dir", str(tmp / name)]
+        argv = [sys.executable, "-m", "sdsync.cli", "chat", "--name", name, *self.state, *args]
+        with self.screen.open("wb") as screen:
+            self.process = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=screen, stderr=screen
+            )
+
+    def text(self) -> str:
+        return self.screen.read_text(errors="replace")
+
+    def shows(self, pattern: str, what: str) -> re.Match[str]:
+        """The first match of ``pattern`` (a line of its screen), once it is there."""
+        try:
+            return wait_for(
+                lambda: re.search(pattern, self.text(), re.MULTILINE),
+                f"{self.name} shows {what}",
+                self.patience_s,
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n--- its screen ---\n{self.text()[-3000:]}") from None
+
+    def has_mesh(self) -> bool:
+        """Asks ``/peers``; whether the answer so far names a peer in the channel's mesh."""
+        self.type("/peers")
+        time.sleep(0.2)
+        return (
+            re.search(r"^[1-9]\d* peer\(s\) in the channel", self.text(), re.MULTILINE) is not None
+        )
+
+    def type(self, line: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(line.encode() + b"\n")
+        self.process.stdin.flush()
+
+    def quit(self) -> None:
+        self.type("/quit")
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        assert self.process.wait(self.patience_s) == 0, self.text()[-3000:]
+
+    def print_log(self) -> list[dict[str, Any]]:
+        """Its log, in order, as `--print-log` prints it (restarted from its state dir)."""
+        again = ChatProcess(
+            self.tmp, self.name, [*self.state, "--print-log"], patience_s=self.patience_s
+        )
+        try:
+            return again.finish()
+        finally:
+            again.stop()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()

@@ -60,11 +60,11 @@ def store_serve(
         assert process.stdout is not None
         listening, relay = process.stdout.readline(), process.stdout.readline()
         assert listening.startswith("sdsync store: listening on http://"), listening
-        match = re.match(r"sdsync store: relay on (\S+), archiving (\S+) ", relay)
-        assert match and match[2] == pubsub_topic, relay
+        match = re.match(r"sdsync store: relay on (.+?), archiving (.+?) \(Waku relay", relay)
+        assert match and pubsub_topic in match[2].split(", "), relay
         for protocol in protocols:
             assert protocol in relay
-        yield StoreProcess(process, listening.split()[4], match[1].split(","), stderr)
+        yield StoreProcess(process, listening.split()[4], match[1].split(", "), stderr)
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)

@@ -19,16 +19,13 @@ from __future__ import annotations
 
 import base64
 import re
-import subprocess
-import sys
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from chatprocess import ChatProcess, assert_same_logs, wait_for
+from chatprocess import TypedChat, assert_same_logs, wait_for
 from storeprocess import StoreProcess, store_serve
 from waku_drivers import WakuDriver, b64, light_node
 
@@ -67,64 +64,6 @@ def store(tmp_path: Path) -> Iterator[StoreProcess]:
 @pytest.fixture
 def light(store: StoreProcess) -> Iterator[WakuDriver]:
     yield from light_node(store, "light")
-
-
-class TypedChat:
-    """An interactive `sdsync chat`: lines are typed on its stdin, its screen is a file."""
-
-    def __init__(self, tmp: Path, name: str, args: list[str]) -> None:
-        self.tmp, self.name = tmp, name
-        self.screen = tmp / f"{name}.screen"
-        self.state = ["--channel", CHANNEL, "--state-dir", str(tmp / name)]
-        argv = [sys.executable, "-m", "sdsync.cli", "chat", "--name", name, *self.state, *args]
-        with self.screen.open("wb") as screen:
-            self.process = subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=screen, stderr=screen
-            )
-
-    def text(self) -> str:
-        return self.screen.read_text(errors="replace")
-
-    def shows(self, pattern: str, what: str) -> re.Match[str]:
-        """The first match of ``pattern`` (a line of its screen), once it is there."""
-        try:
-            return wait_for(
-                lambda: re.search(pattern, self.text(), re.MULTILINE), f"it shows {what}", WAIT_S
-            )
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}\n--- its screen ---\n{self.text()[-3000:]}") from None
-
-    def has_mesh(self) -> bool:
-        """Asks ``/peers``; whether the answer so far names a peer in the channel's mesh."""
-        self.type("/peers")
-        time.sleep(0.2)
-        return (
-            re.search(r"^[1-9]\d* peer\(s\) in the channel", self.text(), re.MULTILINE) is not None
-        )
-
-    def type(self, line: str) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.write(line.encode() + b"\n")
-        self.process.stdin.flush()
-
-    def quit(self) -> None:
-        self.type("/quit")
-        assert self.process.stdin is not None
-        self.process.stdin.close()
-        assert self.process.wait(WAIT_S) == 0, self.text()[-3000:]
-
-    def print_log(self) -> list[dict[str, Any]]:
-        """Its log, in order, as `--print-log` prints it (restarted from its state dir)."""
-        again = ChatProcess(self.tmp, self.name, [*self.state, "--print-log"], patience_s=WAIT_S)
-        try:
-            return again.finish()
-        finally:
-            again.stop()
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
 
 
 def js_send(light: WakuDriver, text: str) -> str:
@@ -192,7 +131,7 @@ def test_a_js_waku_reliable_channel_and_a_chat_talk_through_our_node(
         options=JS_OPTIONS,
     )
     peer = ["--peer", store.relay_addrs[0], "--store", store.relay_addrs[0]]
-    chat = TypedChat(tmp_path, "chat", [*peer, *CHAT_OPTIONS])
+    chat = TypedChat(tmp_path, "chat", CHANNEL, [*peer, *CHAT_OPTIONS], patience_s=WAIT_S)
     try:
         chat.shows(rf"content topic {CONTENT_TOPIC} on {PUBSUB_TOPIC}$", "its topics")
         # py-libp2p publishes to nobody before its mesh forms: the store node must be in it.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -77,3 +78,18 @@ def test_serve_refuses_a_shard_topic_of_another_cluster(tmp_path: Path) -> None:
     )
     assert result.exit_code == 2
     assert "not on cluster 1" in result.output
+
+
+def test_serve_refuses_the_chat_page_without_light_services(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        app, ["store", "serve", "--data-dir", str(tmp_path), "--web", "--no-light"]
+    )
+    assert result.exit_code == 2
+    assert "the chat page uses the light services" in result.output
+
+
+def test_serve_refuses_a_chat_page_address_that_is_no_websocket(tmp_path: Path) -> None:
+    argv = ["store", "serve", "--data-dir", str(tmp_path), "--listen", "127.0.0.1:0", "--web"]
+    result = CliRunner().invoke(app, [*argv, "--web-address", "/ip4/127.0.0.1/tcp/443"])
+    assert result.exit_code == 2
+    assert "is not a WebSocket address" in re.sub(r"[│\s]+", " ", result.output)

@@ -26,9 +26,13 @@ def chromium_path() -> str | None:
     )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """Chromium, headless, shared by the session's tests (each opens its own context)."""
+    """Chromium, headless, shared by a module's tests (each opens its own context).
+
+    Per module, not per session: Playwright's sync API keeps an event loop running in the
+    thread while it is open, and a later test of another module in the same worker could
+    not call ``asyncio.run``."""
     sync_api = require("playwright.sync_api", "the browser tests; make test installs it")
     path = chromium_path()
     if path is None:

@@ -39,6 +39,7 @@ store_app = typer.Typer(
 DEFAULT_DATA_DIR = Path(os.environ.get("XDG_DATA_HOME") or "~/.local/share") / "sdsync" / "store"
 DEFAULT_LISTEN = "127.0.0.1:8645"
 DEFAULT_RELAY_LISTEN = "/ip4/127.0.0.1/tcp/0"
+DEFAULT_WEB_LISTEN = "/ip4/127.0.0.1/tcp/0/ws"
 # ConnectionLimits' own default (sdsync.transport.libp2p_patches, an optional extra).
 RELAY_EXEMPT_IPS = frozenset({"127.0.0.1", "::1"})
 SIZE = "BYTES[KB|MB|GB|KiB|MiB|GiB]"
@@ -185,6 +186,23 @@ def serve(
             " Filter v2, on the topics archived."
         ),
     ] = True,
+    web: Annotated[
+        bool,
+        typer.Option(
+            "--web",
+            help="Serve the chat page at /chat/ (a js-waku light node in the browser using this"
+            " node). Relays every shard of the cluster unless --relay-shard/--pubsub-topic say"
+            f" otherwise, and listens on {DEFAULT_WEB_LISTEN} unless a --relay-listen is"
+            " …/ws.",
+        ),
+    ] = False,
+    web_address: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Multiaddr the chat page dials instead of the WebSocket listeners, e.g. a TLS"
+            " proxy's /dns4/HOST/tcp/443/wss (the node's /p2p/<id> is appended); repeatable.",
+        ),
+    ] = None,
     http_idle_timeout: Annotated[
         float,
         typer.Option(
@@ -302,7 +320,7 @@ def serve(
     from sdsync.errors import LocalProtocolError
     from sdsync.store import NodeConfig, RetentionPolicy, StoreNode
     from sdsync.store.filter import FilterLimits
-    from sdsync.store.launch import RelayOptions, run_node
+    from sdsync.store.launch import RelayOptions, WebOptions, run_node
     from sdsync.store.light import LightConfig
     from sdsync.store.lightpush import ServedTopics
     from sdsync.store.retention import DEFAULT_POLICY
@@ -319,6 +337,8 @@ def serve(
     lightpush_rate = _rate_limit(lightpush_rate_limit, "--lightpush-rate-limit")
     relay_rate = _rate_limit(relay_rate_limit, "--relay-rate-limit")
     relay_topics = _relay_topics(pubsub_topic or (), relay_shard or (), relay_cluster_id)
+    if web:
+        relay_topics, relay_listen = _web_relay(relay_topics, relay_listen, relay_cluster_id, light)
     served = _served_topics(relay_topics, relay_cluster_id)
     sync_topics = tuple(dict.fromkeys(pubsub_topic for pubsub_topic, _ in served))
     url = _db_url(db, data_dir)
@@ -373,6 +393,8 @@ def serve(
         light=light,
     )
 
+    web_options = WebOptions(advertise=_web_addresses(web_address or ())) if web else None
+
     def ready(node: StoreNode, relay_addrs: list[str]) -> None:
         print(
             f"sdsync store: listening on {node.url} ({archive.backend} archive {_redacted(url)}; "
@@ -386,16 +408,57 @@ def serve(
                 f"{relay_cluster_id}); serving {', '.join(relay.protocols)}",
                 flush=True,
             )
+        if web_options is not None:
+            _print_chat_help(node.url, relay_addrs)
 
     try:
-        asyncio.run(run_node(archive, config, relay, ready))
+        asyncio.run(run_node(archive, config, relay, ready, web_options))
     except OSError as exc:
         raise fail(f"cannot listen on {listen}: {exc}") from None
-    except LocalProtocolError as exc:  # a bad --relay-listen or --relay-peer
+    except LocalProtocolError as exc:  # a bad --relay-listen, --relay-peer or --web-address
         raise fail(f"cannot start the relay: {exc}") from None
     except ImportError as exc:  # pragma: no cover - depends on the installation
         raise fail(f"the relay needs the 'p2p' extra ({exc})") from None
     print("sdsync store: stopped", flush=True)
+
+
+def _web_relay(
+    relay_topics: tuple[str, ...], relay_listen: list[str] | None, cluster_id: int, light: bool
+) -> tuple[tuple[str, ...], list[str]]:
+    """The relay topics and listeners of a node serving the chat page: every shard of the
+    cluster when none is named, and a WebSocket listener when none is given."""
+    from sdsync.wire.waku_protocols import TWN_SHARD_COUNT
+
+    if not light:
+        raise typer.BadParameter("the chat page uses the light services", param_hint="--no-light")
+    topics = relay_topics or _relay_topics((), range(TWN_SHARD_COUNT), cluster_id)
+    listen = list(relay_listen or [DEFAULT_RELAY_LISTEN])
+    if not any(addr.rstrip("/").endswith(("/ws", "/wss")) for addr in listen):
+        listen.append(DEFAULT_WEB_LISTEN)
+    return topics, listen
+
+
+def _web_addresses(addresses: Iterable[str]) -> tuple[str, ...]:
+    from sdsync.errors import LocalProtocolError
+    from sdsync.store.chat_page import websocket_origin
+
+    for addr in addresses:
+        try:
+            websocket_origin(addr)
+        except LocalProtocolError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--web-address") from None
+    return tuple(addresses)
+
+
+def _print_chat_help(url: str, relay_addrs: list[str]) -> None:
+    """Where to open the chat page, and the terminal chat that joins the same channel."""
+    tcp = next((addr for addr in relay_addrs if "/ws" not in addr), None)
+    print(f"sdsync store: chat page on {url}/chat/?channel=room", flush=True)
+    if tcp is not None:
+        print(
+            f"sdsync store: terminal chat: sdsync chat --channel room --peer {tcp} --store {tcp}",
+            flush=True,
+        )
 
 
 def _rate_limit(spec: str, option: str) -> RateLimit | None:

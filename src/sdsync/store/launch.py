@@ -7,8 +7,11 @@ A node without relay topics is the archive behind its HTTP API.  With relay topi
 Waku relay host (:class:`~sdsync.transport.libp2p.Libp2pTransport`) is started first,
 configured from :class:`RelayOptions`; the node archives what it relays, answers
 store-query on it and, if asked, serves LightPush and Filter to light clients on the same
-host.  ``on_ready`` hears of the node once it listens, with the relay's addresses and the
-protocols it serves; on SIGINT or SIGTERM the node stops, then the host.
+host.  With :class:`WebOptions`, the node also serves the chat page
+(:mod:`sdsync.store.chat_page`) at ``/chat/``, which dials the relay host's WebSocket
+listeners or the addresses given.  ``on_ready`` hears of the node once it listens, with
+the relay's addresses and the protocols it serves; on SIGINT or SIGTERM the node stops,
+then the host.
 
 py-libp2p is an optional extra: it is imported only for a node with relay topics.
 """
@@ -16,10 +19,12 @@ py-libp2p is an optional extra: it is imported only for a node with relay topics
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from sdsync.errors import LocalProtocolError
 from sdsync.store.archive import SqlArchive
+from sdsync.store.chat_page import CHAT_PREFIX, chat_app, chat_page
 from sdsync.store.light import LIGHT_PROTOCOLS
 from sdsync.store.node import NodeConfig, StoreNode, serve
 from sdsync.transport.base import WakuRelayConfig
@@ -29,7 +34,7 @@ from sdsync.wire.waku_protocols import STORE_QUERY_PROTOCOL
 if TYPE_CHECKING:
     from sdsync.transport.libp2p_patches import ConnectionLimits
 
-__all__ = ["Ready", "RelayOptions", "run_node"]
+__all__ = ["Ready", "RelayOptions", "WebOptions", "run_node"]
 
 
 @dataclass(frozen=True)
@@ -53,14 +58,29 @@ class RelayOptions:
         object.__setattr__(self, "protocols", served)
 
 
+@dataclass(frozen=True)
+class WebOptions:
+    """The chat page at ``/chat/`` (it needs a relay with a WebSocket listener)."""
+
+    advertise: tuple[str, ...] = ()
+    """Multiaddrs the page dials instead of the WebSocket listeners (a TLS proxy's
+    ``/dns4/HOST/tcp/443/wss``); the node's ``/p2p/<id>`` is appended."""
+
+
 Ready = Callable[[StoreNode, list[str]], None]
 """Told the node once it listens, and the relay host's addresses (none without relay)."""
 
 
 async def run_node(
-    archive: SqlArchive, config: NodeConfig, relay: RelayOptions, on_ready: Ready
+    archive: SqlArchive,
+    config: NodeConfig,
+    relay: RelayOptions,
+    on_ready: Ready,
+    web: WebOptions | None = None,
 ) -> None:
     """Run the node of ``config`` on ``archive`` until SIGINT or SIGTERM."""
+    if web is not None and not (config.relay_topics and relay.light):
+        raise LocalProtocolError("the chat page needs the relay and its light services")
     if not config.relay_topics:
         return await serve(StoreNode(archive, config), on_ready=lambda node: on_ready(node, []))
     from sdsync.transport.libp2p import Libp2pTransport
@@ -72,5 +92,8 @@ async def run_node(
         relay_rate=relay.rate,
         limits=relay.limits,
     ) as host:
+        if web is not None:
+            page = chat_page(host.listen_addrs, config.light.served, web.advertise)
+            config = replace(config, mounts={**config.mounts, CHAT_PREFIX: chat_app(page)})
         node = StoreNode(archive, config, waku=host, light=relay.light)
         await serve(node, on_ready=lambda node: on_ready(node, host.listen_addrs))

@@ -15,6 +15,7 @@ Routes, and who may call them:
   request is rejected (400, nothing stored) if any message's hash does not match it.
 * ``POST /admin/v1/retention`` and ``GET /admin/v1/info`` — token.
 * ``GET /metrics`` (Prometheus) and ``GET /health`` — anyone, as scrapers expect.
+* ``GET /chat/`` — with ``--web``: the chat page (:mod:`sdsync.store.chat_page`).
 * ``GET /status`` (``/`` redirects there) — anyone: the operator's page of the same
   counters (:mod:`sdsync.store.status`); with the token it shows the node's
   configuration and Store Sync rounds too, as ``/admin/v1/info`` does.
@@ -64,7 +65,7 @@ import asyncio
 import collections
 import hmac
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -139,6 +140,7 @@ def create_app(
     )
     for prefix, subapp in (mounts or {}).items():
         subapp[NODE] = node
+        app.router.add_get(prefix, _to_mount(prefix + "/"))  # before the mount claims it
         app.add_subapp(prefix, subapp)
     return app
 
@@ -473,3 +475,12 @@ async def status_asset(request: web.Request) -> web.Response:
 
 async def to_status(request: web.Request) -> web.Response:
     raise web.HTTPFound("/status")
+
+
+def _to_mount(path: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """A mount's bare prefix (``/chat``) leads to its root (``/chat/``), query kept."""
+
+    async def redirect(request: web.Request) -> web.Response:
+        raise web.HTTPFound(path + (f"?{request.query_string}" if request.query_string else ""))
+
+    return redirect

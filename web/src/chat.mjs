@@ -1,0 +1,292 @@
+// The chat page of `sdsync store serve --web`, at /chat/?channel=ROOM&name=NAME.
+//
+// Theory of operation
+// -------------------
+// The page is one SDS participant: a js-waku ReliableChannel on a light node whose only
+// service node is the node that served the page (link.mjs). It sends by LightPush, hears
+// by Filter and fetches from the node's store: at every (re)connection it pages through
+// the channel's content topic (everything the first time, then since the last catch-up)
+// and hands the messages to the channel, which delivers them in causal order, drops
+// duplicates and asks the store by hash for what later messages name and it lacks.
+//
+// The channel is the one `sdsync chat --channel ROOM` joins: content topic
+// /sds/1/ROOM/proto on its autoshard, channel id ROOM, sender id the participant's name,
+// the payload the message text in UTF-8. The name is kept in localStorage, so a reload
+// (with or without ?name=) is the same participant; our messages of an earlier visit come
+// back from the store (restoreOwn says why the page has to put them back itself).
+//
+// What the page shows is a ChatLog (log.mjs), redrawn once per animation frame after any
+// event. Bad input is refused before it reaches the channel, with a visible reason: a
+// channel name that is no content topic segment, a text longer than the node accepts, a
+// channel whose shard the node does not relay.
+
+import { ReliableChannel, ReliableChannelEvent, createDecoder, createEncoder, utils } from "@waku/sdk";
+import { Message as SdsMessage, MessageChannelEvent, isContentMessage } from "@waku/sds";
+
+import { Link } from "./link.mjs";
+import { ChatLog, State } from "./log.mjs";
+import { View } from "./view.mjs";
+
+const NAME_KEY = "sdsync.chat.name";
+const CHANNEL_PATTERN = /^[A-Za-z0-9._~-]{1,64}$/;
+const NAME_PATTERN = /^[^\s/][^/]{0,63}$/u;
+const PAGE_SIZE = 100;
+const MAX_CATCH_UP = 10_000; // newest first: a long channel's oldest messages stay in the store
+const CATCH_UP_OVERLAP_MS = 60_000; // clocks of page and node may differ this much
+const encoder = new TextEncoder();
+
+function identity(params) {
+  const given = params.get("name")?.trim();
+  const name = given || localStorage.getItem(NAME_KEY) || "";
+  if (NAME_PATTERN.test(name)) localStorage.setItem(NAME_KEY, name);
+  return name;
+}
+
+/** Positive whole milliseconds from the URL (?sync_ms=, ?retry_ms=), else undefined. */
+function millis(params, key) {
+  const value = Number(params.get(key));
+  return Number.isInteger(value) && value > 0 ? value : undefined;
+}
+
+async function fetchConfig() {
+  const response = await fetch("config.json", { cache: "no-store" });
+  if (!response.ok) throw new Error(`the node answered ${response.status} for config.json`);
+  return response.json();
+}
+
+function channelOptions(params) {
+  const options = { autoStart: false, queryOnConnect: false };
+  const syncMs = millis(params, "sync_ms");
+  const retryMs = millis(params, "retry_ms");
+  if (syncMs) options.syncMinIntervalMs = syncMs;
+  if (retryMs) options.retryIntervalMs = retryMs;
+  return options;
+}
+
+/**
+ * ReliableChannel (sdk 0.0.36) resends a message by wrapping its payload again. While the
+ * message waits in @waku/sds's outgoing buffer that resends the same message; but a
+ * resend queued before the acknowledgement that empties the buffer makes a new message
+ * under the same id with a newer Lamport timestamp, and members that got different copies
+ * order their logs differently. Here a payload already in the local history and no longer
+ * waiting is never wrapped again.
+ */
+function wrapOnce(messageChannel) {
+  const wrap = messageChannel._pushOutgoingMessage.bind(messageChannel);
+  messageChannel._pushOutgoingMessage = async (payload, callback) => {
+    const messageId = ReliableChannel.getMessageId(payload);
+    const waiting = messageChannel.outgoingBuffer.some((m) => m.messageId === messageId);
+    if (!waiting && messageChannel.localHistory.some((m) => m.messageId === messageId)) return;
+    return wrap(payload, callback);
+  };
+}
+
+class Chat {
+  constructor(view, config, channelId, me, params) {
+    this.view = view;
+    this.config = config;
+    this.channelId = channelId;
+    this.log = new ChatLog(me);
+    this.link = new Link(config);
+    this.params = params;
+    this.contentTopic = `/sds/1/${channelId}/proto`;
+    this.routingInfo = utils.createRoutingInfo(this.link.networkConfig, { contentTopic: this.contentTopic });
+    this.lastCatchUp = undefined;
+    this.catchingUp = false;
+    this.drawPending = false;
+  }
+
+  /** Why this node cannot carry the channel, or undefined. */
+  unserved() {
+    const topic = this.routingInfo.pubsubTopic;
+    if (this.config.pubsub_topics.includes(topic)) return undefined;
+    return (
+      `This node does not serve channel "${this.channelId}": its content topic ` +
+      `${this.contentTopic} is on ${topic}, and the node relays ${this.config.pubsub_topics.join(", ")}.`
+    );
+  }
+
+  async start() {
+    this.link.addEventListener("change", () => this.linkChanged());
+    this.link.addEventListener("connected", () => void this.connected());
+    this.linkChanged();
+    await this.link.start();
+    const { node } = this.link;
+    this.channel = await ReliableChannel.create(
+      node,
+      this.channelId,
+      this.log.me,
+      createEncoder({ contentTopic: this.contentTopic, routingInfo: this.routingInfo }),
+      createDecoder(this.contentTopic, this.routingInfo),
+      channelOptions(this.params)
+    );
+    wrapOnce(this.channel.messageChannel);
+    this.listen();
+    this.view.onSend((text) => this.send(text));
+    if (this.link.state === "connected") await this.connected();
+  }
+
+  listen() {
+    const on = (type, handle) =>
+      this.channel.addEventListener(type, (event) => {
+        handle(event.detail);
+        this.draw();
+      });
+    on(ReliableChannelEvent.SendingMessage, (id) => this.log.advance(id, State.SENDING));
+    on(ReliableChannelEvent.MessageSent, (id) => this.log.advance(id, State.SENT));
+    on(ReliableChannelEvent.MessagePossiblyAcknowledged, ({ messageId, possibleAckCount }) =>
+      this.log.possiblyAcknowledged(messageId, possibleAckCount)
+    );
+    on(ReliableChannelEvent.MessageAcknowledged, (id) => this.log.advance(id, State.ACKNOWLEDGED));
+    on(ReliableChannelEvent.SendingMessageIrrecoverableError, ({ messageId, error }) =>
+      this.log.fail(messageId, error)
+    );
+    on(ReliableChannelEvent.IrretrievableMessage, ({ messageId }) =>
+      this.view.showError(`Message ${messageId.slice(0, 12)}… could not be retrieved from the store.`)
+    );
+    const sds = this.channel.messageChannel;
+    sds.addEventListener(MessageChannelEvent.InSyncReceived, (event) => {
+      this.log.heardFrom(event.detail.senderId);
+      this.draw();
+    });
+    sds.addEventListener(MessageChannelEvent.InMessageMissing, (event) => {
+      this.log.reportMissing(event.detail.map(({ messageId }) => messageId));
+      this.draw();
+    });
+    sds.addEventListener(MessageChannelEvent.InMessageDelivered, () => this.draw());
+  }
+
+  send(text) {
+    const payload = encoder.encode(text);
+    if (payload.length === 0 || text.trim() === "") return "Nothing to send.";
+    const limit = this.config.max_text_bytes;
+    if (payload.length > limit) {
+      return `That message has ${payload.length.toLocaleString("en")} bytes; this node takes at most ${limit.toLocaleString("en")}.`;
+    }
+    const messageId = ReliableChannel.getMessageId(payload);
+    if (this.log.entries.has(messageId)) {
+      return "That exact text is in the channel already: @waku/sds names a message by its text, so it would be the same message.";
+    }
+    this.log.sending(messageId, text);
+    this.channel.send(payload);
+    this.draw();
+    return undefined;
+  }
+
+  linkChanged() {
+    const { state, lastError, connects } = this.link;
+    this.view.countConnects(connects);
+    this.view.setStatus("connection", state, state === "refused" ? `refused: ${lastError}` : undefined);
+    if (state !== "connected" && this.channel?.isStarted) this.view.setStatus("subscription", "waiting", "resubscribing when back");
+  }
+
+  async connected() {
+    if (!this.channel) return;
+    if (!this.channel.isStarted) {
+      this.view.setStatus("subscription", "subscribing", "subscribing…");
+      const subscribed = await this.channel.start();
+      if (!subscribed) {
+        this.view.setStatus("subscription", "refused", "the node refused the subscription");
+        await this.channel.stop();
+        return;
+      }
+    }
+    this.view.setStatus("subscription", "subscribed", "subscribed");
+    await this.catchUp();
+  }
+
+  /** Everything the store has for the channel since the last catch-up, newest first. */
+  async catchUp() {
+    if (this.catchingUp) return;
+    this.catchingUp = true;
+    const startedAt = Date.now();
+    const options = { paginationLimit: PAGE_SIZE, paginationForward: false };
+    if (this.lastCatchUp !== undefined) {
+      options.timeStart = new Date(this.lastCatchUp - CATCH_UP_OVERLAP_MS);
+      options.timeEnd = new Date(startedAt + CATCH_UP_OVERLAP_MS);
+    }
+    const found = [];
+    this.view.setStatus("catchUp", "catching-up", "catching up…");
+    try {
+      for await (const page of this.link.node.store.queryGenerator([this.channel.decoder], options)) {
+        found.push(...(await Promise.all(page)).filter(Boolean));
+        this.view.setStatus("catchUp", "catching-up", `catching up… ${found.length} messages`);
+        if (found.length >= MAX_CATCH_UP) break;
+      }
+      found.reverse();
+      this.restoreOwn(found);
+      await this.channel.processIncomingMessages(found);
+      this.channel.messageChannel.sweepIncomingBuffer();
+      this.lastCatchUp = startedAt;
+      const at = new Date(startedAt).toLocaleTimeString();
+      this.view.setStatus("catchUp", "caught-up", `caught up at ${at} (${found.length} from the store)`);
+    } catch (err) {
+      this.view.setStatus("catchUp", "failed", `catch-up failed: ${err.message}`);
+    } finally {
+      this.catchingUp = false;
+      this.draw();
+    }
+  }
+
+  /**
+   * Our messages of an earlier visit, put back into the channel's local history as if
+   * just sent. @waku/sds ignores a message that carries its own sender id, so without this
+   * a reloaded page would lose what it said, and never deliver the messages that name it
+   * in their causal history. The store is to the page what its state directory is to
+   * `sdsync chat`.
+   */
+  restoreOwn(messages) {
+    const sds = this.channel.messageChannel;
+    for (const message of messages) {
+      const own = SdsMessage.decode(message.payload);
+      if (!own || !isContentMessage(own) || own.channelId !== this.channelId) continue;
+      if (own.senderId !== this.log.me || sds.localHistory.some((m) => m.messageId === own.messageId)) continue;
+      own.retrievalHint = message.hash;
+      sds.deliverMessage(own);
+      sds.filter.insert(own.messageId);
+      sds.timeReceived.set(own.messageId, Date.now());
+    }
+  }
+
+  draw() {
+    if (this.drawPending) return;
+    this.drawPending = true;
+    requestAnimationFrame(() => {
+      this.drawPending = false;
+      this.log.takeHistory(this.channel?.messageChannel.localHistory.slice(0) ?? []);
+      this.view.render(this.log);
+    });
+  }
+}
+
+async function main() {
+  const view = new View(document);
+  const params = new URLSearchParams(location.search);
+  const channelId = params.get("channel")?.trim() ?? "";
+  const me = identity(params);
+  if (!CHANNEL_PATTERN.test(channelId) || !NAME_PATTERN.test(me)) {
+    const why =
+      channelId && !CHANNEL_PATTERN.test(channelId)
+        ? "A channel name is 1 to 64 letters, digits, dots, dashes, underscores or tildes."
+        : me && !NAME_PATTERN.test(me)
+          ? "A name is 1 to 64 characters, without slashes or leading spaces."
+          : undefined;
+    return view.showJoin(channelId, me, why);
+  }
+  view.showChannel(channelId, me);
+  const config = await fetchConfig();
+  const chat = new Chat(view, config, channelId, me, params);
+  const unserved = chat.unserved();
+  if (unserved) {
+    view.setStatus("connection", "refused", "not connected: channel not served");
+    return view.showError(unserved);
+  }
+  window.sdsyncChat = chat; // for a developer's console and the browser tests
+  await chat.start();
+}
+
+main().catch((err) => {
+  const element = document.getElementById("error");
+  element.textContent = `The chat could not start: ${err?.message ?? err}`;
+  element.hidden = false;
+});

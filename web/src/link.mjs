@@ -1,0 +1,151 @@
+// The page's Waku light node and its one service node: the store node that served the page.
+//
+// Theory of operation
+// -------------------
+// The page trusts nothing but the node it came from. `config.json` (from that node) names
+// the node's WebSocket addresses, its cluster and the shards it relays; the light node
+// dials those and nothing else: no bootstrap list, no discovery. libp2p in a browser
+// refuses to dial private addresses by default, which is exactly where a node on
+// 127.0.0.1 lives, so the connection gater is told that dialing is decided here.
+//
+// A link reports four things to the page, as they change: the connection (connecting,
+// connected, offline), and through the channel code the subscription and the store
+// catch-up. While the service node is not connected, the link redials it with a growing
+// delay (0.5 s doubling to 8 s); when the browser says it is offline the link hangs up,
+// and redials at once when it is back online.
+// Every (re)connection runs `onConnected`: the page subscribes again and catches up from
+// the store.
+
+import { webSockets } from "@libp2p/websockets";
+import { all as anyWebSocketAddress } from "@libp2p/websockets/filters";
+import { multiaddr } from "@multiformats/multiaddr";
+import { createLightNode, waku } from "@waku/sdk";
+
+const FIRST_REDIAL_MS = 500;
+const LAST_REDIAL_MS = 8_000;
+const DIAL_TIMEOUT_MS = 10_000;
+const IDENTIFY_POLL_MS = 100;
+// The sdk picks its service peers from the peer store, which identify fills some time
+// after the connection opens: the link says "connected" once all three are listed there.
+const NEEDED = [waku.StoreCodec, waku.LightPushCodec, waku.FilterCodecs.SUBSCRIBE];
+
+export class Link extends EventTarget {
+  constructor(config) {
+    super();
+    this.config = config;
+    this.addresses = config.peers.map((address) => multiaddr(address));
+    this.servicePeer = this.addresses[0]?.getPeerId();
+    this.state = "connecting";
+    this.connects = 0; // times the service node was connected and identified
+    this.node = undefined;
+    this._redialMs = FIRST_REDIAL_MS;
+    this._timer = undefined;
+    this._dialing = false;
+  }
+
+  get networkConfig() {
+    return { clusterId: this.config.cluster_id, numShardsInCluster: this.config.num_shards };
+  }
+
+  async start() {
+    if (!this.servicePeer) throw new Error("the node gave no address with a peer id to dial");
+    this.node = await createLightNode({
+      networkConfig: this.networkConfig,
+      defaultBootstrap: false,
+      libp2p: {
+        transports: [webSockets({ filter: anyWebSocketAddress })],
+        connectionGater: { denyDialMultiaddr: () => false },
+        hideWebSocketInfo: true,
+      },
+    });
+    const libp2p = this.node.libp2p;
+    libp2p.addEventListener("peer:connect", (event) => {
+      if (event.detail.toString() === this.servicePeer) void this._identified(event.detail);
+    });
+    libp2p.addEventListener("peer:disconnect", (event) => {
+      if (event.detail.toString() === this.servicePeer) this._lost();
+    });
+    window.addEventListener("online", () => this._online());
+    window.addEventListener("offline", () => this._offline());
+    await this._dial();
+  }
+
+  isConnected() {
+    return this.node?.libp2p.getConnections().some((c) => c.remotePeer.toString() === this.servicePeer);
+  }
+
+  async _dial() {
+    if (this._dialing || this.isConnected()) return;
+    this._dialing = true;
+    try {
+      for (const address of this.addresses) {
+        try {
+          await this.node.libp2p.dial(address, { signal: AbortSignal.timeout(DIAL_TIMEOUT_MS) });
+          return;
+        } catch (err) {
+          this.lastError = `cannot reach ${address}: ${err.message}`;
+        }
+      }
+      this._set(navigator.onLine ? "connecting" : "offline");
+      this._redialSoon(this._redialMs);
+      this._redialMs = Math.min(this._redialMs * 2, LAST_REDIAL_MS);
+    } finally {
+      this._dialing = false;
+    }
+  }
+
+  // A WebSocket can outlive an outage while what was pushed through it meanwhile is lost,
+  // and nothing would tell the Filter client: the link hangs up when the browser goes
+  // offline, so that coming back is a new connection, which the page catches up after.
+  _offline() {
+    this._set("offline");
+    for (const connection of this.node.libp2p.getConnections()) {
+      if (connection.remotePeer.toString() === this.servicePeer) void connection.close().catch(() => undefined);
+    }
+  }
+
+  _online() {
+    this._redialMs = FIRST_REDIAL_MS;
+    this._redialSoon(0);
+  }
+
+  _redialSoon(delayMs) {
+    clearTimeout(this._timer);
+    this._timer = setTimeout(() => void this._dial(), delayMs);
+  }
+
+  async _identified(peerId) {
+    const deadline = Date.now() + DIAL_TIMEOUT_MS;
+    while (this.isConnected()) {
+      const stored = await this.node.libp2p.peerStore.get(peerId).catch(() => undefined);
+      const offered = stored?.protocols ?? [];
+      if (NEEDED.every((codec) => offered.includes(codec))) return this._connected();
+      if (Date.now() > deadline) {
+        const lacking = NEEDED.filter((codec) => !offered.includes(codec));
+        this.lastError = `the node does not offer ${lacking.join(", ")}`;
+        return this._set("refused");
+      }
+      await new Promise((resolve) => setTimeout(resolve, IDENTIFY_POLL_MS));
+    }
+  }
+
+  _connected() {
+    clearTimeout(this._timer);
+    this._redialMs = FIRST_REDIAL_MS;
+    this.lastError = undefined;
+    this.connects += 1;
+    this._set("connected");
+    this.dispatchEvent(new Event("connected"));
+  }
+
+  _lost() {
+    this._set(navigator.onLine ? "connecting" : "offline");
+    this._redialSoon(FIRST_REDIAL_MS);
+  }
+
+  _set(state) {
+    if (this.state === state) return;
+    this.state = state;
+    this.dispatchEvent(new Event("change"));
+  }
+}
