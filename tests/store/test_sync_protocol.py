@@ -240,6 +240,10 @@ def test_peers_without_store_sync_are_skipped_and_remembered(
             successes = [r for r in reports if r is not None]
             assert successes and {r.peer for r in successes} == {good.url}
             assert rounds.failures == 6 - len(successes) > 0  # the dead peer's rounds
+            # info() lists the rounds newest first: each success and each failure, by peer.
+            recent = rounds.info()["recent"]
+            assert [r["outcome"] == "ok" for r in recent] == [r is not None for r in reports][::-1]
+            assert {r["peer"] for r in recent if r["outcome"] != "ok"} == {dead}
             assert len(sqlite_archive.get([m.message_hash for m in EXTRA])) == 5
 
             only_bad = PeriodicSync(

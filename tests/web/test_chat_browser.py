@@ -177,6 +177,12 @@ def test_two_pages_and_two_terminal_chats_end_with_one_log(
     try:
         for chat in chats:
             wait_for(chat.has_mesh, f"the store node in {chat.name}'s mesh", WAIT_S)
+        # The operator sees the two pages as the node's Filter subscribers.
+        assert node.metric("sdsync_store_filter_subscribers") == 2
+        status = page_a.context.new_page()
+        status.goto(f"{node.url}/status")
+        assert status.text_content('[data-sample="sdsync_store_filter_subscribers"]') == "2"
+        status.close()
 
         # 1. Each says something; each sees the other three.
         ta.type("ta: hello")

@@ -47,6 +47,7 @@ def test_view_shows_the_registry_counters() -> None:
     assert [(f.label, f.value) for f in view.summary] == [
         ("messages archived", 12),
         ("database bytes", 0),
+        ("Filter subscribers", 0),
     ]
     tables = {t.title: t for t in view.tables}
     refused = tables["Refused, by route and reason"]
@@ -97,8 +98,9 @@ def test_render_escapes_every_peer_string() -> None:
     assert 'id="admin"' in page
 
 
-def test_admin_part_shows_the_last_sync_round() -> None:
-    last = {
+def test_admin_part_shows_the_last_sync_rounds_newest_first() -> None:
+    ok = {
+        "at_ns": 2 * 10**18,
         "peer": "http://peer:1",
         "method": "riblt",
         "have": 2,
@@ -107,12 +109,31 @@ def test_admin_part_shows_the_last_sync_round() -> None:
         "bytes_received": 900,
         "stored": 5,
         "peer_stored": 2,
+        "outcome": "ok",
     }
-    sync = {"method": "riblt", "rounds": 3, "failures": 1, "last": last, "last_error": None}
+    failed = {"at_ns": 10**18, "peer": "http://peer:2", "method": "rbsr", "outcome": "failed: down"}
+    sync = {"method": "riblt", "rounds": 3, "failures": 1, "recent": [ok, failed]}
     view = _view(StoreMetrics(), {"backend": "sqlite", "sync": sync})
     assert view.admin is not None
     table = view.admin[1]
-    assert table.title == "Store Sync: last round (3 rounds, 1 failed)"
-    assert table.rows[0][:5] == ("http://peer:1", "riblt", "2 we held, 5 we lacked", "100", "900")
-    failed = _view(StoreMetrics(), {"sync": sync | {"last_error": "peer down"}})
-    assert failed.admin is not None and failed.admin[1].rows[0][-1] == "failed: peer down"
+    assert table.title == "Store Sync: last rounds (3 rounds, 1 failed)"
+    assert table.rows[0] == (
+        "2033-05-18 03:33:20 UTC",
+        "http://peer:1",
+        "riblt",
+        "2 we held, 5 we lacked",
+        "100",
+        "900",
+        "ok: 5 new here, 2 new there",
+    )
+    assert table.rows[1] == (
+        "2001-09-09 01:46:40 UTC",
+        "http://peer:2",
+        "rbsr",
+        "",
+        "",
+        "",
+        "failed: down",
+    )
+    idle = _view(StoreMetrics(), {"sync": {"method": "riblt", "recent": []}})
+    assert idle.admin is not None and idle.admin[1].rows[0][1] == "no round yet"

@@ -54,8 +54,12 @@ async function fetchConfig() {
   return response.json();
 }
 
+// The channel handles what it received at most once per processTaskMinElapseMs (1 s by
+// default in sdk 0.0.36): a chat line would wait up to that long to show.
+const PROCESS_TASKS_MS = 100;
+
 function channelOptions(params) {
-  const options = { autoStart: false, queryOnConnect: false };
+  const options = { autoStart: false, queryOnConnect: false, processTaskMinElapseMs: PROCESS_TASKS_MS };
   const syncMs = millis(params, "sync_ms");
   const retryMs = millis(params, "retry_ms");
   if (syncMs) options.syncMinIntervalMs = syncMs;
@@ -216,6 +220,7 @@ class Chat {
       found.reverse();
       this.restoreOwn(found);
       await this.channel.processIncomingMessages(found);
+      await this.channel.messageChannel.processTasks(); // deliver now, not at the next tick
       this.channel.messageChannel.sweepIncomingBuffer();
       this.lastCatchUp = startedAt;
       const at = new Date(startedAt).toLocaleTimeString();

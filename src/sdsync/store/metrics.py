@@ -33,6 +33,11 @@ class StoreMetrics:
         self.archive_bytes = Gauge(
             "sdsync_store_archive_bytes", "Bytes the archive occupies on disk.", registry=r
         )
+        self.filter_subscribers = Gauge(
+            "sdsync_store_filter_subscribers",
+            "Light clients holding a Filter subscription (0 without light services).",
+            registry=r,
+        )
         self.ingested = Counter(
             "sdsync_store_ingested_messages",
             "Messages newly archived, by source (http, resume, relay, lightpush, sync).",

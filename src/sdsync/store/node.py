@@ -332,6 +332,7 @@ class StoreNode(ArchiveHost):
     async def refresh_gauges(self) -> None:
         self.metrics.messages.set(await self.in_archive(self.archive.count))
         self.metrics.archive_bytes.set(await self.in_archive(self.archive.size_bytes))
+        self.metrics.filter_subscribers.set(len(self.light.filters) if self.light else 0)
 
     async def info(self) -> dict[str, Any]:
         return {

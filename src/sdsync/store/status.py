@@ -152,6 +152,7 @@ def build_view(
         summary=(
             _gauge(samples, "sdsync_store_messages", "messages archived"),
             _gauge(samples, "sdsync_store_archive_bytes", "database bytes"),
+            _gauge(samples, "sdsync_store_filter_subscribers", "Filter subscribers"),
         ),
         topics=_topics_table(topics),
         traffic=Traffic(
@@ -211,33 +212,28 @@ def _resume(resume: Mapping[str, Any] | None) -> str:
 
 def _sync_table(sync: Mapping[str, Any] | None) -> Table:
     """Store Sync's periodic rounds (:meth:`~sdsync.store.sync.periodic.PeriodicSync.info`):
-    the node records its last round only."""
-    columns = ("peer", "method", "differences", "bytes sent", "bytes received", "outcome")
-    title = "Store Sync: last round"
+    the last few, newest first."""
+    columns = ("when", "peer", "method", "differences", "bytes sent", "bytes received", "outcome")
+    title = "Store Sync: last rounds"
     if not sync:
-        return Table(title, columns, (("periodic Store Sync is off", "", "", "", "", ""),))
-    last = sync.get("last")
+        return Table(title, columns, (("", "periodic Store Sync is off", "", "", "", "", ""),))
     rounds = f"{sync.get('rounds', 0)} rounds, {sync.get('failures', 0)} failed"
-    if sync.get("last_error"):
-        rows = (
-            (_last_peer(last), sync.get("method", ""), "", "", "", f"failed: {sync['last_error']}"),
-        )
-    elif last:
-        rows = ((
-            str(last["peer"]),
-            str(last["method"]),
-            f"{last['have']} we held, {last['need']} we lacked",
-            str(last["bytes_sent"]),
-            str(last["bytes_received"]),
-            f"ok: {last['stored']} new here, {last['peer_stored']} new there",
-        ),)  # fmt: skip
-    else:
-        rows = (("no round yet", str(sync.get("method", "")), "", "", "", ""),)
+    rows = tuple(map(_sync_row, sync.get("recent") or ()))
+    if not rows:
+        rows = (("", "no round yet", str(sync.get("method", "")), "", "", "", ""),)
     return Table(f"{title} ({rounds})", columns, rows)
 
 
-def _last_peer(last: Mapping[str, Any] | None) -> str:
-    return str(last["peer"]) if last else ""
+def _sync_row(round_: Mapping[str, Any]) -> tuple[str, ...]:
+    when = _when(int(round_.get("at_ns", 0)))
+    peer, method, outcome = str(round_["peer"]), str(round_["method"]), str(round_["outcome"])
+    if "have" not in round_:  # a failed round
+        return (when, peer, method, "", "", "", outcome)
+    differences = f"{round_['have']} we held, {round_['need']} we lacked"
+    if outcome == "ok":
+        outcome = f"ok: {round_['stored']} new here, {round_['peer_stored']} new there"
+    sent, received = str(round_["bytes_sent"]), str(round_["bytes_received"])
+    return (when, peer, method, differences, sent, received, outcome)
 
 
 def _when(ns: int) -> str:

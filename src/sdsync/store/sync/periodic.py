@@ -7,8 +7,8 @@ at random, over the hour that ended 20 s ago (:meth:`SyncConfig.window`). A stor
 assume that every store peer speaks Store Sync and learn otherwise by trying: a peer
 that answers that it does not (:class:`SyncUnsupportedError`) is remembered and never
 asked again, and the round goes on with another random peer. A peer that is down or
-busy, or answers nonsense, ends the round (logged, and shown by ``/admin/v1/info``); the
-next round picks afresh.
+busy, or answers nonsense, ends the round (logged, and shown by ``/admin/v1/info`` and
+the status page with the last :data:`RECENT_ROUNDS` rounds); the next round picks afresh.
 
 Rounds use RIBLT by default (``--sync-method``). A node may meet peers that speak Store
 Sync but not its method (older nodes): such a peer is synced by RBSR, which every Store
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -32,6 +33,8 @@ from sdsync.store.sync.initiator import SyncReport, SyncUnsupportedError, sync_w
 from sdsync.store.sync.wire import BASE_METHOD
 
 logger = logging.getLogger("sdsync.store.sync")
+RECENT_ROUNDS = 10
+"""Rounds ``/admin/v1/info`` and the status page show (newest first)."""
 
 
 class PeriodicSync:
@@ -54,6 +57,9 @@ class PeriodicSync:
         self.failures = 0
         self.last: SyncReport | None = None
         self.last_error: str | None = None
+        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_ROUNDS)
+        """The last rounds, oldest first: each a report's fields, or a failure's peer and
+        error, with ``at_ns`` and ``outcome``."""
         self._clock_ns = clock_ns
         self._rng = rng
 
@@ -70,9 +76,10 @@ class PeriodicSync:
                 self.unsupported.add(peer)
                 continue
             except (StoreUnavailableError, RemoteProtocolError, ArchiveUnavailable) as exc:
-                self._failed(f"{peer}: {exc}")
+                self._failed(f"{peer}: {exc}", peer)
                 return None
             self.last, self.last_error = report, None
+            self.recent.append({"at_ns": self._clock_ns(), **report.as_dict(), "outcome": "ok"})
             logger.info(
                 "store sync with %s: sent %d, received %d (%d new), %d round trips, %.2f s",
                 peer,
@@ -103,9 +110,12 @@ class PeriodicSync:
         window = self.config.window(self._clock_ns())
         return await sync_with_peer(self.host, peer, window, method=method, token=self.config.token)
 
-    def _failed(self, error: str) -> None:
+    def _failed(self, error: str, peer: str = "") -> None:
         self.failures += 1
         self.last_error = error
+        method = BASE_METHOD if peer in self.rbsr_peers else self.config.method
+        failure = {"peer": peer, "method": method, "outcome": f"failed: {error}"}
+        self.recent.append({"at_ns": self._clock_ns(), **failure})
         logger.warning("store sync round failed: %s", error)
 
     def info(self) -> dict[str, Any]:
@@ -117,4 +127,5 @@ class PeriodicSync:
             "rbsr_peers": sorted(self.rbsr_peers),
             "last": self.last.as_dict() if self.last else None,
             "last_error": self.last_error,
+            "recent": list(reversed(self.recent)),
         }
