@@ -15,8 +15,9 @@ own participant with its own localStorage) and two interactive `sdsync chat` pro
    timestamp, message id), the pages' lists held against the chats' ``--print-log``; the
    pages' own lines reach "acknowledged".
 
-Then bad input: a text over the node's limit and a channel on a shard the node does not
-relay each give a visible error in the page, and the node is unharmed. No page logs a
+Then bad input: a text over the node's limit, a channel on a shard the node does not relay
+and a channel name that is no topic segment each give a visible error in the page, markup
+in a text is shown as text and never run, and the node is unharmed. No page logs a
 Content-Security-Policy violation or an uncaught error. Screenshots go to ``tmp_path``, or
 to ``$SDSYNC_SCREENSHOTS`` (docs/img) when that is set.
 """
@@ -48,6 +49,7 @@ WAIT_S = 60.0  # a liveness bound: each step normally takes a second or two
 # Fast SDS timers on both sides, so that acknowledgements and resends come in seconds.
 PAGE_TIMERS = "sync_ms=1000&retry_ms=2000"
 CHAT_OPTIONS = ["--sync-interval-ms", "1000", "--retry-ms", "2000"]
+HOSTILE = '<img src="x" onerror="window.pwned = 1"><b>bold</b>'
 
 
 @pytest.fixture(scope="module")
@@ -252,6 +254,11 @@ def test_bad_input_gets_a_visible_error_and_harms_nothing(
     page.send("a line of normal size")
     page.shows("a line of normal size")
     assert page.page.is_hidden("#error")
+    # Markup in a message is text: shown as typed, never run.
+    page.send(HOSTILE)
+    page.shows(HOSTILE)
+    assert page.page.locator("#log img").count() == 0
+    assert page.page.evaluate("window.pwned") is None
 
     # A node that relays another shard: every /sds/1/... channel is autosharded to PUBSUB
     # (autosharding hashes the application and version, not the name), so it is refused.
