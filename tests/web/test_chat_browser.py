@@ -16,7 +16,8 @@ own participant with its own localStorage) and two interactive `sdsync chat` pro
    pages' own lines reach "acknowledged".
 
 Then bad input: a text over the node's limit, a channel on a shard the node does not relay
-and a channel name that is no topic segment each give a visible error in the page, markup
+and a channel name that is no topic segment each give a visible error in the page, a second
+tab with the same name is asked for another, markup
 in a text is shown as text and never run, and the node is unharmed. No page logs a
 Content-Security-Policy violation or an uncaught error. Screenshots go to ``tmp_path``, or
 to ``$SDSYNC_SCREENSHOTS`` (docs/img) when that is set.
@@ -254,6 +255,14 @@ def test_bad_input_gets_a_visible_error_and_harms_nothing(
     page.send("a line of normal size")
     page.shows("a line of normal size")
     assert page.page.is_hidden("#error")
+    # A second tab of the same browser would be the same participant (the name is in
+    # localStorage): it is asked for another name instead.
+    twin = page.context.new_page()
+    twin.goto(f"{node.url}/chat/?channel=bad-input")
+    twin.wait_for_selector("#join:not([hidden])", timeout=WAIT_S * 1000)
+    assert "mallory is in bad-input in another tab" in (twin.text_content("#error") or "")
+    assert twin.input_value("#join-name") == ""
+    twin.close()
     # Markup in a message is text: shown as typed, never run.
     page.send(HOSTILE)
     page.shows(HOSTILE)

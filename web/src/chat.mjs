@@ -25,6 +25,8 @@ import { Message as SdsMessage, MessageChannelEvent, isContentMessage } from "@w
 
 import { Link } from "./link.mjs";
 import { ChatLog, State } from "./log.mjs";
+import { stampOnce, wrapOnce } from "./sdk_fixes.mjs";
+import { claimName } from "./tabs.mjs";
 import { View } from "./view.mjs";
 
 const NAME_KEY = "sdsync.chat.name";
@@ -67,24 +69,6 @@ function channelOptions(params) {
   return options;
 }
 
-/**
- * ReliableChannel (sdk 0.0.36) resends a message by wrapping its payload again. While the
- * message waits in @waku/sds's outgoing buffer that resends the same message; but a
- * resend queued before the acknowledgement that empties the buffer makes a new message
- * under the same id with a newer Lamport timestamp, and members that got different copies
- * order their logs differently. Here a payload already in the local history and no longer
- * waiting is never wrapped again.
- */
-function wrapOnce(messageChannel) {
-  const wrap = messageChannel._pushOutgoingMessage.bind(messageChannel);
-  messageChannel._pushOutgoingMessage = async (payload, callback) => {
-    const messageId = ReliableChannel.getMessageId(payload);
-    const waiting = messageChannel.outgoingBuffer.some((m) => m.messageId === messageId);
-    if (!waiting && messageChannel.localHistory.some((m) => m.messageId === messageId)) return;
-    return wrap(payload, callback);
-  };
-}
-
 class Chat {
   constructor(view, config, channelId, me, params) {
     this.view = view;
@@ -120,11 +104,11 @@ class Chat {
       node,
       this.channelId,
       this.log.me,
-      createEncoder({ contentTopic: this.contentTopic, routingInfo: this.routingInfo }),
+      stampOnce(createEncoder({ contentTopic: this.contentTopic, routingInfo: this.routingInfo })),
       createDecoder(this.contentTopic, this.routingInfo),
       channelOptions(this.params)
     );
-    wrapOnce(this.channel.messageChannel);
+    wrapOnce(this.channel.messageChannel, ReliableChannel.getMessageId);
     this.listen();
     this.view.onSend((text) => this.send(text));
     if (this.link.state === "connected") await this.connected();
@@ -277,6 +261,10 @@ async function main() {
           ? "A name is 1 to 64 characters, without slashes or leading spaces."
           : undefined;
     return view.showJoin(channelId, me, why);
+  }
+  if (!(await claimName(channelId, me))) {
+    const why = `${me} is in ${channelId} in another tab of this browser; this tab needs another name (two tabs as one participant would not see each other's messages).`;
+    return view.showJoin(channelId, "", why);
   }
   view.showChannel(channelId, me);
   const config = await fetchConfig();

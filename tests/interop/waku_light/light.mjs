@@ -20,6 +20,8 @@ import {
   wakuMessageJson,
 } from "../waku_jsonl.mjs";
 import { parseArgs } from "node:util";
+// The chat page's mends of ReliableChannel, shared (the file has no imports of its own).
+import { stampOnce } from "../../../web/src/sdk_fixes.mjs";
 import { tcp } from "@libp2p/tcp";
 import { webSockets } from "@libp2p/websockets";
 import { all as anyWsAddress } from "@libp2p/websockets/filters";
@@ -238,21 +240,6 @@ function operations({ node, networkConfig, connections }, channels) {
       messages: messages.map(messageJson),
       truncated,
     };
-  }
-
-  // ReliableChannel (sdk 0.0.36) encodes each message twice, once for its retrieval hint
-  // and once to send it, and each encoding stamps `new Date()` on a message without a
-  // timestamp: should a millisecond boundary fall between the two, the hint names a
-  // message nobody sent. The first stamp is kept on the message object both encodings
-  // share, so the hint always names the message sent (a test-harness patch of js-waku;
-  // the protocol is untouched).
-  function stampOnce(encoder) {
-    const toProtoObj = encoder.toProtoObj.bind(encoder);
-    encoder.toProtoObj = (message) => {
-      message.timestamp ??= new Date();
-      return toProtoObj(message);
-    };
-    return encoder;
   }
 
   return {
