@@ -12,7 +12,8 @@ const tabs = typeof BroadcastChannel === "undefined" ? undefined : new Broadcast
 /** Whether no other tab of this browser is `name` in `channel`; if so, the name is ours. */
 export async function claimName(channel, name) {
   if (tabs === undefined) return true;
-  const me = crypto.randomUUID();
+  // getRandomValues, not randomUUID: the latter exists only in secure contexts.
+  const me = Array.from(crypto.getRandomValues(new Uint32Array(4)), (n) => n.toString(16)).join("");
   const taken = await new Promise((resolve) => {
     const timer = setTimeout(() => resolve(false), CLAIM_WAIT_MS);
     tabs.addEventListener("message", function answered(event) {
