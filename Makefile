@@ -82,8 +82,9 @@ test: $(STAMP) $(JSSTAMP) $(NODESTAMPS) postgres chromium lint typecheck
 # connections opened and closed against one host (300 in make test), still served.
 # Then issue 27's attacks on a real `sdsync store serve` at their larger sizes, its RSS and
 # an honest peer's latency measured (tests/store/test_hostile_node.py), and every other
-# hostile-peer module.
-soak: $(STAMP) tests/interop/waku_light/node_modules/.installed-stamp
+# hostile-peer module. Last, the chat page in Chromium: 10 outages of page B, each with a
+# burst of 20 lines from each of two pages and a terminal chat (3 of 4 in make test).
+soak: $(STAMP) tests/interop/waku_light/node_modules/.installed-stamp chromium
 	SDSYNC_SOAK=1 $(PY) -m pytest -n 2 --dist load $(PYTEST_ARGS) tests/reliability/test_crash_harness.py
 	SDSYNC_SOAK=1 $(PY) -m pytest $(PYTEST_ARGS) tests/interop/test_js_waku_filter_load.py
 	SDSYNC_SOAK=1 $(PY) -m pytest $(PYTEST_ARGS) tests/transport/test_libp2p_hostile.py
@@ -93,6 +94,7 @@ soak: $(STAMP) tests/interop/waku_light/node_modules/.installed-stamp
 		tests/store/test_sync_riblt_hostile.py tests/store/test_rest_timeouts.py \
 		tests/transport/test_relay_rate.py tests/reliability/test_hostile_buffers.py \
 		tests/reliability/test_hostile_grpc.py
+	SDSYNC_SOAK=1 $(PY) -m pytest $(PYTEST_ARGS) tests/web/test_chat_browser.py -k bursts
 
 proto: $(STAMP)
 	cd src && PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(CURDIR)/$(PY) -m grpc_tools.protoc -I. \

@@ -38,6 +38,7 @@ from chatprocess import TypedChat, assert_same_logs, wait_for
 from storeprocess import StoreProcess, store_serve
 
 from sdsync.store.chat_page import MAX_TEXT_BYTES
+from sdsync.testing.hostile import soak_scale
 from sdsync.transport.base import WakuRelayConfig
 from sdsync.wire.waku_protocols import FILTER_SUBSCRIBE_PROTOCOL, LIGHTPUSH_PROTOCOL
 
@@ -103,14 +104,14 @@ class Page:
         )
         return result
 
-    def shows(self, *texts: str) -> None:
+    def shows(self, *texts: str, timeout_s: float = WAIT_S) -> None:
         """Waits until the log holds each of ``texts``."""
         try:
             self.page.wait_for_function(
                 "texts => texts.every(t => [...document.querySelectorAll('#log .text')]"
                 ".some(e => e.textContent === t))",
                 arg=list(texts),
-                timeout=WAIT_S * 1000,
+                timeout=timeout_s * 1000,
             )
         except Exception as exc:  # Playwright's TimeoutError: say what the page shows
             raise AssertionError(f"{texts} not all shown:\n{self.describe()}") from exc
@@ -126,7 +127,7 @@ class Page:
     def state_of(self, text: str) -> str | None:
         return next((e["state"] for e in self.entries() if e["text"] == text), None)
 
-    def log(self, length: int) -> list[dict[str, Any]]:
+    def log(self, length: int, timeout_s: float = WAIT_S) -> list[dict[str, Any]]:
         """The page's log once it holds ``length`` wrapped messages, as `--print-log`
         prints a log."""
 
@@ -134,7 +135,7 @@ class Page:
             wrapped = [e for e in self.entries() if e["lamport"]]
             return wrapped if len(wrapped) == length else None
 
-        entries = wait_for(complete, f"{length} messages in the page's log", WAIT_S)
+        entries = wait_for(complete, f"{length} messages in the page's log", timeout_s)
         return [
             {
                 "message_id": e["id"],
@@ -159,10 +160,10 @@ def pages(browser: Any, node: StoreProcess) -> Iterator[list[Page]]:
             page.close()
 
 
-def terminal(tmp_path: Path, name: str, node: StoreProcess) -> TypedChat:
+def terminal(tmp_path: Path, name: str, node: StoreProcess, channel: str = CHANNEL) -> TypedChat:
     tcp = next(addr for addr in node.relay_addrs if "/ws" not in addr)
     args = ["--peer", tcp, "--store", tcp, *CHAT_OPTIONS]
-    return TypedChat(tmp_path, name, CHANNEL, args, patience_s=WAIT_S)
+    return TypedChat(tmp_path, name, channel, args, patience_s=WAIT_S)
 
 
 def chat_says(chat: TypedChat, sender: str, text: str) -> None:
@@ -290,3 +291,50 @@ def test_bad_input_gets_a_visible_error_and_harms_nothing(
         assert response.status == 200
     assert node.metric("sdsync_store_lightpush_total", status="200") >= 1
     assert [p.problems for p in pages] == [[], []]
+
+
+def test_bursts_through_repeated_outages_end_in_one_log(
+    tmp_path: Path, node: StoreProcess, pages: list[Page]
+) -> None:
+    """Round after round, page B goes offline and everyone (B too) sends a burst; B comes
+    back. In the end: one log, each message once, every page line acknowledged. 3 rounds of
+    4 lines each here, 10 of 20 in `make soak`."""
+    rounds, burst = soak_scale(3, 10), soak_scale(4, 20)
+    patience = soak_scale(WAIT_S, 5 * WAIT_S)  # for the waits on a whole burst
+    channel = "bursts"
+    page_a, page_b = pages
+    page_a.open(f"channel={channel}&name=qa&{PAGE_TIMERS}")
+    page_b.open(f"channel={channel}&name=qb&{PAGE_TIMERS}")
+    chat = terminal(tmp_path, "tq", node, channel)
+    texts: list[str] = []
+    try:
+        wait_for(chat.has_mesh, "the store node in the chat's mesh", WAIT_S)
+        for r in range(rounds):
+            page_b.context.set_offline(True)
+            page_b.wait_status("connection", "offline")
+            for i in range(burst):
+                for sender in ("qa", "qb", "tq"):
+                    texts.append(text := f"{sender} {r}.{i}")
+                    if sender == "tq":
+                        chat.type(text)
+                    else:
+                        (page_a if sender == "qa" else page_b).send(text)
+            page_b.context.set_offline(False)
+            page_b.wait_status("connection", "connected")
+        for page in pages:
+            page.shows(*texts, timeout_s=patience)
+        for page, own in ((page_a, "qa"), (page_b, "qb")):
+            mine = [t for t in texts if t.startswith(own)]
+            wait_for(
+                lambda: all(page.state_of(t) == "acknowledged" for t in mine),  # noqa: B023
+                f"every line of {own} acknowledged",
+                patience,
+            )
+        page_logs = [page.log(len(texts), patience) for page in pages]
+        chat.quit()
+        chat_log = chat.print_log()
+    finally:
+        chat.stop()
+    assert_same_logs([chat_log, *page_logs], Counter(texts))
+    assert page_b.page.get_attribute("#connection", "data-connects") == str(rounds + 1)
+    assert [page.problems for page in pages] == [[], []]
