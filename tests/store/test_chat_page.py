@@ -38,6 +38,7 @@ def test_the_page_dials_the_websocket_listeners_with_the_node_id() -> None:
         num_shards=8,
         pubsub_topics=("/waku/2/rs/1/7",),
         max_text_bytes=MAX_TEXT_BYTES,
+        max_hashes_per_query=100,
     )
 
 
@@ -100,6 +101,7 @@ def test_a_node_serves_the_page_its_files_and_config(archive: SqlArchive, tmp_pa
                     "num_shards": 8,
                     "pubsub_topics": ["/waku/2/rs/1/7"],
                     "max_text_bytes": MAX_TEXT_BYTES,
+                    "max_hashes_per_query": 100,
                 }
             gzipped = {"Accept-Encoding": "gzip, deflate"}
             async with http.get(f"{node.url}/chat/chat.js", headers=gzipped) as r:

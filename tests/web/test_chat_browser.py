@@ -325,11 +325,18 @@ def test_bursts_through_repeated_outages_end_in_one_log(
             page.shows(*texts, timeout_s=patience)
         for page, own in ((page_a, "qa"), (page_b, "qb")):
             mine = [t for t in texts if t.startswith(own)]
-            wait_for(
-                lambda: all(page.state_of(t) == "acknowledged" for t in mine),  # noqa: B023
-                f"every line of {own} acknowledged",
-                patience,
-            )
+            try:
+                wait_for(
+                    lambda: all(page.state_of(t) == "acknowledged" for t in mine),  # noqa: B023
+                    f"every line of {own} acknowledged",
+                    patience,
+                )
+            except AssertionError as exc:
+                states = Counter(page.state_of(t) for t in mine)
+                lightpush = {
+                    s: node.metric("sdsync_store_lightpush_total", status=s) for s in ("200", "429")
+                }
+                raise AssertionError(f"{exc}: {states}; node LightPush {lightpush}") from None
         page_logs = [page.log(len(texts), patience) for page in pages]
         chat.quit()
         chat_log = chat.print_log()

@@ -25,7 +25,8 @@ import { Message as SdsMessage, MessageChannelEvent, isContentMessage } from "@w
 
 import { Link } from "./link.mjs";
 import { ChatLog, State } from "./log.mjs";
-import { stampOnce, wrapOnce } from "./sdk_fixes.mjs";
+import { Resends } from "./resends.mjs";
+import { retrieveInChunks, stampOnce, wrapOnce } from "./sdk_fixes.mjs";
 import { claimName } from "./tabs.mjs";
 import { View } from "./view.mjs";
 
@@ -35,6 +36,7 @@ const NAME_PATTERN = /^[^\s/][^/]{0,63}$/u;
 const PAGE_SIZE = 100;
 const MAX_CATCH_UP = 10_000; // newest first: a long channel's oldest messages stay in the store
 const CATCH_UP_OVERLAP_MS = 60_000; // clocks of page and node may differ this much
+const CATCH_UP_RETRY_MS = 2_000;
 const encoder = new TextEncoder();
 
 function identity(params) {
@@ -59,13 +61,12 @@ async function fetchConfig() {
 // The channel handles what it received at most once per processTaskMinElapseMs (1 s by
 // default in sdk 0.0.36): a chat line would wait up to that long to show.
 const PROCESS_TASKS_MS = 100;
+const DEFAULT_RETRY_MS = 30_000; // js-waku's, and sdsync chat's js-compatible profile's
 
 function channelOptions(params) {
   const options = { autoStart: false, queryOnConnect: false, processTaskMinElapseMs: PROCESS_TASKS_MS };
   const syncMs = millis(params, "sync_ms");
-  const retryMs = millis(params, "retry_ms");
   if (syncMs) options.syncMinIntervalMs = syncMs;
-  if (retryMs) options.retryIntervalMs = retryMs;
   return options;
 }
 
@@ -109,6 +110,17 @@ class Chat {
       channelOptions(this.params)
     );
     wrapOnce(this.channel.messageChannel, ReliableChannel.getMessageId);
+    retrieveInChunks(
+      this.channel.missingMessageRetriever,
+      this.config.max_hashes_per_query,
+      () => ({ peerId: this.link.servicePeerId }),
+      (err) => this.view.setStatus("catchUp", "failed", `fetching missing messages failed: ${err.message}`)
+    );
+    this.resends = new Resends(
+      millis(this.params, "retry_ms") ?? DEFAULT_RETRY_MS,
+      () => this.link.isConnected()
+    );
+    this.channel.retryManager = this.resends;
     this.listen();
     this.view.onSend((text) => this.send(text));
     if (this.link.state === "connected") await this.connected();
@@ -170,17 +182,30 @@ class Chat {
 
   async connected() {
     if (!this.channel) return;
-    if (!this.channel.isStarted) {
-      this.view.setStatus("subscription", "subscribing", "subscribing…");
-      const subscribed = await this.channel.start();
-      if (!subscribed) {
-        this.view.setStatus("subscription", "refused", "the node refused the subscription");
-        await this.channel.stop();
-        return;
-      }
+    this.resends.resume();
+    this.view.setStatus("subscription", "subscribing", "subscribing…");
+    if (!(await this.subscribe())) {
+      this.view.setStatus("subscription", "refused", "the node refused the subscription");
+      return;
     }
     this.view.setStatus("subscription", "subscribed", "subscribed");
     await this.catchUp();
+  }
+
+  /**
+   * A Filter subscription made afresh at every connection. While the page was away, the
+   * node's pushes to it failed and the node dropped the subscription. The sdk's Filter
+   * client still counts the node as subscribed and skips it when it reconnects, so the
+   * page would stay deaf until three keep-alive pings had failed, minutes later.
+   */
+  async subscribe() {
+    if (!this.channel.isStarted) {
+      if (await this.channel.start()) return true;
+      this.channel.stop();
+      return false;
+    }
+    await this.link.node.filter.unsubscribe(this.channel.decoder).catch(() => false);
+    return this.channel.subscribe();
   }
 
   /** Everything the store has for the channel since the last catch-up, newest first. */
@@ -188,7 +213,7 @@ class Chat {
     if (this.catchingUp) return;
     this.catchingUp = true;
     const startedAt = Date.now();
-    const options = { paginationLimit: PAGE_SIZE, paginationForward: false };
+    const options = { paginationLimit: PAGE_SIZE, paginationForward: false, peerId: this.link.servicePeerId };
     if (this.lastCatchUp !== undefined) {
       options.timeStart = new Date(this.lastCatchUp - CATCH_UP_OVERLAP_MS);
       options.timeEnd = new Date(startedAt + CATCH_UP_OVERLAP_MS);
@@ -210,7 +235,11 @@ class Chat {
       const at = new Date(startedAt).toLocaleTimeString();
       this.view.setStatus("catchUp", "caught-up", `caught up at ${at} (${found.length} from the store)`);
     } catch (err) {
-      this.view.setStatus("catchUp", "failed", `catch-up failed: ${err.message}`);
+      this.view.setStatus("catchUp", "failed", `catch-up failed: ${err.message}; trying again`);
+      clearTimeout(this.catchUpRetry);
+      this.catchUpRetry = setTimeout(() => {
+        if (this.link.isConnected()) void this.catchUp();
+      }, CATCH_UP_RETRY_MS);
     } finally {
       this.catchingUp = false;
       this.draw();

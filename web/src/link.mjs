@@ -119,7 +119,7 @@ export class Link extends EventTarget {
     while (this.isConnected()) {
       const stored = await this.node.libp2p.peerStore.get(peerId).catch(() => undefined);
       const offered = stored?.protocols ?? [];
-      if (NEEDED.every((codec) => offered.includes(codec))) return this._connected();
+      if (NEEDED.every((codec) => offered.includes(codec))) return this._connected(peerId);
       if (Date.now() > deadline) {
         const lacking = NEEDED.filter((codec) => !offered.includes(codec));
         this.lastError = `the node does not offer ${lacking.join(", ")}`;
@@ -129,8 +129,11 @@ export class Link extends EventTarget {
     }
   }
 
-  _connected() {
+  _connected(peerId) {
     clearTimeout(this._timer);
+    // Queries name this peer: the sdk's own choice of store peer can lag behind a
+    // reconnection ("No peers available to query").
+    this.servicePeerId = peerId;
     this._redialMs = FIRST_REDIAL_MS;
     this.lastError = undefined;
     this.connects += 1;

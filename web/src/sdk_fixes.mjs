@@ -35,3 +35,26 @@ export function wrapOnce(messageChannel, messageIdOf) {
     return wrap(payload, callback);
   };
 }
+
+/**
+ * ReliableChannel's missing-message retriever asks the store for every hash it lacks in
+ * one query, and a failed query escapes as an unhandled rejection. A store bounds the
+ * hashes of one query (config.json's `max_hashes_per_query`: 100 for sdsync, as for the
+ * page size), so a page that lacks more would never get any of them. Here the hashes go
+ * in queries of at most `maxHashes`, each with the options `moreOptions()` gives. A failed
+ * query goes to `onError` and ends this round; the retriever asks again on its next.
+ */
+export function retrieveInChunks(retriever, maxHashes, moreOptions, onError) {
+  const retrieve = retriever._retrieve;
+  retriever._retrieve = async function* chunked(decoders, options) {
+    const hashes = options.messageHashes ?? [];
+    try {
+      for (let start = 0; start < hashes.length; start += maxHashes) {
+        const part = hashes.slice(start, start + maxHashes);
+        yield* retrieve(decoders, { ...options, ...moreOptions(), messageHashes: part });
+      }
+    } catch (err) {
+      onError(err);
+    }
+  };
+}

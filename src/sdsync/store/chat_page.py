@@ -27,6 +27,7 @@ from aiohttp import web
 
 from sdsync.errors import LocalProtocolError
 from sdsync.store.lightpush import ServedTopics
+from sdsync.store.model import MAX_HASHES
 
 __all__ = ["CHAT_PREFIX", "ChatPage", "chat_app", "chat_page", "websocket_origin"]
 
@@ -57,6 +58,8 @@ class ChatPage:
     pubsub_topics: tuple[str, ...]
     """The pubsub topics the node relays: a channel on another shard is refused."""
     max_text_bytes: int = MAX_TEXT_BYTES
+    max_hashes_per_query: int = MAX_HASHES
+    """The most message hashes one store query may name: the page asks for more in parts."""
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self)).encode()
