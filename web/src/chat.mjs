@@ -95,11 +95,16 @@ class Chat {
     );
   }
 
-  async start() {
+  /** Starts the light node and, if `claimed` (tabs.mjs) comes true, the channel. */
+  async start(claimed) {
     this.link.addEventListener("change", () => this.linkChanged());
     this.link.addEventListener("connected", () => void this.connected());
     this.linkChanged();
     await this.link.start();
+    if (!(await claimed)) {
+      await this.link.stop();
+      return false;
+    }
     const { node } = this.link;
     this.channel = await ReliableChannel.create(
       node,
@@ -124,6 +129,7 @@ class Chat {
     this.listen();
     this.view.onSend((text) => this.send(text));
     if (this.link.state === "connected") await this.connected();
+    return true;
   }
 
   listen() {
@@ -291,10 +297,7 @@ async function main() {
           : undefined;
     return view.showJoin(channelId, me, why);
   }
-  if (!(await claimName(channelId, me))) {
-    const why = `${me} is in ${channelId} in another tab of this browser; this tab needs another name (two tabs as one participant would not see each other's messages).`;
-    return view.showJoin(channelId, "", why);
-  }
+  const claimed = claimName(channelId, me); // answered while the light node starts
   view.showChannel(channelId, me);
   const config = await fetchConfig();
   const chat = new Chat(view, config, channelId, me, params);
@@ -304,7 +307,10 @@ async function main() {
     return view.showError(unserved);
   }
   window.sdsyncChat = chat; // for a developer's console and the browser tests
-  await chat.start();
+  if (!(await chat.start(claimed))) {
+    const why = `${me} is in ${channelId} in another tab of this browser; this tab needs another name (two tabs as one participant would not see each other's messages).`;
+    view.showJoin(channelId, "", why);
+  }
 }
 
 main().catch((err) => {

@@ -70,12 +70,20 @@ export class Link extends EventTarget {
     await this._dial();
   }
 
+  /** Hangs up for good: this page will not be a participant. */
+  async stop() {
+    clearTimeout(this._timer);
+    this.stopped = true;
+    await this.node.stop();
+    this._set("stopped");
+  }
+
   isConnected() {
     return this.node?.libp2p.getConnections().some((c) => c.remotePeer.toString() === this.servicePeer);
   }
 
   async _dial() {
-    if (this._dialing || this.isConnected()) return;
+    if (this.stopped || this._dialing || this.isConnected()) return;
     this._dialing = true;
     try {
       for (const address of this.addresses) {
@@ -142,6 +150,7 @@ export class Link extends EventTarget {
   }
 
   _lost() {
+    if (this.stopped) return;
     this._set(navigator.onLine ? "connecting" : "offline");
     this._redialSoon(FIRST_REDIAL_MS);
   }

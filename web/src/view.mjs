@@ -6,6 +6,7 @@ const LINK_TEXT = {
   connected: "connected",
   offline: "offline (the browser has no network)",
   refused: "refused",
+  stopped: "not connected",
 };
 
 export class View {
