@@ -42,6 +42,10 @@ from sdsync.testing.hostile import soak_scale
 from sdsync.transport.base import WakuRelayConfig
 from sdsync.wire.waku_protocols import FILTER_SUBSCRIBE_PROTOCOL, LIGHTPUSH_PROTOCOL
 
+# Chromium, a store node and terminal chats at once: never beside the other groups of
+# processes (a chat group was starved past its patience when this ran alongside in CI).
+pytestmark = pytest.mark.xdist_group("many-processes")
+
 CHANNEL = "room"
 PUBSUB = WakuRelayConfig().pubsub_topic(f"/sds/1/{CHANNEL}/proto")
 OTHER_SHARD = next(
