@@ -1,7 +1,7 @@
 """Imports point down the layers only (docs/architecture.md, the house rules).
 
 cli / testing → demo → pipeline → sim / chat / peer / reliability → store / runtime →
-transport / reconcile → core → wire → errors / lifecycle.
+waku → transport / reconcile → core → wire → errors / lifecycle.
 Every ``sdsync.<component>`` import in the source, including those inside functions and
 ``TYPE_CHECKING`` blocks, must name the importing component itself or one below it;
 components that share a layer do not import each other. Within a component no two files
@@ -22,6 +22,7 @@ LAYERS = (
     ("pipeline",),
     ("sim", "chat", "peer", "reliability"),
     ("store", "runtime"),
+    ("waku",),
     ("transport", "reconcile"),
     ("core",),
     ("wire",),

@@ -314,6 +314,33 @@ def serve(
         ),
     ] = "256MiB",
     # -- end of per-peer budgets
+    # -- Waku Sync over libp2p, named as nwaku's options (issue 35)
+    store_sync: Annotated[
+        bool,
+        typer.Option(
+            help="Waku Sync with nwaku and other store nodes over the relay host"
+            " (/vac/waku/reconciliation/1.0.0 and /vac/waku/transfer/1.0.0), on the pubsub"
+            " topics archived."
+        ),
+    ] = True,
+    store_sync_interval: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="Seconds between Waku Sync rounds with a random peer that speaks it;"
+            " 0: answer peers only.",
+        ),
+    ] = 300.0,
+    store_sync_range: Annotated[
+        float, typer.Option(min=1.0, help="Seconds into the past a Waku Sync round covers.")
+    ] = 3600.0,
+    store_sync_relay_jitter: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="The newest seconds a Waku Sync round leaves out (messages still in flight).",
+        ),
+    ] = 20.0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO.")] = False,
 ) -> None:
     """Serve the archive over HTTP until SIGINT or SIGTERM."""
@@ -326,6 +353,7 @@ def serve(
     from sdsync.store.retention import DEFAULT_POLICY
     from sdsync.store.server import HttpLimits
     from sdsync.store.sync import SyncConfig
+    from sdsync.waku.sync import WakuSyncConfig
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
     host, port = parse_listen(listen)
@@ -374,6 +402,16 @@ def serve(
             session_burst=sync_session_burst,
         ),
         store_answers=_answer_limits(store_answer_bytes_per_peer, store_answer_bytes),
+        waku_sync=WakuSyncConfig(
+            pubsub_topics=sync_topics,
+            content_topics=_content_topics(served),
+            interval_s=store_sync_interval,
+            range_s=store_sync_range,
+            relay_jitter_s=store_sync_relay_jitter,
+            clock_skew_s=timestamp_variance,
+        )
+        if store_sync and relay_topics
+        else None,
     )
 
     relay = RelayOptions(
@@ -391,6 +429,7 @@ def serve(
         if config.relay_topics
         else None,
         light=light,
+        store_sync=config.waku_sync is not None,
     )
 
     web_options = WebOptions(advertise=_web_addresses(web_address or ())) if web else None
@@ -525,6 +564,13 @@ def _relay_topics(
             )
     shard_topics = (shard_pubsub_topic(cluster_id, shard) for shard in shards)
     return tuple(dict.fromkeys([*pubsub_topics, *shard_topics]))
+
+
+def _content_topics(served: Iterable[tuple[str, str | None]]) -> tuple[str, ...]:
+    """The content topics Waku Sync is restricted to: those of the channels archived, if
+    only channels are (a shard archived whole: none, every content topic)."""
+    content = [c for _, c in served]
+    return () if None in content else tuple(dict.fromkeys(c for c in content if c))
 
 
 def _served_topics(

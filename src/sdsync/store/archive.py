@@ -68,6 +68,7 @@ from sdsync.store.model import (
     StoreQuery,
 )
 from sdsync.store.schema import COLUMNS
+from sdsync.waku.sync import ItemRows, SnapshotTooLarge
 from sdsync.wire.waku import HASH_SIZE
 
 SCAN_BATCH = 10_000
@@ -168,6 +169,12 @@ class Archive(Protocol):
 
     def messages(self, start: int | None = None, end: int | None = None) -> Iterator[StoredMessage]:
         """Every message with ``start <= timestamp < end`` (open bounds: all), in order."""
+        ...
+
+    def sync_rows(self, start: int, end: int, max_items: int) -> ItemRows:
+        """Every item with ``start <= timestamp <= end`` and its topics, in order, read in
+        bulk (Waku Sync's snapshot); :class:`~sdsync.waku.sync.SnapshotTooLarge` past
+        ``max_items``."""
         ...
 
     def count(self) -> int: ...
@@ -392,6 +399,38 @@ class SqlArchive(ABC):
     def messages(self, start: int | None = None, end: int | None = None) -> Iterator[StoredMessage]:
         for row in self._scan(COLUMNS, start, end):
             yield _message(row)
+
+    def sync_rows(self, start: int, end: int, max_items: int) -> ItemRows:
+        stamps: list[npt.NDArray[np.int64]] = []
+        hashes: list[bytes] = []
+        pubsub: list[int] = []
+        content: list[int] = []
+        codes: tuple[dict[str, int], dict[str, int]] = ({}, {})
+        with self._read() as conn:
+            cursor = conn.execute(
+                self._sql(
+                    "SELECT timestamp, message_hash, pubsub_topic, content_topic FROM messages"
+                    " WHERE timestamp >= ? AND timestamp <= ? ORDER BY timestamp, message_hash"
+                    " LIMIT ?"
+                ),
+                [start, end, max_items + 1],
+            )
+            while rows := cursor.fetchmany(ARRAY_BATCH):
+                stamps.append(np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows)))
+                hashes.append(b"".join([r[1] for r in rows]))
+                pubsub += [codes[0].setdefault(r[2], len(codes[0])) for r in rows]
+                content += [codes[1].setdefault(r[3], len(codes[1])) for r in rows]
+        if len(pubsub) > max_items:
+            raise SnapshotTooLarge(f"the window holds more than {max_items} messages")
+        times, blob = item_arrays(stamps, hashes)
+        return ItemRows(
+            times,
+            blob,
+            np.array(pubsub, dtype=np.int32),
+            np.array(content, dtype=np.int32),
+            list(codes[0]),
+            list(codes[1]),
+        )
 
     def _scan(self, columns: Sequence[str], start: int | None, end: int | None) -> Iterator[Any]:
         # Keyset batches: no transaction or server cursor stays open between batches.

@@ -29,6 +29,7 @@ from sdsync.store.light import LIGHT_PROTOCOLS
 from sdsync.store.node import NodeConfig, StoreNode, serve
 from sdsync.transport.base import WakuRelayConfig
 from sdsync.transport.ratelimit import DEFAULT_RELAY_RATE, RateLimit
+from sdsync.waku.sync import RECONCILIATION_PROTOCOL, TRANSFER_PROTOCOL
 from sdsync.wire.waku_protocols import STORE_QUERY_PROTOCOL
 
 if TYPE_CHECKING:
@@ -50,11 +51,14 @@ class RelayOptions:
     """Connections per IP, handshakes and the total (None: the host's defaults)."""
     light: bool = True
     """Serve LightPush and Filter to light clients."""
+    store_sync: bool = False
+    """Waku Sync is mounted (the node's ``waku_sync`` config)."""
     protocols: tuple[str, ...] = field(init=False)
     """What the host serves besides relay."""
 
     def __post_init__(self) -> None:
-        served = (STORE_QUERY_PROTOCOL, *(LIGHT_PROTOCOLS if self.light else ()))
+        sync = (RECONCILIATION_PROTOCOL, TRANSFER_PROTOCOL) if self.store_sync else ()
+        served = (STORE_QUERY_PROTOCOL, *(LIGHT_PROTOCOLS if self.light else ()), *sync)
         object.__setattr__(self, "protocols", served)
 
 

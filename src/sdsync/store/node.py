@@ -23,6 +23,9 @@ background tasks:
     (:func:`~sdsync.store.waku_store.answer_store_query`: the query engine of the REST
     API) and exports the node's counters (refused connections, rejected frames, stream
     timeouts...) on ``/metrics`` (:class:`~sdsync.store.metrics.Libp2pCollector`);
+  - with ``config.waku_sync``, it speaks Waku Sync (:mod:`sdsync.waku.sync`) with
+    nwaku and other store nodes over libp2p: rounds with a random peer that announces
+    it, sessions answered for peers, messages pushed both ways (source ``waku-sync``);
   - with ``light``, it is a service node for light clients
     (:class:`~sdsync.store.light.LightServices`): LightPush publishes on the relay and
     archives, Filter pushes every message the relay or LightPush brings.
@@ -55,7 +58,7 @@ import random
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +85,7 @@ from sdsync.store.sync import PeriodicSync, SyncConfig, responder_app
 from sdsync.store.waku_store import AnswerBudget, AnswerLimits, answer_store_query
 from sdsync.transport.base import Envelope
 from sdsync.transport.waku_node import WakuNode
+from sdsync.waku.sync import TRANSFER_PROTOCOL, ItemRows, WakuSync, WakuSyncConfig
 from sdsync.wire.waku import DEFAULT_TIMESTAMP_VARIANCE_S
 from sdsync.wire.waku_protocols import STORE_QUERY_PROTOCOL
 
@@ -115,6 +119,9 @@ class NodeConfig:
     """Time bounds of the HTTP API's connections."""
     store_answers: AnswerLimits = field(default_factory=AnswerLimits)
     """Bytes of store-query answers in flight over libp2p, per peer and in all."""
+    waku_sync: WakuSyncConfig | None = None
+    """Waku Sync over libp2p with nwaku and other store nodes, when the node runs on a
+    Waku node (None: not mounted)."""
 
 
 class StoreNode(ArchiveHost):
@@ -150,6 +157,18 @@ class StoreNode(ArchiveHost):
         self._tasks: list[asyncio.Task[None]] = []
         self.port = config.port
         self._retention_lock = asyncio.Lock()
+        self.waku_sync = (
+            WakuSync(
+                waku,
+                _SyncArchive(self),
+                config.waku_sync,
+                clock_ns=clock_ns,
+                rng=self._rng,
+                max_future_ns=self.max_future_ns,
+            )
+            if waku is not None and config.waku_sync is not None
+            else None
+        )
         self.sync: PeriodicSync | None = None
         if config.peers and config.sync.interval_s is not None:
             self.sync = PeriodicSync(
@@ -197,11 +216,15 @@ class StoreNode(ArchiveHost):
             )
         if self.light is not None:
             await self.light.start()
+        if self.waku_sync is not None:
+            await self.waku_sync.start()
 
     async def stop(self) -> None:
         if self._http is not None:
             await self._http.stop()
             self._http = None
+        if self.waku_sync is not None:
+            await self.waku_sync.close()
         if self.light is not None:
             await self.light.close()
         for task in self._tasks:
@@ -344,7 +367,29 @@ class StoreNode(ArchiveHost):
             "peers": list(self.config.peers),
             "resume": vars(self.resume_report) if self.resume_report else None,
             "sync": self.sync.info() if self.sync else None,
+            "waku_sync": self.waku_sync.info() if self.waku_sync else None,
         }
+
+
+class _SyncArchive:
+    """The node's archive as Waku Sync reaches it (:class:`~sdsync.waku.sync.SyncArchive`)."""
+
+    def __init__(self, node: StoreNode) -> None:
+        self._node = node
+
+    async def rows(self, start: int, end: int, max_items: int) -> ItemRows:
+        return await self._node.in_archive(self._node.archive.sync_rows, start, end, max_items)
+
+    async def messages(self, hashes: Sequence[bytes]) -> list[Envelope]:
+        stored = await self._node.in_archive(self._node.archive.get, hashes)
+        return [Envelope(m.pubsub_topic, m.message, m.message_hash) for m in stored]
+
+    async def archive(self, envelopes: Sequence[Envelope]) -> int:
+        node = self._node
+        stored = [StoredMessage.of(e.pubsub_topic, e.message) for e in envelopes]
+        return await node.ingest(
+            node.plausible(stored, route=TRANSFER_PROTOCOL), source="waku-sync"
+        )
 
 
 async def serve(node: StoreNode, *, on_ready: Callable[[StoreNode], None] | None = None) -> None:

@@ -108,7 +108,14 @@ from sdsync.transport.libp2p_shared import (
     LoopSide,
 )
 from sdsync.transport.ratelimit import DEFAULT_RELAY_RATE, RateLimit
-from sdsync.transport.waku_node import Handler, PushHandler, WakuHost, WakuNode
+from sdsync.transport.waku_node import (
+    Conversation,
+    Handler,
+    Opener,
+    PushHandler,
+    WakuHost,
+    WakuNode,
+)
 from sdsync.wire.waku import DEFAULT_TIMESTAMP_VARIANCE_S, MAX_WAKU_MESSAGE_BYTES, WakuMessage
 from sdsync.wire.waku_protocols import MAX_RPC_BYTES, WakuMetadata
 
@@ -132,6 +139,7 @@ _OUTBOX_LIMIT = 256
 _FLUSH_S = 2.0
 _FLUSH_POLL_S = 0.005
 _STREAM_TIMEOUT_S = 10.0
+_CONVERSATION_TIMEOUT_S = 120.0
 
 
 def new_identity_key() -> bytes:
@@ -444,6 +452,7 @@ class Libp2pTransport(AsyncLifecycle):
 
         async def register() -> None:
             trio_side.serve(protocol_id, trio_side.on_loop(logged), max_request_bytes, timeout_s)
+            trio_side.announce()
 
         await self._call(register)
 
@@ -478,8 +487,78 @@ class Libp2pTransport(AsyncLifecycle):
 
         async def register() -> None:
             trio_side.serve_pushes(protocol_id, trio_side.on_loop(logged), max_frame_bytes)
+            trio_side.announce()
 
         await self._call(register)
+
+    async def serve_conversations(
+        self,
+        protocol_id: str,
+        opener: Opener,
+        *,
+        max_frame_bytes: int = MAX_RPC_BYTES,
+        timeout_s: float = _CONVERSATION_TIMEOUT_S,
+    ) -> None:
+        """Hold a conversation on each ``protocol_id`` stream a peer opens: ``await
+        opener(peer_id)`` on this loop makes it (raising refuses the stream), then each
+        frame goes to its ``receive`` and each reply back, until it is finished; then the
+        stream is closed. Bounded as :meth:`serve` is: a frame above ``max_frame_bytes``
+        or truncated, a RemoteProtocolError from the conversation, or an exchange not
+        done within ``timeout_s`` resets the stream and is counted."""
+        if self._closed:
+            raise LocalProtocolError("transport is closed")
+
+        async def logged(peer: str) -> Conversation:
+            try:
+                return await opener(peer)
+            except Exception as exc:
+                logger.info("%s: refused a stream from %s: %s", protocol_id, peer, exc)
+                raise
+
+        self._shared.conversed[protocol_id] = (logged, max_frame_bytes, timeout_s)
+        trio_side = self._trio
+        if trio_side is None:
+            return  # the host serves it when it starts
+
+        async def register() -> None:
+            trio_side.serve_conversations(protocol_id, logged, max_frame_bytes, timeout_s)
+            trio_side.announce()
+
+        await self._call(register)
+
+    async def converse(
+        self,
+        peer: str,
+        protocol_id: str,
+        first: bytes,
+        conversation: Conversation,
+        *,
+        max_frame_bytes: int = MAX_RPC_BYTES,
+        timeout_s: float = _CONVERSATION_TIMEOUT_S,
+    ) -> None:
+        """Open a ``protocol_id`` stream to ``peer`` (as :meth:`request` names it), write
+        ``first``, then hand each frame that comes back to ``conversation.receive`` (on
+        this loop) and write its replies, until it is finished. Raises as
+        :meth:`request` does, and RemoteProtocolError if the peer ends the stream first
+        or the conversation refuses a frame."""
+        peer_id, info = _target(peer)
+        trio_side = self._running()
+        await self._stream_call(
+            peer,
+            protocol_id,
+            lambda: _reached(
+                trio_side,
+                info,
+                lambda: trio_side.converse(
+                    peer_id, protocol_id, first, conversation, max_frame_bytes, timeout_s
+                ),
+            ),
+        )
+
+    async def peers_serving(self, *protocol_ids: str) -> list[str]:
+        """The connected peers whose identify announced every one of ``protocol_ids``."""
+        trio_side = self._running()
+        return await self._call(lambda: trio_side.peers_serving(protocol_ids))
 
     async def request(
         self,

@@ -90,6 +90,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import enum
+import functools
 import hashlib
 import logging
 import math
@@ -105,12 +106,14 @@ from libp2p import new_host
 from libp2p.abc import IHost, INetStream
 from libp2p.custom_types import TProtocol
 from libp2p.host.exceptions import StreamFailure
+from libp2p.identity.identify_push.identify_push import push_identify_to_peers
 from libp2p.network.config import ConnectionConfig
 from libp2p.network.stream.exceptions import StreamEOF, StreamReset
 from libp2p.network.stream.net_stream import NetStream
 from libp2p.network.swarm import Swarm
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
+from libp2p.peer.peerstore import PeerStoreError
 from libp2p.protocol_muxer.exceptions import MultiselectClientError
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.stream_muxer.mplex.mplex_stream import MplexStream
@@ -132,7 +135,7 @@ from sdsync.transport.libp2p_patches import (
 )
 from sdsync.transport.libp2p_shared import HostState, LoopSide
 from sdsync.transport.ratelimit import PeerBuckets
-from sdsync.transport.waku_node import Handler
+from sdsync.transport.waku_node import Conversation, Handler, Opener
 from sdsync.wire.waku import WakuMessage, check_relayable, decode_waku_message
 from sdsync.wire.waku_protocols import (
     METADATA_PROTOCOL,
@@ -231,6 +234,8 @@ class TrioHost:
                     self.serve(protocol, self.on_loop(handler), max_bytes, timeout_s)
                 for protocol, (push_handler, max_bytes) in self.state.push_served.items():
                     self.serve_pushes(protocol, self.on_loop(push_handler), max_bytes)
+                for protocol, (opener, max_bytes, timeout_s) in self.state.conversed.items():
+                    self.serve_conversations(protocol, opener, max_bytes, timeout_s)
                 self.serve(METADATA_PROTOCOL, self._answer_metadata, 1024, _METADATA_TIMEOUT_S)
                 nursery.start_soon(self._redial_forever)
                 ready.set_result(self)
@@ -261,6 +266,31 @@ class TrioHost:
 
     async def connected_peers(self) -> list[str]:
         return sorted(p.to_base58() for p in self.host.get_connected_peers())
+
+    async def peers_serving(self, protocols: tuple[str, ...]) -> list[str]:
+        """Connected peers whose identify announced every one of ``protocols``."""
+        store = self.host.get_peerstore()
+        serving = []
+        for peer in self.host.get_connected_peers():
+            try:
+                announced = set(store.get_protocols(peer))
+            except PeerStoreError:
+                continue  # not identified yet
+            if announced.issuperset(protocols):
+                serving.append(peer.to_base58())
+        return sorted(serving)
+
+    def announce(self) -> None:
+        """Tell connected peers (identify push) what we serve now: a protocol served
+        after they identified us is otherwise unknown to them until they reconnect."""
+        assert self.nursery is not None
+        host = self.host
+
+        async def push() -> None:
+            with contextlib.suppress(Exception):
+                await push_identify_to_peers(host)
+
+        self.nursery.start_soon(push)
 
     async def peer_host(self, peer: str) -> str | None:
         """The IP address ``peer`` is connected from; None while it is not connected."""
@@ -302,6 +332,84 @@ class TrioHost:
                     await self._take_pushes(stream, peer, protocol, receiver, max_bytes)
 
         self.host.set_stream_handler(TProtocol(protocol), handle)
+
+    def serve_conversations(
+        self, protocol: str, opener: Opener, max_bytes: int, timeout_s: float
+    ) -> None:
+        """Hold a conversation (``opener``'s, on the asyncio loop) on each ``protocol``
+        stream: frames in, its replies out, the whole exchange within ``timeout_s``."""
+
+        async def handle(stream: INetStream) -> None:
+            async with self._admitted(stream, protocol) as peer:
+                if peer is not None:
+                    await self._hold(stream, peer, protocol, opener, max_bytes, timeout_s)
+
+        self.host.set_stream_handler(TProtocol(protocol), handle)
+
+    async def _hold(
+        self,
+        stream: INetStream,
+        peer: str,
+        protocol: str,
+        opener: Opener,
+        max_bytes: int,
+        timeout_s: float,
+    ) -> None:
+        try:
+            with trio.fail_after(timeout_s):
+                conversation = await self._on_loop(lambda: opener(peer))
+                await self._take_turns(stream, conversation, max_bytes)
+                await stream.close()
+            return
+        except RemoteProtocolError as exc:
+            self.counters.rejected[exc.reason] += 1
+            self._troubles.note(protocol, f"refused: {exc.reason}", peer, str(exc))
+        except trio.TooSlowError:
+            self.counters.stream_timeouts[protocol] += 1
+            self._troubles.note(protocol, f"no exchange within {timeout_s} s", peer, "")
+        except Exception as exc:  # the stream broke, or the opener refused it
+            self.counters.stream_failures[protocol] += 1
+            self._troubles.note(protocol, "failed", peer, repr(exc))
+        await _reset(stream)
+
+    async def _take_turns(
+        self, stream: INetStream, conversation: Conversation, max_bytes: int
+    ) -> bool:
+        """Frames of ``stream`` to ``conversation``, its replies back, until it is
+        finished (True) or the peer ends the stream (False)."""
+        read = _reader(stream)
+        while (frame := await read_frame(read, max_bytes)) is not None:
+            reply = await self._on_loop(functools.partial(conversation.receive, frame))
+            if reply is not None:
+                await _write_frame(stream, reply)
+            if conversation.finished:
+                return True
+        return conversation.finished
+
+    async def converse(
+        self,
+        peer: ID,
+        protocol: str,
+        first: bytes,
+        conversation: Conversation,
+        max_bytes: int,
+        timeout_s: float,
+    ) -> None:
+        with trio.fail_after(timeout_s):
+            stream = await self._open(peer, protocol)
+            try:
+                await _write_frame(stream, first)
+                finished = await self._take_turns(stream, conversation, max_bytes)
+            except BaseException:
+                await _reset(stream)
+                raise
+            with contextlib.suppress(Exception):
+                await stream.close()
+        if not finished:
+            raise RemoteProtocolError(
+                f"{peer} closed its {protocol} stream before the exchange ended",
+                reason=RejectReason.TRUNCATED_FRAME,
+            )
 
     @contextlib.asynccontextmanager
     async def _admitted(self, stream: INetStream, protocol: str) -> AsyncIterator[str | None]:

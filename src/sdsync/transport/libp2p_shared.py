@@ -20,8 +20,8 @@ members. Who writes what, and under which lock:
 * ``peers``: the peers to keep dialled, added on the loop (``connect``), read by the
   trio thread's redial loop, which copies the items before it dials (a dict copy is
   atomic under the GIL).
-* ``served``, ``push_served``: the handlers of served protocols, added on the loop; the
-  host reads them once, as it starts (one added later reaches the running host through
+* ``served``, ``push_served``, ``conversed``: the handlers of served protocols, added on
+  the loop; the host reads them once, as it starts (one added later reaches the running host through
   its trio token).
 * ``loop_side`` (:class:`LoopSide`): None until the transport's ``start()`` sets it,
   before the host thread starts; read-only after. It is the trio thread's way back to
@@ -46,7 +46,7 @@ from libp2p.peer.peerinfo import PeerInfo
 from sdsync.transport.base import Envelope, Received, WakuRelayConfig
 from sdsync.transport.libp2p_patches import MESSAGE_CACHE_BYTES, ConnectionLimits
 from sdsync.transport.ratelimit import RateLimit
-from sdsync.transport.waku_node import Handler, PushHandler
+from sdsync.transport.waku_node import Handler, Opener, PushHandler
 
 logger = logging.getLogger("sdsync.transport.libp2p")
 
@@ -244,4 +244,6 @@ class HostState:
     # protocol id -> (handler, max request bytes, timeout), for a host yet to start.
     served: dict[str, tuple[Handler, int, float]] = field(default_factory=dict)
     push_served: dict[str, tuple[PushHandler, int]] = field(default_factory=dict)
+    # protocol id -> (opener, max frame bytes, timeout), for a host yet to start.
+    conversed: dict[str, tuple[Opener, int, float]] = field(default_factory=dict)
     loop_side: LoopSide | None = None

@@ -21,7 +21,7 @@ to :meth:`subscribe` when its content topic matches), and :meth:`mesh_peers` nam
 those nodes. Nothing is validated on the way: what a node does with a hostile message
 is the node's to show.
 
-*Streams.* :meth:`request` and :meth:`push` carry real frames
+*Streams.* :meth:`request`, :meth:`push` and :meth:`converse` carry real frames
 (:func:`~sdsync.wire.waku_protocols.encode_frame`, read back with
 :func:`~sdsync.wire.waku_protocols.read_frame` under the same bounds), so they fail as
 the libp2p host's do: a peer addressed by multiaddr is dialled (both ends are then
@@ -58,7 +58,7 @@ from sdsync.errors import (
 )
 from sdsync.lifecycle import AsyncLifecycle
 from sdsync.transport.base import Envelope, Received, WakuRelayConfig, default_content_topic
-from sdsync.transport.waku_node import Handler, PushHandler, WakuNode
+from sdsync.transport.waku_node import Conversation, Handler, Opener, PushHandler, WakuNode
 from sdsync.wire.waku import MAX_WAKU_MESSAGE_BYTES, WakuMessage
 from sdsync.wire.waku_protocols import MAX_RPC_BYTES, encode_frame, read_frame
 
@@ -68,6 +68,7 @@ K = TypeVar("K")
 V = TypeVar("V")
 _BASE58 = "123456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"
 _STREAM_TIMEOUT_S = 10.0
+_CONVERSATION_TIMEOUT_S = 120.0
 _TCP_PORT = 60000
 
 Peers = dict[str, "MemoryWakuNode"]
@@ -117,6 +118,7 @@ class MemoryWakuNode(AsyncLifecycle):
         self._connections: set[str] = set()
         self._served: dict[str, tuple[Handler, int, float]] = {}
         self._push_served: dict[str, tuple[PushHandler, int]] = {}
+        self._conversed: dict[str, tuple[Opener, int]] = {}
         self._lanes: set[tuple[str, str]] = set()
         self._frames: dict[tuple[str, str | None], list[asyncio.Queue[Received | None]]] = {}
         self._envelopes: dict[str, list[asyncio.Queue[Envelope | None]]] = {}
@@ -266,6 +268,82 @@ class MemoryWakuNode(AsyncLifecycle):
         self._check_open()
         self._push_served[protocol_id] = (handler, max_frame_bytes)
 
+    async def serve_conversations(
+        self,
+        protocol_id: str,
+        opener: Opener,
+        *,
+        max_frame_bytes: int = MAX_RPC_BYTES,
+        timeout_s: float = _CONVERSATION_TIMEOUT_S,
+    ) -> None:
+        self._check_open()
+        self._conversed[protocol_id] = (opener, max_frame_bytes)
+
+    async def converse(
+        self,
+        peer: str,
+        protocol_id: str,
+        first: bytes,
+        conversation: Conversation,
+        *,
+        max_frame_bytes: int = MAX_RPC_BYTES,
+        timeout_s: float = _CONVERSATION_TIMEOUT_S,
+    ) -> None:
+        node = self._reach(peer)
+        async with asyncio.timeout(timeout_s):
+            theirs = await node._open_conversation(self.peer_id, protocol_id)
+            frame: bytes | None = first
+            while frame is not None:
+                reply = await node._turn(theirs, protocol_id, frame)
+                if reply is None:
+                    if not theirs.finished:
+                        await asyncio.sleep(timeout_s)  # both wait for a frame: a deadlock
+                    break
+                frame = await conversation.receive(await _framed(reply, max_frame_bytes) or b"")
+                if conversation.finished:
+                    if frame is not None and not theirs.finished:
+                        await node._turn(theirs, protocol_id, frame)
+                    return
+                if theirs.finished:
+                    break
+        raise RemoteProtocolError(
+            f"{node.peer_id} closed its {protocol_id} stream before the exchange ended",
+            reason=RejectReason.TRUNCATED_FRAME,
+        )
+
+    async def _open_conversation(self, peer: str, protocol_id: str) -> Conversation:
+        if protocol_id not in self._conversed:
+            raise ProtocolNotSupportedError(self.peer_id, protocol_id)
+        opener, _ = self._conversed[protocol_id]
+        try:
+            return await opener(peer)
+        except Exception as exc:
+            self.stream_failures[protocol_id] += 1
+            raise ConnectionError(f"{self.peer_id} reset our {protocol_id} stream") from exc
+
+    async def _turn(
+        self, conversation: Conversation, protocol_id: str, frame: bytes
+    ) -> bytes | None:
+        """``conversation``'s reply to ``frame`` (read under the served bound);
+        ConnectionError when it refuses the frame (the stream is reset)."""
+        _, max_bytes = self._conversed[protocol_id]
+        try:
+            return await conversation.receive(await _framed(frame, max_bytes) or b"")
+        except RemoteProtocolError as exc:
+            self.rejected[exc.reason] += 1
+        raise ConnectionError(f"{self.peer_id} reset our {protocol_id} stream")
+
+    async def peers_serving(self, *protocol_ids: str) -> list[str]:
+        self._check_open()
+        return sorted(
+            peer
+            for peer in self._connections
+            if all(self._peers[peer]._serves(p) for p in protocol_ids)
+        )
+
+    def _serves(self, protocol_id: str) -> bool:
+        return any(protocol_id in t for t in (self._served, self._push_served, self._conversed))
+
     async def request(
         self,
         peer: str,
@@ -333,6 +411,11 @@ class MemoryWakuNode(AsyncLifecycle):
     def _check_open(self) -> None:
         if self._closed:
             raise LocalProtocolError(f"Waku node {self.name} is closed")
+
+
+async def _framed(body: bytes, max_bytes: int) -> bytes | None:
+    """``body`` as the reader of a stream gets it: framed and read back under ``max_bytes``."""
+    return await read_frame(_reader(encode_frame(body)), max_bytes)
 
 
 def _reader(data: bytes) -> Callable[[int], Awaitable[bytes]]:

@@ -43,7 +43,10 @@ What every implementation promises:
   asyncio loop for each request frame; the host refuses a request above
   ``max_request_bytes`` or truncated (counted in ``rejected`` by reason) and one not
   answered within ``timeout_s`` (``stream_timeouts`` by protocol id), and a handler's
-  exception resets the exchange (``stream_failures``). Pushes
+  exception resets the exchange (``stream_failures``). Conversations
+  (:meth:`WakuHost.converse`, :meth:`WakuHost.serve_conversations`) take turns on one
+  stream under the same bounds, a frame each way per turn, until one side's
+  :class:`Conversation` is finished. Pushes
   (:meth:`WakuHost.push`, Filter's MessagePush) are unanswered frames that reach the
   receiver's :meth:`WakuHost.serve_pushes` handler in the order sent to it.
 * *Closed*, or not started, a node raises :class:`~sdsync.errors.LocalProtocolError`
@@ -63,6 +66,26 @@ Handler = Callable[[str, bytes], Awaitable[bytes | None]]
 (None: no answer)."""
 PushHandler = Callable[[str, bytes], Awaitable[None]]
 """``(peer_id, frame) -> None`` on the asyncio loop: where served push frames go."""
+
+
+class Conversation(Protocol):
+    """One side of a turn-taking exchange of frames on one stream (Waku Sync's
+    reconciliation): each frame received gets at most one reply, until it is finished."""
+
+    @property
+    def finished(self) -> bool:
+        """The exchange is over: the host closes the stream after the last reply."""
+        ...
+
+    async def receive(self, frame: bytes) -> bytes | None:
+        """The reply to the peer's ``frame`` (None: none); raising
+        :class:`~sdsync.errors.RemoteProtocolError` ends the exchange with a reset."""
+        ...
+
+
+Opener = Callable[[str], Awaitable[Conversation]]
+"""``(peer_id) -> conversation`` on the asyncio loop: what a served conversation stream
+holds; raising refuses the stream (it is reset)."""
 
 
 class WakuRequester(Protocol):
@@ -132,6 +155,39 @@ class WakuHost(WakuRequester, Protocol):
     ) -> None:
         """Send ``payload`` as one unanswered frame; raises as
         :meth:`WakuRequester.request` does."""
+        ...
+
+    async def serve_conversations(
+        self,
+        protocol_id: str,
+        opener: Opener,
+        *,
+        max_frame_bytes: int = ...,
+        timeout_s: float = ...,
+    ) -> None:
+        """Hold a conversation (``await opener(peer_id)``) on each ``protocol_id`` stream a
+        peer opens: its frames in, the conversation's replies out, the whole exchange
+        within ``timeout_s``."""
+        ...
+
+    async def converse(
+        self,
+        peer: str,
+        protocol_id: str,
+        first: bytes,
+        conversation: Conversation,
+        *,
+        max_frame_bytes: int = ...,
+        timeout_s: float = ...,
+    ) -> None:
+        """Open a ``protocol_id`` stream to ``peer``, write ``first``, then hand every
+        frame that comes back to ``conversation`` and write its replies, until it is
+        finished; raises as :meth:`WakuRequester.request` does, and
+        :class:`~sdsync.errors.RemoteProtocolError` if the peer ends the stream first."""
+        ...
+
+    async def peers_serving(self, *protocol_ids: str) -> list[str]:
+        """The connected peers that announced (identify) every one of ``protocol_ids``."""
         ...
 
     async def connected_peers(self) -> list[str]: ...
