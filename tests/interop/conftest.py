@@ -115,3 +115,43 @@ def js_waku_proto() -> Iterator[ProcessPeer]:
     peer = ProcessPeer("js:waku-proto", ["node", str(JS_DIR / "waku_message.mjs")])
     yield peer
     peer.close()
+
+
+@pytest.fixture
+def nwaku_nodes(tmp_path: Path) -> Iterator[Any]:
+    """``start(options=NwakuOptions(), name="nwaku")``: a running nwaku node on 127.0.0.1
+    (its multiaddr in ``.address``), stopped after the test. Without an nwaku binary
+    (``SDSYNC_NWAKU``, else ``../shared/tools/nwaku/wakunode2-path``) the test skips naming
+    SDSYNC_NWAKU; in CI it fails."""
+    from testdeps import in_ci
+
+    from sdsync.testing.nwaku import (
+        Nwaku,
+        NwakuError,
+        NwakuOptions,
+        NwakuUnavailableError,
+        nwaku_binary,
+    )
+
+    try:
+        binary = nwaku_binary()
+    except NwakuUnavailableError as exc:
+        if in_ci():
+            pytest.fail(f"{exc}; CI is set, so nwaku must be available", pytrace=False)
+        pytest.skip(str(exc))
+    started: list[Nwaku] = []
+
+    def start(options: NwakuOptions | None = None, name: str = "nwaku") -> Nwaku:
+        node = Nwaku(binary, tmp_path / f"{name}-{len(started)}", options)
+        started.append(node)
+        try:
+            node.wait_up()
+        except NwakuError as exc:
+            pytest.fail(str(exc), pytrace=False)
+        return node
+
+    try:
+        yield start
+    finally:
+        for node in started:
+            node.close()
