@@ -2,6 +2,7 @@
 use and the library itself never imports (tests/test_layers.py checks).
 
 * :mod:`~sdsync.testing.gowaku` — a go-waku node on loopback, to interoperate with;
+* :mod:`~sdsync.testing.nwaku` — an nwaku node (the reference Waku node) on loopback, likewise;
 * :mod:`~sdsync.testing.hostile` — a node's memory and an honest peer's service, measured
   while a hostile-peer test attacks it;
 * :mod:`~sdsync.testing.pgcluster` — throwaway PostgreSQL clusters for the archive's tests;
