@@ -12,8 +12,9 @@ run the same step on every payload they receive (:func:`respond`, nwaku's
 * a **fingerprint** equal to ours becomes a skip. Otherwise, if we hold at most
   ``threshold`` (100) items there we answer with them as an *item set*; if more, we
   split the range into ``partitions`` (8) parts of equal time and answer each with its
-  fingerprint, or its item set when it is that small (an empty part: an empty item
-  set, marked reconciled);
+  fingerprint, or its item set when it is that small (an empty part too: an empty
+  item set, *not* marked reconciled, so that the peer answers with its items there and
+  we learn what we lack: we archive only what we expect);
 * an **item set** is compared with ours: their items we lack are *to receive*, ours
   they lack are *to send* (each side pushes what it holds over the transfer protocol:
   :mod:`~sdsync.waku.sync.transfer`). If it was not marked reconciled, we answer with
@@ -27,12 +28,15 @@ Each side filters the items by the topics both sync: every payload names the sen
 pubsub and content topics (none: all), and a side uses the intersection with its own
 (:meth:`Topics.meet`; disjoint: nothing to sync, the empty payload).
 
-Differences with nwaku, none visible on the wire: a range too narrow to split into 8
-(fewer nanoseconds than parts) but holding more than ``threshold`` items is answered as
-one item set (nwaku drops it from its reply, so the exchange ends with it unresolved);
-an item set's elements outside its range are ignored; and ranges outside the window
-this node serves (:attr:`Reconciler.window`) are skipped, so that a peer cannot make us
-want, or send, what we do not keep.
+Differences with nwaku. One on the wire: where we hold nothing we answer with an empty
+item set *not* marked reconciled (nwaku marks it reconciled, and then only the side
+holding the items learns of the difference: enough for nwaku, which archives whatever is
+pushed to it; nwaku reads ours as any other item set). None visible on the wire: a range
+too narrow to split into 8 (fewer nanoseconds than parts) but holding more than
+``threshold`` items is answered as one item set (nwaku drops it from its reply, so the
+exchange ends with it unresolved); an item set's elements outside its range are ignored;
+and ranges outside the window this node serves (:attr:`Reconciler.window`) are skipped,
+so that a peer cannot make us want, or send, what we do not keep.
 
 What XOR fingerprints allow a hostile peer: a fingerprint is linear, so a peer that
 knows our items can craft a payload whose fingerprint equals ours while its items differ
@@ -248,8 +252,9 @@ def _fingerprint_range(
 
 
 def _items(index: SyncIndex, lower: SyncId, upper: SyncId, start: int, end: int) -> Range:
-    """Our items ``[start, end)`` as an item set (none: nothing to compare, reconciled)."""
-    items = ItemSet(tuple(index.ids(start, end)), reconciled=start == end)
+    """Our items ``[start, end)`` as an item set, not reconciled: even an empty one, so
+    that the peer answers with its items and we learn what we lack (see the module)."""
+    items = ItemSet(tuple(index.ids(start, end)), reconciled=False)
     return Range(lower, upper, RangeType.ITEM_SET, items=items)
 
 

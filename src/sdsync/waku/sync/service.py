@@ -378,7 +378,7 @@ class WakuSync:
         if not opening.ranges:
             return low, high
         start, end = opening.ranges[0].lower.time, opening.ranges[-1].upper.time
-        start = max(start, low)
+        start = min(max(start, low), high)  # a window past ours: its last instant
         return start, max(min(end, high), start)
 
     async def _open(self, peer: str) -> Conversation:
