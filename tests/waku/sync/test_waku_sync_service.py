@@ -168,6 +168,8 @@ def test_a_round_brings_both_archives_the_union(tmp_path: Path) -> None:
             assert report.differences == 190 and report.items == 450
             union = hashes(shared + only_a + only_b)
             await until(lambda: held(a) == union and held(b) == union)
+            # Counted once the archive's insert has returned, a moment after it is visible.
+            await until(lambda: sync_of(a).archived + sync_of(b).archived >= 190)
             assert (sync_of(a).archived, sync_of(b).archived) == (40, 150)
             assert sync_of(a).refused == sync_of(b).refused == Counter()
             (answered,) = sync_of(b).recent
