@@ -3,19 +3,35 @@ go-waku and our chats are tested against (tests/interop, tests/chat, tests/cli).
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["StoreProcess", "store_serve"]
+from sdsync.wire.waku import WakuMessage
+
+__all__ = [
+    "CONTENT_TOPIC",
+    "SYNC_TOKEN",
+    "TOPIC",
+    "StoreProcess",
+    "archived_hashes",
+    "ingest_messages",
+    "store_serve",
+]
+TOPIC = "/waku/2/rs/1/7"
+CONTENT_TOPIC = "/sds/1/sync/proto"
+SYNC_TOKEN = "sync-test"
 
 
 @dataclass
@@ -73,3 +89,52 @@ def store_serve(
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+def ingest_messages(store: StoreProcess, count: int, tag: str) -> set[str]:
+    """``count`` messages on :data:`TOPIC`, a millisecond apart and ending now, posted to
+    the store's ingestion API (it runs with ``--token SYNC_TOKEN``); their hashes (hex)."""
+    now = time.time_ns()
+    messages = [
+        WakuMessage(f"{tag} {i}".encode(), CONTENT_TOPIC, timestamp=now - (count - i) * 10**6)
+        for i in range(count)
+    ]
+    entries = [
+        {
+            "messageHash": "0x" + m.hash(TOPIC).hex(),
+            "pubsubTopic": TOPIC,
+            "message": {
+                "payload": base64.b64encode(m.payload).decode(),
+                "contentTopic": m.content_topic,
+                "timestamp": m.timestamp,
+            },
+        }
+        for m in messages
+    ]
+    request = urllib.request.Request(
+        f"{store.url}/store/v3/messages",
+        data=json.dumps({"messages": entries}).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {SYNC_TOKEN}"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        assert json.loads(answer.read())["stored"] == count
+    return {m.hash(TOPIC).hex() for m in messages}
+
+
+def archived_hashes(url: str) -> set[str]:
+    """Every hash our store holds on the topic (paged through its REST API)."""
+    hashes: set[str] = set()
+    cursor = ""
+    while True:
+        params = {"pubsubTopic": TOPIC, "pageSize": "100", "includeData": "false"}
+        if cursor:
+            params["cursor"] = cursor
+        with urllib.request.urlopen(
+            f"{url}/store/v3/messages?{urllib.parse.urlencode(params)}", timeout=30
+        ) as answer:
+            page = json.loads(answer.read())
+        hashes |= {m["messageHash"].removeprefix("0x") for m in page["messages"]}
+        cursor = page.get("paginationCursor") or ""
+        if not cursor:
+            return hashes

@@ -18,34 +18,36 @@ Every wait is a liveness bound, never a speed requirement, and fails with the lo
 from __future__ import annotations
 
 import base64
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from storeprocess import StoreProcess, store_serve
+from storeprocess import (
+    CONTENT_TOPIC,
+    SYNC_TOKEN,
+    TOPIC,
+    archived_hashes,
+    ingest_messages,
+    store_serve,
+)
 from testdeps import require
 
 from sdsync.testing.nwaku import Nwaku, NwakuOptions
-from sdsync.wire.waku import WakuMessage
 
 require("sdsync.transport.libp2p", "needs the 'p2p' extra")
 
 pytestmark = [pytest.mark.interop, pytest.mark.xdist_group("many-processes")]
 
-TOPIC = "/waku/2/rs/1/7"
-CONTENT_TOPIC = "/sds/1/sync/proto"
-TOKEN = "sync-test"
 SYNC = NwakuOptions(store_sync=True, store_sync_interval_s=5, store_sync_relay_jitter_s=2)
-OUR_SYNC = ["--store-sync-interval", "5", "--store-sync-relay-jitter", "2", "--token", TOKEN]
+OUR_SYNC = [
+    *("--store-sync-interval", "5", "--store-sync-relay-jitter", "2", "--token", SYNC_TOKEN)
+]
 PATIENCE_S = 120.0  # several rounds of 5 s; convergence normally takes one or two
 Start = Callable[..., Nwaku]
 
@@ -62,54 +64,6 @@ def publish_into(node: Nwaku, count: int, tag: str, size: int = 16) -> None:
                 "timestamp": time.time_ns(),
             },
         )
-
-
-def ingest_into(store: StoreProcess, count: int, tag: str) -> set[str]:
-    """``count`` messages posted to our store's ingestion API; their hashes."""
-    now = time.time_ns()
-    messages = [
-        WakuMessage(f"{tag} {i}".encode(), CONTENT_TOPIC, timestamp=now - (count - i) * 10**6)
-        for i in range(count)
-    ]
-    entries = [
-        {
-            "messageHash": "0x" + m.hash(TOPIC).hex(),
-            "pubsubTopic": TOPIC,
-            "message": {
-                "payload": base64.b64encode(m.payload).decode(),
-                "contentTopic": m.content_topic,
-                "timestamp": m.timestamp,
-            },
-        }
-        for m in messages
-    ]
-    request = urllib.request.Request(
-        f"{store.url}/store/v3/messages",
-        data=json.dumps({"messages": entries}).encode(),
-        method="POST",
-        headers={"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"},
-    )
-    with urllib.request.urlopen(request, timeout=30) as answer:
-        assert json.loads(answer.read())["stored"] == count
-    return {m.hash(TOPIC).hex() for m in messages}
-
-
-def our_hashes(url: str) -> set[str]:
-    """Every hash our store holds on the topic (paged through its REST API)."""
-    hashes: set[str] = set()
-    cursor = ""
-    while True:
-        params = {"pubsubTopic": TOPIC, "pageSize": "100", "includeData": "false"}
-        if cursor:
-            params["cursor"] = cursor
-        with urllib.request.urlopen(
-            f"{url}/store/v3/messages?{urllib.parse.urlencode(params)}", timeout=30
-        ) as answer:
-            page = json.loads(answer.read())
-        hashes |= {m["messageHash"].removeprefix("0x") for m in page["messages"]}
-        cursor = page.get("paginationCursor") or ""
-        if not cursor:
-            return hashes
 
 
 def nwaku_hashes(node: Nwaku) -> set[str]:
@@ -143,10 +97,10 @@ def test_sync_both_ways(nwaku_nodes: Start, tmp_path: Path) -> None:
     with store_serve(
         tmp_path / "ours", TOPIC, flags=[*OUR_SYNC, "--relay-peer", nwaku.address]
     ) as ours:
-        mine = ingest_into(ours, 15, "ours")
+        mine = ingest_messages(ours, 15, "ours")
         assert not mine & theirs
         wait_for_sets(
-            {"sdsync": lambda: our_hashes(ours.url), "nwaku": lambda: nwaku_hashes(nwaku)},
+            {"sdsync": lambda: archived_hashes(ours.url), "nwaku": lambda: nwaku_hashes(nwaku)},
             mine | theirs,
             lambda: f"--- sdsync\n{tail(''.join(ours.stderr))}\n--- nwaku\n{nwaku.log_tail()}",
         )
@@ -160,10 +114,10 @@ def test_mixed_fleet_converges(nwaku_nodes: Start, tmp_path: Path) -> None:
     want = _wait_held(first, 10) | _wait_held(second, 10)
     flags = [*OUR_SYNC, "--relay-peer", first.address, "--relay-peer", second.address]
     with store_serve(tmp_path / "ours", TOPIC, flags=flags) as ours:
-        want |= ingest_into(ours, 10, "ours")
+        want |= ingest_messages(ours, 10, "ours")
         wait_for_sets(
             {
-                "sdsync": lambda: our_hashes(ours.url),
+                "sdsync": lambda: archived_hashes(ours.url),
                 "nwaku a": lambda: nwaku_hashes(first),
                 "nwaku b": lambda: nwaku_hashes(second),
             },
@@ -184,16 +138,16 @@ def test_killed_mid_sync_loses_nothing(nwaku_nodes: Start, tmp_path: Path) -> No
     data_dir = tmp_path / "ours"
     with _serve_raw(data_dir, nwaku.address) as (process, url, log):
         deadline = time.monotonic() + PATIENCE_S
-        while not (held := our_hashes(url)):
+        while not (held := archived_hashes(url)):
             assert time.monotonic() < deadline, f"nothing synced\n{tail(log())}\n{nwaku.log_tail()}"
             time.sleep(0.05)
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=30)
     # What the archive held when killed, it still holds (SQLite's WAL): read it back.
     with store_serve(data_dir, TOPIC, flags=[*OUR_SYNC, "--relay-peer", nwaku.address]) as ours:
-        assert held <= our_hashes(ours.url)
+        assert held <= archived_hashes(ours.url)
         wait_for_sets(
-            {"sdsync": lambda: our_hashes(ours.url)},
+            {"sdsync": lambda: archived_hashes(ours.url)},
             want,
             lambda: f"--- sdsync\n{tail(''.join(ours.stderr))}\n--- nwaku\n{nwaku.log_tail()}",
         )

@@ -29,7 +29,7 @@ from sdsync.store.light import LIGHT_PROTOCOLS
 from sdsync.store.node import NodeConfig, StoreNode, serve
 from sdsync.transport.base import WakuRelayConfig
 from sdsync.transport.ratelimit import DEFAULT_RELAY_RATE, RateLimit
-from sdsync.waku.sync import RECONCILIATION_PROTOCOL, TRANSFER_PROTOCOL
+from sdsync.waku.sync import RBSR_PROTOCOL, RECONCILIATION_PROTOCOL, TRANSFER_PROTOCOL
 from sdsync.wire.waku_protocols import STORE_QUERY_PROTOCOL
 
 if TYPE_CHECKING:
@@ -57,7 +57,9 @@ class RelayOptions:
     """What the host serves besides relay."""
 
     def __post_init__(self) -> None:
-        sync = (RECONCILIATION_PROTOCOL, TRANSFER_PROTOCOL) if self.store_sync else ()
+        sync = (
+            (RECONCILIATION_PROTOCOL, TRANSFER_PROTOCOL, RBSR_PROTOCOL) if self.store_sync else ()
+        )
         served = (STORE_QUERY_PROTOCOL, *(LIGHT_PROTOCOLS if self.light else ()), *sync)
         object.__setattr__(self, "protocols", served)
 

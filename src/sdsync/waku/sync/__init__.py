@@ -5,6 +5,7 @@ archives over libp2p and push each other what the other lacks, byte-compatible w
   and the frames of ``/vac/waku/transfer/1.0.0``;
 * :mod:`~sdsync.waku.sync.index` — a session's snapshot: ranges and XOR fingerprints;
 * :mod:`~sdsync.waku.sync.reconciliation` — one side of one exchange, sans-I/O;
+* :mod:`~sdsync.waku.sync.rbsr` — between two sdsync nodes, RBSR in place of XOR ranges;
 * :mod:`~sdsync.waku.sync.transfer` — what a pushed message must be to be archived;
 * :mod:`~sdsync.waku.sync.service` — :class:`WakuSync` on a node: rounds, sessions,
   transfers, bounds.
@@ -25,6 +26,7 @@ from sdsync.waku.sync.codec import (
     encode_ranges,
 )
 from sdsync.waku.sync.index import ItemRows, SyncIndex
+from sdsync.waku.sync.rbsr import RBSR_PROTOCOL, RbsrReconciler
 from sdsync.waku.sync.reconciliation import Reconciler, Topics
 from sdsync.waku.sync.service import (
     RoundReport,
@@ -35,6 +37,7 @@ from sdsync.waku.sync.service import (
 )
 
 __all__ = [
+    "RBSR_PROTOCOL",
     "RECONCILIATION_PROTOCOL",
     "TRANSFER_PROTOCOL",
     "ItemRows",
@@ -42,6 +45,7 @@ __all__ = [
     "Range",
     "RangeType",
     "RangesData",
+    "RbsrReconciler",
     "Reconciler",
     "RoundReport",
     "SnapshotTooLarge",

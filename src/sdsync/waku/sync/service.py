@@ -13,7 +13,9 @@ no database, and the store imports it, not the other way.
   ``[now - jitter - range, now - jitter]`` with it (:meth:`WakuSync.round`): it loads a
   snapshot of the window (:meth:`SyncArchive.rows`), opens a conversation
   (:class:`~sdsync.waku.sync.reconciliation.Reconciler`) and takes turns until one side
-  finds nothing left. ``sdsync`` peers are synced like nwaku ones.
+  finds nothing left. A peer that also announces ``/sdsync/store-sync/rbsr/1.0.0`` (an
+  sdsync node) is reconciled by RBSR instead, whose fingerprints cannot be forged
+  (:mod:`~sdsync.waku.sync.rbsr`); the transfer is the same.
 * **Sessions for peers.** A peer's stream is admitted only within bounds (below); its
   first payload names the window, which is clamped to the span this node syncs (with a
   margin for another node's settings and clock) before the snapshot is loaded.
@@ -49,7 +51,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from sdsync.errors import LocalProtocolError, RemoteProtocolError
+from sdsync.errors import LocalProtocolError, RejectReason, RemoteProtocolError
 from sdsync.transport.base import Envelope
 from sdsync.transport.ratelimit import PeerBuckets, RateLimit
 from sdsync.transport.waku_node import Conversation, WakuHost
@@ -60,13 +62,17 @@ from sdsync.waku.sync.codec import (
     decode_ranges,
 )
 from sdsync.waku.sync.index import ItemRows
-from sdsync.waku.sync.reconciliation import Limits, Reconciler, Topics
+from sdsync.waku.sync.rbsr import RBSR_PROTOCOL, RbsrReconciler, opening_window
+from sdsync.waku.sync.reconciliation import Differences, Limits, Reconciler, Topics
 from sdsync.waku.sync.transfer import Expected, TransferRefused, admit
 from sdsync.wire.waku import DEFAULT_TIMESTAMP_VARIANCE_S
 
 logger = logging.getLogger("sdsync.waku.sync")
 NS = 10**9
 PROTOCOLS = (RECONCILIATION_PROTOCOL, TRANSFER_PROTOCOL)
+"""Waku Sync's protocols: what a peer must announce to be synced with."""
+WAKU = "waku"
+RBSR = "rbsr"
 READ_CHUNK = 256
 RECENT_ROUNDS = 10
 
@@ -153,6 +159,8 @@ class RoundReport:
     peer: str
     role: str
     """``initiator`` (our round) or ``responder`` (a peer's)."""
+    method: str = "waku"
+    """``waku`` (nwaku's XOR ranges) or ``rbsr`` (between sdsync nodes)."""
     round_trips: int = 0
     bytes_sent: int = 0
     bytes_received: int = 0
@@ -170,14 +178,28 @@ class RoundReport:
         return asdict(self)
 
 
+class _Engine(Protocol):
+    """One side of one exchange: XOR ranges (nwaku's) or RBSR (between sdsync nodes)."""
+
+    differences: Differences
+
+    @property
+    def finished(self) -> bool: ...
+
+    def first_payload(self) -> bytes: ...
+
+    def receive(self, frame: bytes) -> bytes | None: ...
+
+
 class _Session:
     """One reconciliation with one peer, as a :class:`Conversation` the host drives."""
 
-    def __init__(self, sync: WakuSync, peer: str, role: str) -> None:
+    def __init__(self, sync: WakuSync, peer: str, role: str, method: str) -> None:
         self.sync = sync
         self.peer = peer
-        self.reconciler: Reconciler | None = None
-        self.report = RoundReport(peer, role, at_ns=sync.now_ns())
+        self.method = method
+        self.engine: _Engine | None = None
+        self.report = RoundReport(peer, role, method=method, at_ns=sync.now_ns())
         self.window: tuple[int, int] | None = None
         self._started = time.perf_counter()
 
@@ -187,32 +209,38 @@ class _Session:
 
     @property
     def finished(self) -> bool:
-        return self.reconciler is not None and self.reconciler.finished
+        return self.engine is not None and self.engine.finished
 
-    async def prepare(self, window: tuple[int, int]) -> Reconciler:
+    async def prepare(self, window: tuple[int, int]) -> _Engine:
         self.window = window
-        rows = await self.sync.archive_port.rows(*window, self.sync.config.max_items)
+        sync = self.sync
+        rows = await sync.archive_port.rows(*window, sync.config.max_items)
         self.report.items = len(rows)
-        self.reconciler = Reconciler(rows, self.sync.topics, window, limits=self.sync.limits)
-        return self.reconciler
+        initiator = self.report.role == "initiator"
+        self.engine = (
+            RbsrReconciler(rows, sync.topics, window, initiator=initiator)
+            if self.method == RBSR
+            else Reconciler(rows, sync.topics, window, limits=sync.limits)
+        )
+        return self.engine
 
     async def receive(self, frame: bytes) -> bytes | None:
         self.report.bytes_received += len(frame)
-        reconciler = self.reconciler
-        if reconciler is None:  # a peer's first payload: it names the window
-            reconciler = await self.prepare(self.sync.clamp(decode_ranges(frame)))
-        reply = reconciler.receive(frame)
+        engine = self.engine
+        if engine is None:  # a peer's first payload: it names the window
+            engine = await self.prepare(self.sync.opening_window(self.method, frame))
+        reply = engine.receive(frame)
         self.report.round_trips += 1
         if reply is not None:
             self.report.bytes_sent += len(reply)
-        self.sync.expected.add(self.peer, reconciler.differences.wanted, self.sync.now_ns())
+        self.sync.expected.add(self.peer, engine.differences.wanted, self.sync.now_ns())
         return reply
 
     def close(self) -> RoundReport:
         report = self.report
         report.seconds = time.perf_counter() - self._started
-        if self.reconciler is not None:
-            differences = self.reconciler.differences
+        if self.engine is not None:
+            differences = self.engine.differences
             report.expected = len(differences.wanted)
             report.differences = report.expected + len(differences.to_send)
         return report
@@ -273,6 +301,12 @@ class WakuSync:
             max_frame_bytes=config.max_frame_bytes,
             timeout_s=config.session_timeout_s,
         )
+        await self.host.serve_conversations(
+            RBSR_PROTOCOL,
+            self._open_rbsr,
+            max_frame_bytes=config.max_frame_bytes,
+            timeout_s=config.session_timeout_s,
+        )
         await self.host.serve_pushes(
             TRANSFER_PROTOCOL, self._pushed, max_frame_bytes=config.max_frame_bytes
         )
@@ -314,14 +348,16 @@ class WakuSync:
         if peer_id in self._sessions:
             self._failed(peer_id, "a session with this peer is running")
             return None
-        session = self._sessions[peer_id] = _Session(self, peer_id, "initiator")
+        sdsync_peers = await self.host.peers_serving(RBSR_PROTOCOL, *PROTOCOLS)
+        method = RBSR if peer_id in sdsync_peers else WAKU
+        session = self._sessions[peer_id] = _Session(self, peer_id, "initiator", method)
         try:
-            reconciler = await session.prepare(self.config.window(self.now_ns()))
-            first = reconciler.first_payload()
+            engine = await session.prepare(self.config.window(self.now_ns()))
+            first = engine.first_payload()
             session.report.bytes_sent += len(first)
             await self.host.converse(
                 peer,
-                RECONCILIATION_PROTOCOL,
+                RBSR_PROTOCOL if method == RBSR else RECONCILIATION_PROTOCOL,
                 first,
                 session,
                 max_frame_bytes=self.config.max_frame_bytes,
@@ -336,16 +372,17 @@ class WakuSync:
     def _ended(self, session: _Session) -> RoundReport:
         self._sessions.pop(session.peer, None)
         report = session.close()
-        assert session.reconciler is not None
-        to_send = list(session.reconciler.differences.to_send)
+        assert session.engine is not None
+        to_send = list(session.engine.differences.to_send)
         report.pushed = len(to_send)
         if to_send:
             self._send(session.peer, to_send)
         self.recent.append(report.as_dict())
         logger.info(
-            "Waku Sync %s with %s: %d items, %d differences (%d to push, %d expected),"
+            "Waku Sync %s (%s) with %s: %d items, %d differences (%d to push, %d expected),"
             " %d round trips, %d B out, %d B in, %.2f s",
             report.role,
+            report.method,
             report.peer,
             report.items,
             report.differences,
@@ -381,12 +418,33 @@ class WakuSync:
         start = min(max(start, low), high)  # a window past ours: its last instant
         return start, max(min(end, high), start)
 
+    def opening_window(self, method: str, frame: bytes) -> tuple[int, int]:
+        """The window a peer's first frame asks for, within what we serve: clamped for
+        nwaku's (its settings may differ from ours), refused beyond it for RBSR's (only
+        sdsync nodes speak it)."""
+        if method == WAKU:
+            return self.clamp(decode_ranges(frame))
+        start, end = opening_window(frame)
+        low, high = self.config.served_window(self.now_ns())
+        if start < low or end > high:
+            raise RemoteProtocolError(
+                f"an RBSR window {start}..{end} outside the served {low}..{high}",
+                reason=RejectReason.MALFORMED_RPC,
+            )
+        return start, end
+
     async def _open(self, peer: str) -> Conversation:
+        return self._admit(peer, WAKU)
+
+    async def _open_rbsr(self, peer: str) -> Conversation:
+        return self._admit(peer, RBSR)
+
+    def _admit(self, peer: str, method: str) -> Conversation:
         reason = self._refusal(peer)
         if reason is not None:
             self.refused[reason] += 1
             raise ConnectionRefusedError(f"Waku Sync session refused: {reason}")
-        session = self._sessions[peer] = _Session(self, peer, "responder")
+        session = self._sessions[peer] = _Session(self, peer, "responder", method)
         return _Responding(self, session)
 
     def _refusal(self, peer: str) -> str | None:
@@ -470,7 +528,7 @@ class WakuSync:
 
     def info(self) -> dict[str, Any]:
         return {
-            "protocols": list(PROTOCOLS),
+            "protocols": [*PROTOCOLS, RBSR_PROTOCOL],
             "interval_s": self.config.interval_s,
             "range_s": self.config.range_s,
             "relay_jitter_s": self.config.relay_jitter_s,

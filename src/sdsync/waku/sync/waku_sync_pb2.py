@@ -4,30 +4,35 @@
 # source: sdsync/waku/sync/waku_sync.proto
 # Protobuf Python Version: 7.35.1
 """Generated protocol buffer code."""
-
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import descriptor_pool as _descriptor_pool
 from google.protobuf import runtime_version as _runtime_version
 from google.protobuf import symbol_database as _symbol_database
 from google.protobuf.internal import builder as _builder
-
 _runtime_version.ValidateProtobufRuntimeVersion(
-    _runtime_version.Domain.PUBLIC, 7, 35, 1, "", "sdsync/waku/sync/waku_sync.proto"
+    _runtime_version.Domain.PUBLIC,
+    7,
+    35,
+    1,
+    '',
+    'sdsync/waku/sync/waku_sync.proto'
 )
 # @@protoc_insertion_point(imports)
 
 _sym_db = _symbol_database.Default()
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(
-    b'\n sdsync/waku/sync/waku_sync.proto\x12\x10sdsync.waku.sync"<\n\x13WakuMessageAndTopic\x12\x14\n\x0cpubsub_topic\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\x0c\x62\x06proto3'
-)
+
+
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n sdsync/waku/sync/waku_sync.proto\x12\x10sdsync.waku.sync\"<\n\x13WakuMessageAndTopic\x12\x14\n\x0cpubsub_topic\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\x0c\"g\n\x0bRbsrOpening\x12\r\n\x05start\x18\x01 \x01(\x04\x12\x0b\n\x03\x65nd\x18\x02 \x01(\x04\x12\x15\n\rpubsub_topics\x18\x03 \x03(\t\x12\x16\n\x0e\x63ontent_topics\x18\x04 \x03(\t\x12\r\n\x05\x66rame\x18\x05 \x01(\x0c\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, "sdsync.waku.sync.waku_sync_pb2", _globals)
+_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sdsync.waku.sync.waku_sync_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-    DESCRIPTOR._loaded_options = None
-    _globals["_WAKUMESSAGEANDTOPIC"]._serialized_start = 54
-    _globals["_WAKUMESSAGEANDTOPIC"]._serialized_end = 114
+  DESCRIPTOR._loaded_options = None
+  _globals['_WAKUMESSAGEANDTOPIC']._serialized_start=54
+  _globals['_WAKUMESSAGEANDTOPIC']._serialized_end=114
+  _globals['_RBSROPENING']._serialized_start=116
+  _globals['_RBSROPENING']._serialized_end=219
 # @@protoc_insertion_point(module_scope)

@@ -6,8 +6,10 @@ topic it was published on, as nwaku's waku_store_sync/codec.nim writes it. Regen
 the Python module with `make proto` after editing.
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -38,10 +40,48 @@ class WakuMessageAndTopic(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal[
-        "message", b"message", "pubsub_topic", b"pubsub_topic"
-    ]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "pubsub_topic", b"pubsub_topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WakuMessageAndTopic: _TypeAlias = WakuMessageAndTopic  # noqa: Y015
+
+@_typing.final
+class RbsrOpening(_message.Message):
+    """/sdsync/store-sync/rbsr/1.0.0 (sdsync nodes only: RBSR's sum-then-hash ranges between
+    two nodes that both announce it, instead of XOR ranges). The initiator's first frame
+    opens with the window and its topics; the responder's first reply names its topics.
+    Every other frame is a bare RBSR frame (sdsync.reconcile.rbsr).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    START_FIELD_NUMBER: _builtins.int
+    END_FIELD_NUMBER: _builtins.int
+    PUBSUB_TOPICS_FIELD_NUMBER: _builtins.int
+    CONTENT_TOPICS_FIELD_NUMBER: _builtins.int
+    FRAME_FIELD_NUMBER: _builtins.int
+    start: _builtins.int
+    """The window, both bounds inclusive, in ns (the initiator's opening only)."""
+    end: _builtins.int
+    frame: _builtins.bytes
+    @_builtins.property
+    def pubsub_topics(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def content_topics(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        start: _builtins.int = ...,
+        end: _builtins.int = ...,
+        pubsub_topics: _abc.Iterable[_builtins.str] | None = ...,
+        content_topics: _abc.Iterable[_builtins.str] | None = ...,
+        frame: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content_topics", b"content_topics", "end", b"end", "frame", b"frame", "pubsub_topics", b"pubsub_topics", "start", b"start"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RbsrOpening: _TypeAlias = RbsrOpening  # noqa: Y015
