@@ -84,6 +84,8 @@ test: $(STAMP) $(JSSTAMP) $(NODESTAMPS) postgres chromium lint typecheck
 # an honest peer's latency measured (tests/store/test_hostile_node.py), and every other
 # hostile-peer module. Last, the chat page in Chromium: 10 outages of page B, each with a
 # burst of 20 lines from each of two pages and a terminal chat (3 of 4 in make test).
+# Also our store node killed with SIGKILL while 5,000 messages come from nwaku by
+# Waku Sync (600 in make test).
 soak: $(STAMP) tests/interop/waku_light/node_modules/.installed-stamp chromium
 	SDSYNC_SOAK=1 $(PY) -m pytest -n 2 --dist load $(PYTEST_ARGS) tests/reliability/test_crash_harness.py
 	SDSYNC_SOAK=1 $(PY) -m pytest $(PYTEST_ARGS) tests/interop/test_js_waku_filter_load.py
@@ -94,6 +96,7 @@ soak: $(STAMP) tests/interop/waku_light/node_modules/.installed-stamp chromium
 		tests/store/test_sync_riblt_hostile.py tests/store/test_rest_timeouts.py \
 		tests/transport/test_relay_rate.py tests/reliability/test_hostile_buffers.py \
 		tests/reliability/test_hostile_grpc.py
+	SDSYNC_SOAK=1 $(PY) -m pytest $(PYTEST_ARGS) tests/interop/test_nwaku_sync.py -k killed
 	SDSYNC_SOAK=1 $(PY) -m pytest $(PYTEST_ARGS) tests/web/test_chat_browser.py -k bursts
 
 proto: $(STAMP)
