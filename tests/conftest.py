@@ -8,7 +8,7 @@ is counted on the controller, from the workers' collections and reports.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,25 +58,25 @@ def pytest_terminal_summary(
         terminalreporter.write_line(f"{directory:<{width}}  " + ", ".join(counts))
 
 
-@pytest.fixture
-def go_waku_nodes(tmp_path: Path) -> Iterator[Any]:
-    """``start(options=GoWakuOptions(), name="go-waku")``: a running go-waku node on
-    127.0.0.1 (its multiaddr in ``.address``), stopped after the test. Without a go-waku
-    binary the test skips naming SDSYNC_GO_WAKU; in CI it fails."""
+def external_nodes(
+    tmp_path: Path, name: str, find: Callable[[], str], unavailable: type[Exception], make: Any
+) -> Iterator[Any]:
+    """``start(options=None, name=name)``: a running node of another implementation on
+    127.0.0.1, ``make(binary, directory, options)`` then its ``wait_up()``; every one
+    started is closed after the test. Without its binary (``find()`` raising
+    ``unavailable``) the test skips saying how to provide one; in CI it fails."""
     from testdeps import in_ci
 
-    from sdsync.testing.gowaku import GoWaku, GoWakuOptions, GoWakuUnavailableError, go_waku_binary
-
     try:
-        binary = go_waku_binary()
-    except GoWakuUnavailableError as exc:
+        binary = find()
+    except unavailable as exc:
         if in_ci():
-            pytest.fail(f"{exc}; CI is set, so go-waku must be available", pytrace=False)
+            pytest.fail(f"{exc}; CI is set, so {name} must be available", pytrace=False)
         pytest.skip(str(exc))
-    started: list[GoWaku] = []
+    started: list[Any] = []
 
-    def start(options: GoWakuOptions | None = None, name: str = "go-waku") -> GoWaku:
-        node = GoWaku(binary, tmp_path / f"{name}-{len(started)}", options)
+    def start(options: Any = None, name: str = name) -> Any:
+        node = make(binary, tmp_path / f"{name}-{len(started)}", options)
         started.append(node)
         try:
             node.wait_up()
@@ -89,3 +89,21 @@ def go_waku_nodes(tmp_path: Path) -> Iterator[Any]:
     finally:
         for node in started:
             node.close()
+
+
+@pytest.fixture
+def go_waku_nodes(tmp_path: Path) -> Iterator[Any]:
+    """``start(options=GoWakuOptions(), name="go-waku")``: a running go-waku node on
+    127.0.0.1 (its multiaddr in ``.address``), stopped after the test (SDSYNC_GO_WAKU)."""
+    from sdsync.testing.gowaku import GoWaku, GoWakuUnavailableError, go_waku_binary
+
+    yield from external_nodes(tmp_path, "go-waku", go_waku_binary, GoWakuUnavailableError, GoWaku)
+
+
+@pytest.fixture
+def nwaku_nodes(tmp_path: Path) -> Iterator[Any]:
+    """``start(options=NwakuOptions(), name="nwaku")``: a running nwaku node on 127.0.0.1
+    (its multiaddr in ``.address``), stopped after the test (SDSYNC_NWAKU)."""
+    from sdsync.testing.nwaku import Nwaku, NwakuUnavailableError, nwaku_binary
+
+    yield from external_nodes(tmp_path, "nwaku", nwaku_binary, NwakuUnavailableError, Nwaku)

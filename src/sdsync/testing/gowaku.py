@@ -10,10 +10,7 @@ with the node's log.
 
 from __future__ import annotations
 
-import json
-import os
 import secrets
-import socket
 import subprocess
 import time
 import urllib.error
@@ -24,9 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sdsync.testing.tools import SHARED_TOOLS, free_port, rest_call, tool_binary
+
 ENV = "SDSYNC_GO_WAKU"
 # The repository checked out beside shared/, as in CI.
-WAKU_PATH = Path(__file__).resolve().parents[4] / "shared" / "tools" / "go-waku" / "waku-path"
+WAKU_PATH = SHARED_TOOLS / "go-waku" / "waku-path"
 START_S = 30.0
 
 
@@ -36,27 +35,7 @@ class GoWakuUnavailableError(RuntimeError):
 
 def go_waku_binary() -> str:
     """The go-waku binary, or :class:`GoWakuUnavailableError` saying why there is none."""
-    explicit = os.environ.get(ENV)
-    if explicit:
-        if os.access(explicit, os.X_OK):
-            return explicit
-        raise GoWakuUnavailableError(f"{ENV}={explicit} is not an executable go-waku binary")
-    try:
-        found = subprocess.run(
-            [str(WAKU_PATH)], capture_output=True, text=True, timeout=120, check=True
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise GoWakuUnavailableError(
-            f"{ENV} is unset and {WAKU_PATH} gave no go-waku binary ({exc}); "
-            f"set {ENV} to a go-waku `waku` binary"
-        ) from None
-    return found.stdout.strip()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return tool_binary(ENV, WAKU_PATH, "go-waku `waku`", GoWakuUnavailableError)
 
 
 @dataclass(frozen=True)
@@ -130,21 +109,10 @@ class GoWaku:
         return self.address.rsplit("/p2p/", 1)[1]
 
     def rest(self, method: str, path: str, body: Any = None, *, timeout_s: float = 10.0) -> Any:
-        """One REST call: its JSON answer (or text). HTTP errors raise
-        ``urllib.error.HTTPError``, whose body names go-waku's complaint."""
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{self.rest_port}{path}",
-            data=data,
-            method=method,
-            headers={"Content-Type": "application/json"},
+        """One call to its REST API (:func:`~sdsync.testing.tools.rest_call`)."""
+        return rest_call(
+            f"http://127.0.0.1:{self.rest_port}{path}", method, body, timeout_s=timeout_s
         )
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            text = response.read().decode()
-        try:
-            return json.loads(text)
-        except ValueError:
-            return text
 
     def wait_up(self, timeout_s: float = START_S) -> str:
         """go-waku's multiaddr once its REST API answers; RuntimeError (with the log) if

@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
-import json
 import os
 import secrets
 import signal
@@ -32,9 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from sdsync.testing.tools import SHARED_TOOLS, free_port, rest_call, tool_binary
+
 ENV = "SDSYNC_NWAKU"
 # The repository checked out beside shared/, as in CI.
-WAKU_PATH = Path(__file__).resolve().parents[4] / "shared" / "tools" / "nwaku" / "wakunode2-path"
+WAKU_PATH = SHARED_TOOLS / "nwaku" / "wakunode2-path"
 START_S = 60.0  # liveness bound of a start; it normally takes about a second
 STOP_S = 15.0
 LOG_TAIL = 6000  # characters of the log a failure shows
@@ -53,31 +54,7 @@ class NwakuError(RuntimeError):
 
 def nwaku_binary() -> str:
     """The ``wakunode2`` binary, or :class:`NwakuUnavailableError` saying why there is none."""
-    explicit = os.environ.get(ENV)
-    if explicit:
-        if os.access(explicit, os.X_OK):
-            return explicit
-        raise NwakuUnavailableError(f"{ENV}={explicit} is not an executable nwaku binary")
-    try:
-        # The first call unpacks the binary (checked by sha256): allow it time.
-        found = subprocess.run(
-            [str(WAKU_PATH)], capture_output=True, text=True, timeout=300, check=True
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise NwakuUnavailableError(
-            f"{ENV} is unset and {WAKU_PATH} gave no nwaku binary ({exc}); "
-            f"set {ENV} to an nwaku `wakunode2` binary"
-        ) from None
-    binary = found.stdout.strip()
-    if not os.access(binary, os.X_OK):
-        raise NwakuUnavailableError(f"{WAKU_PATH} printed {binary!r}, not an executable")
-    return binary
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return tool_binary(ENV, WAKU_PATH, "nwaku `wakunode2`", NwakuUnavailableError)
 
 
 @dataclass(frozen=True)
@@ -238,21 +215,8 @@ class Nwaku:
         return f"http://127.0.0.1:{self.rest_port}"
 
     def rest(self, method: str, path: str, body: Any = None, *, timeout_s: float = 10.0) -> Any:
-        """One REST call: its JSON answer (or text). HTTP errors raise
-        ``urllib.error.HTTPError``; nwaku writes its complaint as the ``text/plain`` body."""
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(
-            self.rest_url + path,
-            data=data,
-            method=method,
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            text = response.read().decode()
-        try:
-            return json.loads(text)
-        except ValueError:
-            return text
+        """One call to its REST API (:func:`~sdsync.testing.tools.rest_call`)."""
+        return rest_call(self.rest_url + path, method, body, timeout_s=timeout_s)
 
     def connected_peers(self) -> set[str]:
         """The peer ids it is connected to (``GET /admin/v1/peers``)."""

@@ -355,22 +355,10 @@ class TrioHost:
         max_bytes: int,
         timeout_s: float,
     ) -> None:
-        try:
-            with trio.fail_after(timeout_s):
-                conversation = await self._on_loop(lambda: opener(peer))
-                await self._take_turns(stream, conversation, max_bytes)
-                await stream.close()
-            return
-        except RemoteProtocolError as exc:
-            self.counters.rejected[exc.reason] += 1
-            self._troubles.note(protocol, f"refused: {exc.reason}", peer, str(exc))
-        except trio.TooSlowError:
-            self.counters.stream_timeouts[protocol] += 1
-            self._troubles.note(protocol, f"no exchange within {timeout_s} s", peer, "")
-        except Exception as exc:  # the stream broke, or the opener refused it
-            self.counters.stream_failures[protocol] += 1
-            self._troubles.note(protocol, "failed", peer, repr(exc))
-        await _reset(stream)
+        async with self._guarded(stream, peer, protocol, timeout_s):
+            conversation = await self._on_loop(lambda: opener(peer))
+            await self._take_turns(stream, conversation, max_bytes)
+            await stream.close()
 
     async def _take_turns(
         self, stream: INetStream, conversation: Conversation, max_bytes: int
@@ -440,14 +428,24 @@ class TrioHost:
         max_bytes: int,
         timeout_s: float,
     ) -> None:
+        async with self._guarded(stream, peer, protocol, timeout_s):
+            request = await read_frame(_reader(stream), max_bytes)
+            # None: the peer closed the stream unused (js-waku does, for metadata).
+            answer = None if request is None else await responder(peer, request)
+            if answer is not None:
+                await _write_frame(stream, answer)
+            await stream.close()
+
+    @contextlib.asynccontextmanager
+    async def _guarded(
+        self, stream: INetStream, peer: str, protocol: str, timeout_s: float
+    ) -> AsyncIterator[None]:
+        """A served exchange on ``stream`` within ``timeout_s``: nothing escapes it. A
+        refusal, the deadline or a break (the stream, or the handler: logged there) is
+        counted and noted, and the stream reset."""
         try:
             with trio.fail_after(timeout_s):
-                request = await read_frame(_reader(stream), max_bytes)
-                # None: the peer closed the stream unused (js-waku does, for metadata).
-                answer = None if request is None else await responder(peer, request)
-                if answer is not None:
-                    await _write_frame(stream, answer)
-                await stream.close()
+                yield
             return
         except RemoteProtocolError as exc:
             self.counters.rejected[exc.reason] += 1
@@ -455,7 +453,7 @@ class TrioHost:
         except trio.TooSlowError:
             self.counters.stream_timeouts[protocol] += 1
             self._troubles.note(protocol, f"no exchange within {timeout_s} s", peer, "")
-        except Exception as exc:  # the stream broke, or the handler failed (logged there)
+        except Exception as exc:
             self.counters.stream_failures[protocol] += 1
             self._troubles.note(protocol, "failed", peer, repr(exc))
         await _reset(stream)
