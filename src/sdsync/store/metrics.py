@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter as Tally
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
@@ -139,6 +140,10 @@ class StoreMetrics:
             registry=r,
         )
 
+    def export_waku_sync(self, sync: WakuSyncCounters) -> None:
+        """Export Waku Sync's counters on this registry (:class:`WakuSyncCollector`)."""
+        self.registry.register(WakuSyncCollector(sync))
+
     def export_libp2p(self, host: WakuCounters) -> None:
         """Export ``host``'s counters on this registry (:class:`Libp2pCollector`)."""
         self.registry.register(Libp2pCollector(host))
@@ -224,6 +229,61 @@ LIBP2P_TOTALS = (
         " its byte budget.",
     ),
 )
+
+
+class WakuSyncCounters(Protocol):
+    """What :class:`~sdsync.waku.sync.WakuSync` counts (written on the node's loop)."""
+
+    @property
+    def sessions(self) -> Mapping[tuple[str, str], int]: ...
+    @property
+    def failures(self) -> int: ...
+    @property
+    def refused(self) -> Mapping[str, int]: ...
+    @property
+    def archived(self) -> int: ...
+    @property
+    def pushed(self) -> int: ...
+
+
+class WakuSyncCollector(Collector):
+    """Waku Sync's counters as ``sdsync_store_waku_sync_*_total``, read at scrape time."""
+
+    def __init__(self, sync: WakuSyncCounters) -> None:
+        self.sync = sync
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        sync = self.sync
+        sessions = CounterMetricFamily(
+            "sdsync_store_waku_sync_sessions",
+            "Waku Sync exchanges completed, by role (initiator: our rounds) and method"
+            " (waku: XOR ranges with nwaku; rbsr: between sdsync nodes).",
+            labels=["role", "method"],
+        )
+        for (role, method), count in sorted(sync.sessions.items()):
+            sessions.add_metric([role, method], count)
+        yield sessions
+        yield CounterMetricFamily(
+            "sdsync_store_waku_sync_failed_rounds",
+            "Our Waku Sync rounds that failed (no peer, a peer gone, refused or hostile).",
+            value=sync.failures,
+        )
+        refused = CounterMetricFamily(
+            "sdsync_store_waku_sync_refused",
+            "Waku Sync sessions refused and pushed messages not archived, by reason.",
+            labels=["reason"],
+        )
+        for reason, count in sorted(sync.refused.items()):
+            refused.add_metric([reason], count)
+        yield refused
+        messages = CounterMetricFamily(
+            "sdsync_store_waku_sync_messages",
+            "Messages pushed to Waku Sync peers, and new ones archived from theirs.",
+            labels=["direction"],
+        )
+        messages.add_metric(["pushed"], sync.pushed)
+        messages.add_metric(["archived"], sync.archived)
+        yield messages
 
 
 class Libp2pCollector(Collector):

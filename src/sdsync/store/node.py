@@ -169,6 +169,8 @@ class StoreNode(ArchiveHost):
             if waku is not None and config.waku_sync is not None
             else None
         )
+        if self.waku_sync is not None:
+            self.metrics.export_waku_sync(self.waku_sync)
         self.sync: PeriodicSync | None = None
         if config.peers and config.sync.interval_s is not None:
             self.sync = PeriodicSync(

@@ -7,8 +7,11 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 from test_waku_sync_service import (
     NOW,
     OTHER_SHARD,
@@ -30,6 +33,15 @@ from sdsync.waku.sync import waku_sync_pb2 as pb
 HOUR = 3600 * 10**9
 
 
+def sample(node: Any, name: str, **labels: str) -> float:
+    """The value of ``name`` with ``labels`` on ``node``'s registry (0 if absent)."""
+    for family in text_string_to_metric_families(generate_latest(node.metrics.registry).decode()):
+        for found in family.samples:
+            if found.name == name and labels.items() <= found.labels.items():
+                return float(found.value)
+    return 0.0
+
+
 def test_two_sdsync_nodes_reconcile_by_rbsr(tmp_path: Path) -> None:
     shared = messages(1, 500)
     only_a, only_b = messages(2, 60), messages(3, 35)
@@ -48,6 +60,11 @@ def test_two_sdsync_nodes_reconcile_by_rbsr(tmp_path: Path) -> None:
             await until(lambda: held(a) == union and held(b) == union)
             assert sync_of(a).refused == sync_of(b).refused == Counter()
             assert sync_of(b).recent[0]["method"] == "rbsr"
+            await until(lambda: sync_of(a).archived == 35)
+            assert sample(a, "sdsync_store_waku_sync_sessions_total", role="initiator") == 1
+            assert sample(b, "sdsync_store_waku_sync_sessions_total", method="rbsr") == 1
+            assert sample(a, "sdsync_store_waku_sync_messages_total", direction="archived") == 35
+            assert sample(a, "sdsync_store_waku_sync_messages_total", direction="pushed") == 60
 
     asyncio.run(scenario())
 

@@ -268,6 +268,8 @@ class WakuSync:
         self.refused: Counter[str] = Counter()
         """Sessions and pushed messages refused, by reason."""
         self.rounds = 0
+        self.sessions: Counter[tuple[str, str]] = Counter()
+        """Exchanges completed, by (role, method)."""
         self.failures = 0
         self.archived = 0
         self.pushed = 0
@@ -372,6 +374,7 @@ class WakuSync:
     def _ended(self, session: _Session) -> RoundReport:
         self._sessions.pop(session.peer, None)
         report = session.close()
+        self.sessions[report.role, report.method] += 1
         assert session.engine is not None
         to_send = list(session.engine.differences.to_send)
         report.pushed = len(to_send)
