@@ -78,7 +78,7 @@ def test_traffic_ring_keeps_the_last_hour_by_minute() -> None:
 
 
 def test_chart_stacks_sources_per_minute() -> None:
-    per_minute = [(0,) * len(SOURCES)] * 58 + [(3, 0, 2, 0, 0), (0, 1, 0, 0, 0)]
+    per_minute = [(0,) * len(SOURCES)] * 58 + [(3, 0, 2, 0, 0, 0), (0, 1, 0, 0, 0, 0)]
     svg = render_chart(Traffic(1000, tuple(per_minute)))
     assert svg.count('<g class="bar"') == 2
     assert svg.count('class="src-relay"') == 1 and svg.count('class="src-http"') == 1
@@ -137,3 +137,34 @@ def test_admin_part_shows_the_last_sync_rounds_newest_first() -> None:
     )
     idle = _view(StoreMetrics(), {"sync": {"method": "riblt", "recent": []}})
     assert idle.admin is not None and idle.admin[1].rows[0][1] == "no round yet"
+
+
+def test_admin_part_shows_the_last_waku_sync_exchanges() -> None:
+    ours = {
+        "at_ns": 2 * 10**18,
+        "peer": "16Uiu2HAm",
+        "role": "initiator",
+        "method": "waku",
+        "pushed": 3,
+        "expected": 4,
+        "bytes_sent": 600,
+        "bytes_received": 1200,
+        "outcome": "ok",
+    }
+    failed = {"at_ns": 10**18, "peer": "", "role": "initiator", "outcome": "failed: no peer"}
+    waku_sync = {"rounds": 2, "failures": 1, "recent": [ours, failed]}
+    view = _view(StoreMetrics(), {"backend": "sqlite", "sync": None, "waku_sync": waku_sync})
+    assert view.admin is not None
+    table = view.admin[2]
+    assert table.title == "Waku Sync: last exchanges (2 rounds of ours, 1 failed)"
+    assert table.rows[0][1:] == (
+        "16Uiu2HAm",
+        "initiator, waku",
+        "3 pushed, 4 expected",
+        "600",
+        "1200",
+        "ok",
+    )
+    assert table.rows[1][1:] == ("", "initiator", "", "", "", "failed: no peer")
+    off = _view(StoreMetrics(), {"backend": "sqlite", "sync": None, "waku_sync": None})
+    assert off.admin is not None and off.admin[2].rows[0][1] == "Waku Sync is off"

@@ -59,6 +59,7 @@ SOURCES = (
     ("lightpush", "LightPush"),
     ("http", "POST"),
     ("sync", "Store Sync"),
+    ("waku-sync", "Waku Sync"),
     ("resume", "Resume"),
 )
 #: The counter tables: title, counter (its ``_total`` samples), the labels of its rows.
@@ -72,6 +73,13 @@ COUNTER_TABLES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("Store Sync rounds, by role", "sdsync_store_sync_rounds", ("role",)),
     ("Store Sync differences", "sdsync_store_sync_differences", ("side",)),
     ("Store Sync bytes", "sdsync_store_sync_bytes", ("direction",)),
+    (
+        "Waku Sync exchanges, by role and method",
+        "sdsync_store_waku_sync_sessions",
+        ("role", "method"),
+    ),
+    ("Waku Sync refusals, by reason", "sdsync_store_waku_sync_refused", ("reason",)),
+    ("Waku Sync messages", "sdsync_store_waku_sync_messages", ("direction",)),
     ("Store v3 queries, by status", "sdsync_store_queries", ("status",)),
 )
 _WEB = resources.files("sdsync.store") / "web"
@@ -200,7 +208,7 @@ def _admin_tables(info: Mapping[str, Any]) -> tuple[Table, ...]:
             ("last Store Resume", _resume(info.get("resume"))),
         ),
     )
-    return node, _sync_table(info.get("sync"))
+    return node, _sync_table(info.get("sync")), _waku_sync_table(info.get("waku_sync"))
 
 
 def _resume(resume: Mapping[str, Any] | None) -> str:
@@ -234,6 +242,39 @@ def _sync_row(round_: Mapping[str, Any]) -> tuple[str, ...]:
         outcome = f"ok: {round_['stored']} new here, {round_['peer_stored']} new there"
     sent, received = str(round_["bytes_sent"]), str(round_["bytes_received"])
     return (when, peer, method, differences, sent, received, outcome)
+
+
+def _waku_sync_table(sync: Mapping[str, Any] | None) -> Table:
+    """Waku Sync's last exchanges (:meth:`~sdsync.waku.sync.WakuSync.info`), ours and
+    peers', newest first."""
+    columns = (
+        "when",
+        "peer",
+        "role, method",
+        "differences",
+        "bytes sent",
+        "bytes received",
+        "outcome",
+    )
+    title = "Waku Sync: last exchanges"
+    if not sync:
+        return Table(title, columns, (("", "Waku Sync is off", "", "", "", "", ""),))
+    rounds = f"{sync.get('rounds', 0)} rounds of ours, {sync.get('failures', 0)} failed"
+    rows = tuple(map(_waku_sync_row, sync.get("recent") or ()))
+    if not rows:
+        rows = (("", "no exchange yet", "", "", "", "", ""),)
+    return Table(f"{title} ({rounds})", columns, rows)
+
+
+def _waku_sync_row(exchange: Mapping[str, Any]) -> tuple[str, ...]:
+    when = _when(int(exchange.get("at_ns", 0)))
+    peer, outcome = str(exchange["peer"]), str(exchange["outcome"])
+    role = f"{exchange.get('role', '')}, {exchange.get('method', '')}".strip(", ")
+    if "pushed" not in exchange:  # a failed round
+        return (when, peer, role, "", "", "", outcome)
+    differences = f"{exchange['pushed']} pushed, {exchange['expected']} expected"
+    sent, received = str(exchange["bytes_sent"]), str(exchange["bytes_received"])
+    return (when, peer, role, differences, sent, received, outcome)
 
 
 def _when(ns: int) -> str:
