@@ -12,7 +12,9 @@ read back and checked to hold the union.
 
 Bytes and round trips: nwaku's own counters (``total_bytes_exchanged``,
 ``reconciliation_roundtrips``) on side A, which is nwaku in (a) and (b); ours from
-``waku_sync.recent`` (reconciliation only: our node does not count transfer bytes).
+``waku_sync.recent`` (reconciliation only: our node does not count transfer bytes). Our
+rows name the method the rounds report (``method``): XOR ranges with nwaku, RBSR between
+two sdsync nodes (``/sdsync/store-sync/rbsr/1.0.0``).
 Everything up to convergence counts: every round either side started (both run rounds
 every ``--interval`` s), so the convergence time includes up to one interval of waiting.
 A last table runs our RBSR and RIBLT in memory on sets of the same N and d
@@ -44,12 +46,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 
 from sdsync.testing.nwaku import Nwaku, NwakuOptions, free_port, nwaku_binary
+from sdsync.waku.sync.service import RECENT_ROUNDS
 from sdsync.wire.waku import WakuMessage
 
 TOPIC = "/waku/2/rs/1/7"
 CONTENT_TOPIC = "/sds/1/sync/bench"
 TOKEN = "bench"
 PATIENCE_S = 180.0
+METHODS = {"waku": "XOR ranges", "rbsr": "RBSR"}  # a round's ``method`` in waku_sync.recent
 
 
 @dataclass(frozen=True)
@@ -235,9 +239,15 @@ def ours(data_dir: Path, interval: int, jitter: int, peer: str | None = None) ->
 
 
 def our_row(pair: str, info: dict[str, Any], seconds: float, exact: bool) -> Row:
+    """Our node's rounds (``waku_sync.recent``, the last 10 it ran or answered), labelled
+    with the method they ran (``waku``: nwaku's XOR ranges; ``rbsr``: between sdsync
+    nodes). Reconciliation bytes only: our node does not count transfer bytes."""
     rounds = [r for r in info["recent"] if r.get("outcome") == "ok" and "round_trips" in r]
+    if len(info["recent"]) >= RECENT_ROUNDS:
+        print(f"warning: {pair}: only the last {RECENT_ROUNDS} rounds are counted", flush=True)
+    methods = "/".join(sorted({METHODS.get(r.get("method", "waku"), "?") for r in rounds}))
     return Row(
-        pair,
+        pair.format(method=methods or "?"),
         sum(r["bytes_sent"] for r in rounds),
         sum(r["bytes_received"] for r in rounds),
         None,
@@ -362,7 +372,7 @@ class Bench:
                     print("\n".join(rounds))
             return (
                 nwaku_row("sdsync↔nwaku (nwaku's counters)", metrics, seconds, exact),
-                our_row("sdsync↔nwaku (our counters)", info, seconds, exact),
+                our_row("sdsync↔nwaku (our counters, {method})", info, seconds, exact),
             )
         finally:
             a.close()
@@ -385,7 +395,7 @@ class Bench:
             seconds = time.perf_counter() - t0
             info = a.admin()
             exact = a.hashes() == self.union and b.hashes() == self.union
-        return our_row("sdsync↔sdsync (our counters)", info, seconds, exact)
+        return our_row("sdsync↔sdsync, {method} (our counters: recon only)", info, seconds, exact)
 
 
 def store_hashes(node: Nwaku) -> set[str]:

@@ -1,21 +1,27 @@
-"""Waku relay, LightPush and Filter: sdsync beside go-waku 0.9.0, side by side in one run.
+"""Waku relay, LightPush and Filter: sdsync beside go-waku 0.9.0 and nwaku, in one run.
 
-Every node runs on 127.0.0.1, each in a process of its own, as deployed; the go-waku
-binary comes from ``SDSYNC_GO_WAKU`` or ``../shared/tools/go-waku`` (see
-:mod:`sdsync.testing.gowaku`). Three measurements:
+Every node runs on 127.0.0.1, each in a process of its own, as deployed. The reference
+implementations (``--impls``, default ``go-waku,nwaku``): go-waku's binary comes from
+``SDSYNC_GO_WAKU`` or ``../shared/tools/go-waku`` (:mod:`sdsync.testing.gowaku`), nwaku's
+``wakunode2`` from ``SDSYNC_NWAKU`` or ``../shared/tools/nwaku`` (:mod:`sdsync.testing.nwaku`:
+loopback only, RLN off, store off here, ``--log-level=INFO`` as go-waku's default rather
+than the harness's DEBUG). Both take the same REST calls, so every row below is measured
+the same way for either. Three measurements:
 
 * **Relay**, messages/s between two nodes on shard 7 of cluster 1, at each payload size
-  (100 B, 4 kB, 40 kB): go-waku → go-waku (published by REST on one, counted from the
-  other's REST message cache), sdsync → go-waku, go-waku → sdsync and sdsync → sdsync
-  (:class:`~sdsync.transport.libp2p.Libp2pTransport`, the receiver in a child process).
-* **LightPush**, requests/s and p50/p99 latency served by go-waku (``--lightpush``) and by
-  `sdsync store serve`: a raw Libp2pTransport client keeps ``--concurrency`` requests of
-  ``/vac/waku/lightpush/2.0.0-beta1`` (the version both serve) in flight; each service node
-  relays to one go-waku relay peer. Our store node also archives each message.
-* **Filter**, pushes/s and p50/p99 latency (REST publish to push received) served by
-  go-waku (``--filter``) and by `sdsync store serve`, to a raw Libp2pTransport subscriber
-  taking the pushes with ``serve_pushes``; the messages come from a go-waku relay node
-  publishing by REST.
+  (100 B, 4 kB, 40 kB): for each implementation X, X → X (published by REST on one,
+  counted from the other's REST message cache), sdsync → X and X → sdsync; then sdsync →
+  sdsync (:class:`~sdsync.transport.libp2p.Libp2pTransport`, the receiver in a child
+  process).
+* **LightPush**, requests/s and p50/p99 latency served by each implementation
+  (``--lightpush``) and by `sdsync store serve`: a raw Libp2pTransport client keeps
+  ``--concurrency`` requests of ``/vac/waku/lightpush/2.0.0-beta1`` (the version all three
+  serve) in flight; each service node relays to one relay peer, a node of the first of
+  ``--impls``. Our store node also archives each message.
+* **Filter**, pushes/s and p50/p99 latency (REST publish to push received) served by each
+  implementation (``--filter``) and by `sdsync store serve`, to a raw Libp2pTransport
+  subscriber taking the pushes with ``serve_pushes``; the messages come from a relay node
+  of the first of ``--impls``, publishing by REST.
 
 Every row does the same: a warm-up (``--warmup`` messages or requests, repeated until
 they arrive, so meshes and subscriptions are formed), then ``--count`` more, timed by wall
@@ -23,20 +29,23 @@ clock from the first send to the last delivery (the receiver's CLOCK_MONOTONIC, 
 system-wide on Linux); nothing is timed inside a node. A row that loses messages says how
 many arrived, and its rate is of those. Each publisher or counter that is a Python process
 of this script does only that (``--role``), so no two Python roles share a GIL. REST
-publishing and counting go through keep-alive HTTP connections; go-waku's REST publish is
-one HTTP call per message, so a publisher keeps ``--rest-connections`` (4) calls in
-flight, and may still bound the go-waku publisher rows from above.
+publishing and counting go through keep-alive HTTP connections; a REST publish (go-waku's
+and nwaku's alike) is one HTTP call per message, so a publisher keeps
+``--rest-connections`` (4) calls in flight, and may still bound the REST publisher rows
+from above.
 
 The LightPush and Filter tables also give each service node's CPU time per message (from
 /proc, over the timed phase) and the client's CPU share: a client near 100 % means the
 row measured the client, and the CPU per message is then the fairer comparison.
 
-Timing never fails the run: the figures are printed, with ratios against go-waku's. Run it
-on a quiet machine; ``--count``/``--warmup`` small for a smoke run, ``--parts`` to measure
-only some of relay, lightpush, filter.
+Timing never fails the run: the figures are printed, with ratios against each
+implementation's own row (X → X, or served by X). Run it on a quiet machine;
+``--count``/``--warmup`` small for a smoke run, ``--parts`` to measure only some of relay,
+lightpush, filter, ``--impls`` only some implementations.
 
     .venv/bin/python bench/waku_vs_go_waku.py
     .venv/bin/python bench/waku_vs_go_waku.py --count 200 --warmup 20 --sizes 100,4000
+    .venv/bin/python bench/waku_vs_go_waku.py --impls nwaku --parts lightpush,filter
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ import asyncio
 import base64
 import concurrent.futures
 import contextlib
+import functools
 import http.client
 import json
 import os
@@ -60,6 +70,7 @@ from pathlib import Path
 from typing import Any
 
 from sdsync.testing.gowaku import GoWaku, GoWakuOptions, go_waku_binary
+from sdsync.testing.nwaku import Nwaku, NwakuOptions, nwaku_binary
 from sdsync.transport.libp2p import Libp2pTransport, WakuRelayConfig
 from sdsync.wire.waku import WakuMessage
 from sdsync.wire.waku_protocols import (
@@ -81,7 +92,11 @@ PUBSUB_TOPIC = f"/waku/2/rs/1/{SHARD}"
 WARM, TIMED = b"w", b"t"  # a payload's first byte
 STAMP = slice(1, 9)  # then the sender's CLOCK_MONOTONIC in ns, big-endian
 WAKU = WakuRelayConfig(cluster_id=1)
-CACHE = "--rest-relay-cache-capacity=100000"  # a REST counter drains it between polls
+CACHE = "--rest-relay-cache-capacity=100000"  # both take it; a REST counter drains it
+# The harness runs nwaku at DEBUG (a log line per message relayed); INFO is go-waku's default.
+NWAKU_FLAGS = ("--log-level=INFO",)  # after the harness's flags: the last wins
+PEERING_S, PEERING_TRIES = 30.0, 5  # a service node's connection to its relay peer
+BINARIES: dict[str, Callable[[], str]] = {"go-waku": go_waku_binary, "nwaku": nwaku_binary}
 POLL_S = 0.01
 
 
@@ -94,7 +109,7 @@ def payload(tag: bytes, size: int) -> bytes:
 
 
 class Rest:
-    """go-waku's REST API over one keep-alive connection."""
+    """A go-waku or nwaku node's REST API (the same calls) over one keep-alive connection."""
 
     def __init__(self, port: int) -> None:
         self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
@@ -112,7 +127,7 @@ TOPIC_PATH = "/relay/v1/messages/" + urllib.parse.quote(PUBSUB_TOPIC, safe="")
 
 def publish_role(rest_port: int, size: int, warmup: int, count: int, connections: int) -> None:
     """Reads ``warm`` or ``go`` lines; publishes ``warmup`` or ``count`` messages through
-    go-waku's REST API for each, over ``connections`` keep-alive connections at once (one
+    a node's REST API for each, over ``connections`` keep-alive connections at once (one
     HTTP call per message, so one connection would bound the rate), then prints
     ``sent <failures>``."""
     rests = [Rest(rest_port) for _ in range(connections)]
@@ -125,7 +140,7 @@ def publish_role(rest_port: int, size: int, warmup: int, count: int, connections
 
 
 def _publish(rest: Rest, tag: bytes, size: int, n: int) -> int:
-    """``n`` messages published over ``rest``; how many go-waku refused (before its mesh
+    """``n`` messages published over ``rest``; how many the node refused (before its mesh
     formed: no peers)."""
     failures = 0
     for _ in range(n):
@@ -164,8 +179,8 @@ class Tally:
         print(f"done {self.timed} {self.last_ns}", flush=True)
 
 
-def count_go_waku_role(rest_port: int, warmup: int, count: int, patience: float) -> None:
-    """Counts what go-waku's REST message cache receives, polling it."""
+def count_rest_role(rest_port: int, warmup: int, count: int, patience: float) -> None:
+    """Counts what a node's REST message cache receives, polling it."""
     rest = Rest(rest_port)
     rest.call("POST", "/relay/v1/subscriptions", [PUBSUB_TOPIC])
     print("ready", flush=True)
@@ -233,6 +248,32 @@ class Child:
         await self.process.wait()
 
 
+@dataclass(frozen=True)
+class Node:
+    """A go-waku or nwaku node this run started: what the bench needs of it."""
+
+    impl: str
+    address: str
+    rest_port: int
+    pid: int
+    handle: GoWaku | Nwaku
+
+    @property
+    def peer_id(self) -> str:
+        return self.address.rsplit("/p2p/", 1)[1]
+
+    async def holds(self, peer: Node) -> bool:
+        """Whether it connects to ``peer`` within PEERING_S and is still connected a second
+        later."""
+        deadline = time.monotonic() + PEERING_S
+        while peer.peer_id not in await asyncio.to_thread(self.handle.connected_peers):
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)
+        return peer.peer_id in await asyncio.to_thread(self.handle.connected_peers)
+
+
 @dataclass
 class Options:
     warmup: int
@@ -241,17 +282,56 @@ class Options:
     concurrency: int
     light_size: int
     rest_connections: int
-    binary: str
+    binaries: dict[str, str]  # implementation -> its binary, for each of --impls
     tmp: Path
-    nodes: list[GoWaku] = field(default_factory=list)
+    nodes: list[GoWaku | Nwaku] = field(default_factory=list)
 
-    def go_waku(self, **options: Any) -> GoWaku:
-        node = GoWaku(
-            self.binary, self.tmp / f"go-waku-{len(self.nodes)}", GoWakuOptions(**options)
-        )
-        self.nodes.append(node)
-        node.wait_up()
-        return node
+    @property
+    def impls(self) -> list[str]:
+        return list(self.binaries)
+
+    def node(
+        self,
+        impl: str,
+        static_nodes: tuple[str, ...] = (),
+        *,
+        cache: bool = False,
+        lightpush: bool = False,
+        filter: bool = False,
+    ) -> Node:
+        """A relay node of ``impl`` on shard 7, up; ``cache``: its REST message cache
+        large enough for a counter; ``lightpush``/``filter``: serving them."""
+        binary, directory = self.binaries[impl], self.tmp / f"{impl}-{len(self.nodes)}"
+        extra = [CACHE] if cache else []
+        started: GoWaku | Nwaku
+        if impl == "go-waku":
+            flags = GoWakuOptions(
+                static_nodes=static_nodes, lightpush=lightpush, filter=filter, extra=extra
+            )
+            started = GoWaku(binary, directory, flags)
+        else:
+            flags = NwakuOptions(
+                store=False, static_nodes=static_nodes, lightpush=lightpush, filter=filter,
+                extra=[*NWAKU_FLAGS, *extra],
+            )  # fmt: skip
+            started = Nwaku(binary, directory, flags)
+        self.nodes.append(started)  # closed by _stop_nodes even if it never comes up
+        address = started.wait_up()
+        assert started.process is not None
+        return Node(impl, address, started.rest_port, started.process.pid, started)
+
+    async def peered(self, impl: str, peer: Node, **flags: bool) -> Node:
+        """A node of ``impl`` dialling ``peer``, once it holds that connection. nwaku
+        sometimes drops a go-waku peer right after connecting ("waku metadata request
+        failed: read failed: Stream Closed!") and never dials it again: such a node is
+        stopped and another started, up to PEERING_TRIES times."""
+        for _ in range(PEERING_TRIES):
+            node = self.node(impl, (peer.address,), **flags)
+            if await node.holds(peer):
+                return node
+            print(f"({impl} did not hold its connection to {peer.impl}: started again)")
+            node.handle.close()
+        raise RuntimeError(f"{impl} never held a connection to {peer.impl}")
 
     def child_args(self) -> list[str]:
         counts = ["--warmup", str(self.warmup), "--count", str(self.count)]
@@ -327,22 +407,22 @@ async def children(*starts: Awaitable[Child]) -> AsyncIterator[list[Child]]:
             await child.close()
 
 
-async def go_to_go(size: int, options: Options) -> Result:
-    a = options.go_waku(extra=[CACHE])
-    b = options.go_waku(static_nodes=[a.address], extra=[CACHE])
+async def impl_to_impl(impl: str, size: int, options: Options) -> Result:
+    a = options.node(impl, cache=True)
+    b = options.node(impl, (a.address,), cache=True)
     args = options.child_args()
     async with children(
-        Child.start("count-go-waku", "--rest-port", str(b.rest_port), *args, *_patience(options)),
+        Child.start("count-rest", "--rest-port", str(b.rest_port), *args, *_patience(options)),
         Child.start("publish-rest", "--rest-port", str(a.rest_port), "--size", str(size), *args),
     ) as (counter, publisher):
         await counter.line(30)
         return await timed_relay(rest_sender(publisher), counter, options)
 
 
-async def sdsync_to_go(size: int, options: Options) -> Result:
-    b = options.go_waku(extra=[CACHE])
+async def sdsync_to(impl: str, size: int, options: Options) -> Result:
+    b = options.node(impl, cache=True)
     args = [*options.child_args(), *_patience(options)]
-    async with children(Child.start("count-go-waku", "--rest-port", str(b.rest_port), *args)) as (
+    async with children(Child.start("count-rest", "--rest-port", str(b.rest_port), *args)) as (
         counter,
     ):
         await counter.line(30)
@@ -352,12 +432,12 @@ async def sdsync_to_go(size: int, options: Options) -> Result:
             return await timed_relay(sdsync_sender(node, size, options), counter, options)
 
 
-async def go_to_sdsync(size: int, options: Options) -> Result:
+async def to_sdsync(impl: str, size: int, options: Options) -> Result:
     args = options.child_args()
     async with children(Child.start("receive-sdsync", *args, *_patience(options))) as (receiver,):
         ready = await receiver.line(30)
         assert ready is not None
-        a = options.go_waku(static_nodes=[ready.split()[1]])
+        a = options.node(impl, (ready.split()[1],))
         rest = ["--rest-port", str(a.rest_port), "--size", str(size)]
         async with children(Child.start("publish-rest", *rest, *args)) as (publisher,):
             return await timed_relay(rest_sender(publisher), receiver, options)
@@ -379,12 +459,19 @@ def _patience(options: Options) -> list[str]:
     return ["--patience", str(options.patience)]
 
 
-RELAY_PAIRS: dict[str, Callable[[int, Options], Awaitable[Result]]] = {
-    "go-waku -> go-waku": go_to_go,
-    "sdsync -> go-waku": sdsync_to_go,
-    "go-waku -> sdsync": go_to_sdsync,
-    "sdsync -> sdsync": sdsync_to_sdsync,
-}
+Measure = Callable[[int, Options], Awaitable[Result]]
+
+
+def relay_pairs(impls: list[str]) -> dict[str, Measure]:
+    """The relay rows: X -> X, sdsync -> X and X -> sdsync for each implementation X,
+    then sdsync -> sdsync."""
+    pairs: dict[str, Measure] = {}
+    for impl in impls:
+        pairs[f"{impl} -> {impl}"] = functools.partial(impl_to_impl, impl)
+        pairs[f"sdsync -> {impl}"] = functools.partial(sdsync_to, impl)
+        pairs[f"{impl} -> sdsync"] = functools.partial(to_sdsync, impl)
+    pairs["sdsync -> sdsync"] = sdsync_to_sdsync
+    return pairs
 
 
 # ----------------------------------------------------------------- services
@@ -434,13 +521,12 @@ class Service:
 
 
 @contextlib.asynccontextmanager
-async def service(
-    kind: str, peer: GoWaku, options: Options, **flags: bool
-) -> AsyncIterator[Service]:
-    """A service node of ``kind`` whose relay peer is ``peer``."""
-    if kind == "go-waku":
-        node = options.go_waku(static_nodes=[peer.address], **flags)
-        yield Service(node.address, node.process.pid)
+async def service(kind: str, peer: Node, options: Options, **flags: bool) -> AsyncIterator[Service]:
+    """A service node of ``kind`` (an implementation, or our store) whose relay peer is
+    ``peer``."""
+    if kind in options.binaries:
+        node = await options.peered(kind, peer, **flags)
+        yield Service(node.address, node.pid)
         return
     store = await StoreServe.start(options.tmp / f"store-{uuid.uuid4().hex[:8]}", peer.address)
     try:
@@ -459,7 +545,7 @@ async def timed(service: Service, phase: Awaitable[Result]) -> Result:
 
 
 def light_client() -> Libp2pTransport:
-    # It relays nothing, but names shard 7 in its metadata, or go-waku drops it.
+    # It relays nothing, but names shard 7 in its metadata, or go-waku and nwaku drop it.
     return Libp2pTransport(waku=WAKU, announce_shards=(SHARD,))
 
 
@@ -478,7 +564,7 @@ async def lightpush_once(client: Libp2pTransport, address: str, size: int) -> fl
 
 
 async def lightpush_row(kind: str, options: Options) -> Result:
-    sink = options.go_waku()
+    sink = options.node(options.impls[0])  # the same relay peer for every row
     async with service(kind, sink, options, lightpush=True) as node, light_client() as client:
         deadline = time.monotonic() + options.patience
         warmed = 0
@@ -546,7 +632,7 @@ async def until(check: Callable[[], bool], timeout_s: float) -> bool:
 
 
 async def filter_row(kind: str, options: Options) -> Result:
-    source = options.go_waku()
+    source = options.node(options.impls[0])  # the same source for every row
     pushes = Pushes()
     client = light_client()
     await client.serve_pushes(FILTER_PUSH_PROTOCOL, pushes.take)
@@ -580,30 +666,47 @@ async def filter_phase(publisher: Child, pushes: Pushes, options: Options) -> Re
 # ----------------------------------------------------------------- the report
 
 
-def relay_table(results: dict[tuple[str, int], Result], sizes: list[int], count: int) -> None:
-    print(f"\nRelay, messages/s between two nodes ({count} per cell; x: ratio to go-waku's)")
-    print(f"{'':<20}" + "".join(f"{size:>18,} B" for size in sizes))
-    for pair in RELAY_PAIRS:
+def ratios(rate: float, anchors: list[float]) -> str:
+    return " ".join(f"{rate / anchor:>5.2f}x" if anchor else "     -" for anchor in anchors)
+
+
+def relay_table(
+    results: dict[tuple[str, int], Result], sizes: list[int], count: int, impls: list[str]
+) -> None:
+    names = " and ".join(f"{impl} -> {impl}'s" for impl in impls)
+    print(f"\nRelay, messages/s between two nodes ({count} per cell; x: ratios to {names})")
+    width = 10 + 7 * len(impls)
+    print(f"{'':<20}" + "".join(f"{size:>{width - 2},} B" for size in sizes))
+    for pair in relay_pairs(impls):
         cells = []
         for size in sizes:
-            result, anchor = results[pair, size], results["go-waku -> go-waku", size]
-            ratio = result.rate / anchor.rate if anchor.rate else 0.0
+            result = results[pair, size]
+            anchors = [results[f"{impl} -> {impl}", size].rate for impl in impls]
             short = "" if result.delivered == count else f" [{result.delivered}]"
-            cells.append(f"{result.rate:>9,.0f} {ratio:>5.2f}x{short}".rjust(20))
+            cells.append(f"{result.rate:>9,.0f} {ratios(result.rate, anchors)}{short}".rjust(width))
         print(f"{pair:<20}" + "".join(cells))
 
 
-def service_table(title: str, unit: str, results: dict[str, Result], count: int) -> None:
+def service_table(
+    title: str, unit: str, results: dict[str, Result | None], count: int, impls: list[str]
+) -> None:
     print(f"\n{title} ({count} each; CPU: the service's ms per message, the client's share)")
-    header = f"{'served by':<20}{unit:>10}{'ratio':>8}{'p50 ms':>9}{'p99 ms':>9}"
-    print(f"{header}{'delivered':>11}{'svc CPU ms':>12}{'client CPU':>12}")
-    anchor = results["go-waku"].rate
+    header = f"{'served by':<20}{unit:>10}" + "".join(f"{'x ' + impl:>10}" for impl in impls)
+    print(
+        f"{header}{'p50 ms':>9}{'p99 ms':>9}{'delivered':>11}{'svc CPU ms':>12}{'client CPU':>12}"
+    )
+    anchors = [getattr(results[impl], "rate", 0.0) for impl in impls]
     for kind, result in results.items():
-        ratio = result.rate / anchor if anchor else 0.0
+        if result is None:
+            print(f"{kind:<20}{'not measured':>12}")
+            continue
         per_message = 1000 * result.service_cpu_s / max(1, result.delivered)
         client_share = result.client_cpu_s / result.seconds if result.seconds > 0 else 0.0
+        against = "".join(
+            f"{result.rate / anchor:>9.2f}x" if anchor else f"{'-':>10}" for anchor in anchors
+        )
         print(
-            f"{kind:<20}{result.rate:>10,.0f}{ratio:>7.2f}x{result.percentile(0.5):>9.1f}"
+            f"{kind:<20}{result.rate:>10,.0f}{against}{result.percentile(0.5):>9.1f}"
             f"{result.percentile(0.99):>9.1f}{result.delivered:>11}{per_message:>12.2f}"
             f"{client_share:>11.0%}"
         )
@@ -612,33 +715,47 @@ def service_table(title: str, unit: str, results: dict[str, Result], count: int)
 async def run(args: argparse.Namespace) -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     parts = set(args.parts.split(","))
+    impls = args.impls.split(",")
+    unknown = set(impls) - set(BINARIES)
+    if unknown or not impls:
+        raise SystemExit(f"--impls: {sorted(unknown)} unknown; choose from {list(BINARIES)}")
     with tempfile.TemporaryDirectory(prefix="waku-bench-") as tmp:
         options = Options(
             args.warmup, args.count, args.patience, args.concurrency, args.light_size,
-            args.rest_connections, go_waku_binary(), Path(tmp),
+            args.rest_connections, {impl: BINARIES[impl]() for impl in impls}, Path(tmp),
         )  # fmt: skip
         try:
             if "relay" in parts:
                 relay: dict[tuple[str, int], Result] = {}
                 for size in sizes:
-                    for pair, measure in RELAY_PAIRS.items():
+                    for pair, measure in relay_pairs(impls).items():
                         relay[pair, size] = await _alone(measure(size, options), options)
-                relay_table(relay, sizes, args.count)
-            kinds = ("go-waku", "sdsync store serve")
+                relay_table(relay, sizes, args.count, impls)
+            kinds = (*impls, "sdsync store serve")
             if "lightpush" in parts:
-                pushed = {k: await _alone(lightpush_row(k, options), options) for k in kinds}
+                pushed = {k: await _row(k, lightpush_row(k, options), options) for k in kinds}
                 title = f"LightPush 2.0.0-beta1, {args.light_size} B, {args.concurrency} in flight"
-                service_table(title, "req/s", pushed, args.count)
+                title += f", relayed to {impls[0]}"
+                service_table(title, "req/s", pushed, args.count, impls)
             if "filter" in parts:
-                filtered = {k: await _alone(filter_row(k, options), options) for k in kinds}
-                title = f"Filter pushes, {args.light_size} B"
-                service_table(title, "pushes/s", filtered, args.count)
+                filtered = {k: await _row(k, filter_row(k, options), options) for k in kinds}
+                title = f"Filter pushes, {args.light_size} B, published on {impls[0]}"
+                service_table(title, "pushes/s", filtered, args.count, impls)
         finally:
             _stop_nodes(options)
 
 
+async def _row(kind: str, measure: Awaitable[Result], options: Options) -> Result | None:
+    """A service row, or None (the reason printed) if it could not be measured."""
+    try:
+        return await _alone(measure, options)
+    except (RuntimeError, OSError) as exc:
+        print(f"({kind}: not measured: {str(exc).splitlines()[0]})", flush=True)
+        return None
+
+
 async def _alone(measure: Awaitable[Result], options: Options) -> Result:
-    """``measure``, then the go-waku nodes it started stopped."""
+    """``measure``, then the go-waku and nwaku nodes it started stopped."""
     try:
         return await measure
     finally:
@@ -663,14 +780,17 @@ def main() -> None:
         "--rest-connections", type=int, default=4, help="a REST publisher's connections"
     )
     parser.add_argument("--parts", default="relay,lightpush,filter", help="what to measure")
+    parser.add_argument(
+        "--impls", default="go-waku,nwaku", help="the implementations beside sdsync, a list"
+    )
     parser.add_argument("--role", help=argparse.SUPPRESS)
     parser.add_argument("--rest-port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role == "publish-rest":
         publish_role(args.rest_port, args.size, args.warmup, args.count, args.rest_connections)
-    elif args.role == "count-go-waku":
-        count_go_waku_role(args.rest_port, args.warmup, args.count, args.patience)
+    elif args.role == "count-rest":
+        count_rest_role(args.rest_port, args.warmup, args.count, args.patience)
     elif args.role == "receive-sdsync":
         asyncio.run(receive_sdsync_role(args.warmup, args.count, args.patience))
     else:

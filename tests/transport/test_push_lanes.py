@@ -21,7 +21,7 @@ from transporttest import PATIENCE_S, run, until
 from sdsync.errors import LocalProtocolError, ProtocolNotSupportedError, RejectReason
 from sdsync.transport import Libp2pTransport
 from sdsync.transport.libp2p_host import _MAX_INBOUND_STREAMS, _reader
-from sdsync.wire.waku_protocols import METADATA_PROTOCOL, WakuMetadata, read_frame
+from sdsync.wire.waku_protocols import METADATA_PROTOCOL, WakuMetadata, encode_frame, read_frame
 
 PUSH = "/test/push/1.0.0"
 ECHO = "/test/echo/1.0.0"
@@ -341,6 +341,47 @@ def test_peer_host_names_the_address_a_connected_peer_comes_from() -> None:
                     await asyncio.sleep(0.02)
             assert await receiver.peer_host(sender.peer_id) == "127.0.0.1"
             assert await sender.peer_host(receiver.peer_id) == "127.0.0.1"
+        finally:
+            await closing(sender, receiver)
+
+    run(scenario)
+
+
+def test_a_burst_of_stream_per_push_waits_for_slots_instead_of_resets() -> None:
+    """nwaku's Filter service opens a stream per push: a burst of 60 at once, each one
+    frame then closed, against a receiver that takes 20 ms a frame. Streams beyond the
+    per-peer bound wait for a slot; none is reset (nwaku drops the connection when one
+    is) and every frame arrives."""
+    burst = 60
+
+    async def scenario() -> None:
+        sender, receiver, address = await pair()
+        frames: list[bytes] = []
+
+        async def slow(peer: str, frame: bytes) -> None:
+            await asyncio.sleep(0.02)
+            frames.append(frame)
+
+        await receiver.serve_pushes(PUSH, slow)
+        try:
+            await sender.connect(address)
+            host = sender._running().host
+
+            async def one(peer: object, index: int) -> None:
+                stream = await host.new_stream(peer, [TProtocol(PUSH)])  # type: ignore[arg-type]
+                await stream.write(encode_frame(b"push %d" % index))
+                await stream.close()
+
+            async def burst_of_streams() -> None:
+                peer = host.get_connected_peers()[0]
+                async with trio.open_nursery() as nursery:
+                    for index in range(burst):
+                        nursery.start_soon(one, peer, index)
+
+            await sender._call(burst_of_streams)
+            await until(lambda: len(frames) == burst)
+            assert sorted(frames) == sorted(b"push %d" % i for i in range(burst))
+            assert receiver.streams_refused[PUSH] == 0
         finally:
             await closing(sender, receiver)
 

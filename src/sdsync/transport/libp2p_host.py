@@ -48,7 +48,11 @@ through the token, so neither loop blocks); the answer comes back as a frame, th
 stream is closed. A multistream "na" is a :class:`~sdsync.errors.ProtocolNotSupportedError`.
 
 Inbound streams of a served protocol are bounded per peer (``_MAX_INBOUND_STREAMS``
-open at once; more are reset and counted in ``streams_refused``). A frame above the
+open at once; more are reset and counted in ``streams_refused``). A push stream beyond
+the bound waits up to ``_PUSH_ADMIT_S`` for a slot first (at most
+``_MAX_WAITING_STREAMS`` of them per peer and protocol): nwaku's Filter service opens a
+stream per push, a burst opens dozens at once, and a reset one makes it drop the
+connection for good. A frame above the
 limit, a truncated one, or a peer that never sends or never reads costs that stream only:
 it is reset and counted (``rejected`` by reason, ``stream_timeouts`` by protocol), and
 logged as a summary at most once a minute per protocol and reason
@@ -169,6 +173,10 @@ Receiver = Callable[[str, bytes], Awaitable[object]]
 #: Streams of one protocol one peer may hold open with us at once; more are reset. A
 #: js-waku or go-waku peer holds one or two; our own push lanes one.
 _MAX_INBOUND_STREAMS = 16
+#: Push streams beyond the bound that may wait for a slot, per (protocol, peer), and how
+#: long each may wait before it is reset.
+_MAX_WAITING_STREAMS = 128
+_PUSH_ADMIT_S = 10.0
 #: Stream troubles are logged at most this often per (protocol, reason), as a summary.
 _SUMMARY_S = 60.0
 #: How long a push lane's first frame waits for the reader to close the stream (a
@@ -223,6 +231,8 @@ class TrioHost:
         self.nursery: trio.Nursery | None = None
         self._lanes: dict[tuple[ID, str], _PushLane] = {}
         self._inbound: Counter[tuple[str, str]] = Counter()  # open streams by (protocol, peer)
+        self._waiting: Counter[tuple[str, str]] = Counter()  # push streams waiting for a slot
+        self._freed: dict[tuple[str, str], trio.Event] = {}  # set when a slot of the key frees
         self._troubles = _StreamTroubles(settings.peer_id[-8:], _SUMMARY_S)
 
     async def run(self, ready: concurrent.futures.Future[TrioHost]) -> None:
@@ -327,7 +337,7 @@ class TrioHost:
         order, until the remote ends the stream."""
 
         async def handle(stream: INetStream) -> None:
-            async with self._admitted(stream, protocol) as peer:
+            async with self._admitted(stream, protocol, wait_s=_PUSH_ADMIT_S) as peer:
                 if peer is not None:
                     await self._take_pushes(stream, peer, protocol, receiver, max_bytes)
 
@@ -400,12 +410,15 @@ class TrioHost:
             )
 
     @contextlib.asynccontextmanager
-    async def _admitted(self, stream: INetStream, protocol: str) -> AsyncIterator[str | None]:
+    async def _admitted(
+        self, stream: INetStream, protocol: str, *, wait_s: float = 0.0
+    ) -> AsyncIterator[str | None]:
         """The remote peer's id, or None (and the stream reset) if it already has
-        ``_MAX_INBOUND_STREAMS`` streams of ``protocol`` open with us."""
+        ``_MAX_INBOUND_STREAMS`` streams of ``protocol`` open with us and none frees
+        within ``wait_s``."""
         peer = stream.muxed_conn.peer_id.to_base58()
         key = (protocol, peer)
-        if self._inbound[key] >= _MAX_INBOUND_STREAMS:
+        if self._inbound[key] >= _MAX_INBOUND_STREAMS and not await self._slot(key, wait_s):
             self.counters.streams_refused[protocol] += 1
             self._troubles.note(protocol, "refused: too many open streams", peer, "")
             await _reset(stream)
@@ -418,6 +431,26 @@ class TrioHost:
             self._inbound[key] -= 1
             if not self._inbound[key]:
                 del self._inbound[key]
+            freed = self._freed.pop(key, None)
+            if freed is not None:
+                freed.set()
+
+    async def _slot(self, key: tuple[str, str], wait_s: float) -> bool:
+        """Whether a slot of ``key`` frees within ``wait_s`` (no wait once
+        ``_MAX_WAITING_STREAMS`` streams of ``key`` are waiting)."""
+        if wait_s <= 0 or self._waiting[key] >= _MAX_WAITING_STREAMS:
+            return False
+        self._waiting[key] += 1
+        try:
+            with trio.move_on_after(wait_s):
+                while self._inbound[key] >= _MAX_INBOUND_STREAMS:
+                    await self._freed.setdefault(key, trio.Event()).wait()
+                return True
+            return False
+        finally:
+            self._waiting[key] -= 1
+            if not self._waiting[key]:
+                del self._waiting[key]
 
     async def _answer(
         self,
