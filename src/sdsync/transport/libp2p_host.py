@@ -175,7 +175,7 @@ Receiver = Callable[[str, bytes], Awaitable[object]]
 _MAX_INBOUND_STREAMS = 16
 #: Push streams beyond the bound that may wait for a slot, per (protocol, peer), and how
 #: long each may wait before it is reset.
-_MAX_WAITING_STREAMS = 128
+_MAX_WAITING_STREAMS = 256
 _PUSH_ADMIT_S = 10.0
 #: Stream troubles are logged at most this often per (protocol, reason), as a summary.
 _SUMMARY_S = 60.0
