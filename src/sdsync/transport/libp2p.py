@@ -452,7 +452,6 @@ class Libp2pTransport(AsyncLifecycle):
 
         async def register() -> None:
             trio_side.serve(protocol_id, trio_side.on_loop(logged), max_request_bytes, timeout_s)
-            trio_side.announce()
 
         await self._call(register)
 
@@ -487,7 +486,6 @@ class Libp2pTransport(AsyncLifecycle):
 
         async def register() -> None:
             trio_side.serve_pushes(protocol_id, trio_side.on_loop(logged), max_frame_bytes)
-            trio_side.announce()
 
         await self._call(register)
 
@@ -504,7 +502,8 @@ class Libp2pTransport(AsyncLifecycle):
         frame goes to its ``receive`` and each reply back, until it is finished; then the
         stream is closed. Bounded as :meth:`serve` is: a frame above ``max_frame_bytes``
         or truncated, a RemoteProtocolError from the conversation, or an exchange not
-        done within ``timeout_s`` resets the stream and is counted."""
+        done within ``timeout_s`` resets the stream and is counted. Served on a running
+        host, it is announced (identify push) to the connected peers that speak it too."""
         if self._closed:
             raise LocalProtocolError("transport is closed")
 
@@ -522,7 +521,7 @@ class Libp2pTransport(AsyncLifecycle):
 
         async def register() -> None:
             trio_side.serve_conversations(protocol_id, logged, max_frame_bytes, timeout_s)
-            trio_side.announce()
+            trio_side.announce(protocol_id)
 
         await self._call(register)
 

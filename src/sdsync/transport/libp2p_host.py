@@ -290,15 +290,19 @@ class TrioHost:
                 serving.append(peer.to_base58())
         return sorted(serving)
 
-    def announce(self) -> None:
-        """Tell connected peers (identify push) what we serve now: a protocol served
-        after they identified us is otherwise unknown to them until they reconnect."""
+    def announce(self, protocol: str) -> None:
+        """Tell the connected peers that speak ``protocol`` too (identify push) that we
+        serve it now: a peer that picks whom to sync with by what they announce (nwaku's
+        Waku Sync) would otherwise not know until it reconnects. Peers that do not speak
+        it (a browser's light node) are left alone."""
         assert self.nursery is not None
         host = self.host
 
         async def push() -> None:
-            with contextlib.suppress(Exception):
-                await push_identify_to_peers(host)
+            peers = {ID.from_base58(p) for p in await self.peers_serving((protocol,))}
+            if peers:
+                with contextlib.suppress(Exception):
+                    await push_identify_to_peers(host, peers)
 
         self.nursery.start_soon(push)
 

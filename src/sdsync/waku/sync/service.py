@@ -297,6 +297,11 @@ class WakuSync:
     async def start(self) -> None:
         """Mount both protocols and start archiving what peers push, and our rounds."""
         config = self.config
+        # Transfer first: serving a conversation tells the peers that speak it, and by
+        # then they must see both protocols (nwaku picks peers that announce them).
+        await self.host.serve_pushes(
+            TRANSFER_PROTOCOL, self._pushed, max_frame_bytes=config.max_frame_bytes
+        )
         await self.host.serve_conversations(
             RECONCILIATION_PROTOCOL,
             self._open,
@@ -308,9 +313,6 @@ class WakuSync:
             self._open_rbsr,
             max_frame_bytes=config.max_frame_bytes,
             timeout_s=config.session_timeout_s,
-        )
-        await self.host.serve_pushes(
-            TRANSFER_PROTOCOL, self._pushed, max_frame_bytes=config.max_frame_bytes
         )
         self._tasks.append(asyncio.create_task(self._archive_pushed(), name="waku-sync-inbox"))
         if config.interval_s > 0:
