@@ -61,6 +61,7 @@ class RbsrReconciler:
         self._session: RbsrSession | None = None
         self._allowed: set[bytes] | None = None  # what the initiator may push, once known
         self._ended = False  # the responder's first reply said there is nothing to do
+        self._learnt = (0, 0)  # how much of the session's have and need is in differences
 
     @property
     def finished(self) -> bool:
@@ -114,13 +115,16 @@ class RbsrReconciler:
         )
 
     def _learn(self) -> None:
+        """Add what the last frame taught the session (the tails of its lists)."""
         assert self._session is not None
+        have, need = self._session.have, self._session.need
         allowed = self._allowed
-        for _, message_hash in self._session.have:
+        for _, message_hash in have[self._learnt[0] :]:
             if allowed is None or message_hash in allowed:
                 self.differences.to_send[message_hash] = None
-        for timestamp, message_hash in self._session.need:
+        for timestamp, message_hash in need[self._learnt[1] :]:
             self.differences.wanted[message_hash] = timestamp
+        self._learnt = (len(have), len(need))
 
 
 def _opening(topics: Topics, frame: bytes, start: int = 0, end: int = 0) -> bytes:

@@ -58,6 +58,7 @@ from sdsync.transport.waku_node import Conversation, WakuHost
 from sdsync.waku.sync.codec import (
     RECONCILIATION_PROTOCOL,
     TRANSFER_PROTOCOL,
+    RangesData,
     WakuMessageAndTopic,
     decode_ranges,
 )
@@ -414,7 +415,7 @@ class WakuSync:
 
     # -- sessions for peers
 
-    def clamp(self, opening: Any) -> tuple[int, int]:
+    def clamp(self, opening: RangesData) -> tuple[int, int]:
         """The window of a peer's first payload, within what we serve."""
         low, high = self.config.served_window(self.now_ns())
         if not opening.ranges:
