@@ -52,11 +52,17 @@ export class Resends {
   _schedule(messageId, delayMs) {
     const entry = this.pending.get(messageId);
     clearTimeout(entry.timer);
-    entry.timer = setTimeout(() => {
-      if (!this.pending.has(messageId)) return;
-      if (this.isConnected()) void entry.resend();
-      entry.delayMs = Math.min(entry.delayMs * 2, MAX_DELAY_MS);
-      this._schedule(messageId, entry.delayMs);
-    }, delayMs);
+    entry.timer = setTimeout(() => this._fire(messageId, entry), delayMs);
+  }
+
+  _fire(messageId, entry) {
+    const current = () => this.pending.get(messageId) === entry;
+    if (!current()) return;
+    if (this.isConnected()) void entry.resend();
+    // The resend may have settled the message at once (acknowledged, or sent anew under
+    // the same id): then this entry is gone, and so is its schedule.
+    if (!current()) return;
+    entry.delayMs = Math.min(entry.delayMs * 2, MAX_DELAY_MS);
+    this._schedule(messageId, entry.delayMs);
   }
 }
