@@ -585,3 +585,18 @@ def test_an_id_a_small_filter_no_longer_holds_is_not_taken_for_a_gap() -> None:
     assert sync is not None
     a.receive(sync.data, 5_000)
     assert a.sweep_repair(100_000).data == []
+
+
+def test_giving_up_on_a_message_never_reports_a_delivered_dependency_lost() -> None:
+    """M waits for A and X, X for A. M's timeout declares A lost, which releases X, which
+    releases M: X was delivered, so it is not lost, and nothing is delivered twice."""
+    b = chan("b", ChannelConfig(lost_timeout_ms=10))
+    x = Message("a", "X", "c", 2, (HistoryEntry("A"),), content=b"x")
+    m = Message("a", "M", "c", 3, (HistoryEntry("A"), HistoryEntry("X")), content=b"m")
+    b.receive(encode(m), 0)
+    b.receive(encode(x), 5)
+    events = b.sweep_incoming(10).events
+    assert of(events, MessageLost) == ["A"]
+    assert of(events, MessageDelivered) == ["X", "M"]
+    assert b.log_ids() == ["X", "M"] and b.incoming_ids() == []
+    assert b.sweep_incoming(100).events == [] and b.missing_ids() == []

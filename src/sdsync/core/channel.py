@@ -16,8 +16,7 @@ State, per the spec's *participant state*:
   *unacknowledged* or *possibly acknowledged* (seen in the bloom filters of fewer distinct
   peers than the threshold);
 * the **incoming buffer**: content messages whose causal dependencies are not all in the
-  local log yet, indexed both ways (message -> unmet dependencies, dependency -> waiting
-  messages) so an arriving dependency releases its dependents in O(their number);
+  local log yet, bounded by count and by bytes (see :mod:`.incoming`);
 * the **known missing** ids: every id a processed causal history named — of a content or
   a sync message — that we never received, reported by every incoming sweep until it
   arrives, is marked met or is declared lost (see :mod:`.missing`);
@@ -35,29 +34,15 @@ and record the dependencies we have never seen as missing. Delivery cascades to
 everything that was waiting on it. A sync message goes through the same steps up to the
 buffer: its gaps are recorded too.
 
-The incoming buffer is bounded twice (``max_incoming_buffer`` messages and
-``max_incoming_buffer_bytes``), because what a waiting message holds grows with what it
-names: its bytes, their decoded copy, and for every unmet dependency a decoded history
-entry and two index entries — a peer naming 4,096 ids that never arrive pins ~3 MB with
-each message. Each message is charged on arrival (:func:`~sdsync.core.config.incoming_charge`:
-twice its encoded size plus a measured per-dependency cost, an upper bound of what Python
-holds) and the charge is released when it leaves. When a message that must wait does not
-fit, the waiting message with the **most unmet dependencies** gives way, the oldest among
-equals: it is the least likely to be delivered (it needs every one of them) and frees the
-most per-dependency state; honest gaps hold messages back for a few ids, forged histories
-for thousands, so the forgers go first whatever their age and an honest message is not
-pushed out by a flood of them; and as later messages name the earlier waiting ones, they
-give way before what they wait for. Among equals the oldest has had its SDS-R request
-answered or not (``t_max_ms``) and has waited longest for nothing. The newcomer counts as
-the newest: when it would be the first to go it is refused unrecorded
-(:class:`~sdsync.core.events.MessageDropped`; it is not in our bloom filter, so its
-sender resends it) and nothing is evicted for it. An evicted message is reported
-(:class:`~sdsync.core.events.MessageEvicted`: why, its unmet dependencies and charge;
-counted in ``stats.evicted``), and if others wait for it it becomes a known-missing gap
-again, so retrieval asks for it. Finding the victim is one pass over the buffer, a sort
-only when one eviction is not enough. The known-missing set is bounded by count and by
-bytes (``max_known_missing_bytes``, see :mod:`sdsync.core.missing`), its oldest entry
-evicted and reported (:class:`~sdsync.core.events.MessageMissingEvicted`) at either cap.
+When a message that must wait does not fit in the incoming buffer, the buffer says which
+waiting messages give way (the most unmet dependencies first; see :mod:`.incoming` for
+the rule and why) or that the newcomer is refused; the channel evicts and reports them
+(:class:`~sdsync.core.events.MessageEvicted`, counted in ``stats.evicted``; a message
+others wait for becomes a known-missing gap again, so retrieval asks for it) or refuses
+the newcomer unrecorded (:class:`~sdsync.core.events.MessageDropped`). The known-missing
+set is bounded by count and by bytes (``max_known_missing_bytes``, see
+:mod:`sdsync.core.missing`), its oldest entry evicted and reported
+(:class:`~sdsync.core.events.MessageMissingEvicted`) at either cap.
 
 Where js-waku differs we chose correctness: duplicates are never re-delivered, one peer
 repeating a bloom filter counts once, a saturated or mis-sized bloom filter gives no ack
@@ -72,7 +57,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from sdsync.core.bloom import (
@@ -82,7 +67,7 @@ from sdsync.core.bloom import (
     contains,
     received_filter,
 )
-from sdsync.core.config import ChannelConfig, incoming_charge
+from sdsync.core.config import ChannelConfig
 from sdsync.core.events import (
     DropReason,
     EphemeralReceived,
@@ -106,6 +91,7 @@ from sdsync.core.events import (
     missing_event,
 )
 from sdsync.core.history import HistoryWindow
+from sdsync.core.incoming import IncomingBuffer, WaitingMessage, waiting_charge
 from sdsync.core.journal import ChannelSnapshot, Journal, StoredIncoming, StoredOutgoing
 from sdsync.core.log import HistoryStore, LocalLog, LogEntry
 from sdsync.core.missing import KnownMissing, MissingDependency
@@ -139,19 +125,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("sdsync.core")
-
-
-@dataclass(slots=True)
-class _Waiting:
-    """A content message in the incoming buffer."""
-
-    message: Message
-    data: bytes | None
-    retrieval_hint: bytes | None
-    received_ms: int
-    unmet: set[str]
-    # What it counts against the byte budget (config.incoming_charge), fixed on arrival.
-    charge: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,11 +205,9 @@ class MessageChannel:
         self._history = HistoryWindow(self.config.causal_history_size)
         self._outgoing: dict[str, OutgoingEntry] = {}
         self._wires: WireStore = wire_store if wire_store is not None else MemoryWireStore()
-        # In arrival order: among equals, the first to give way is the first key.
-        self._incoming: dict[str, _Waiting] = {}
-        self._incoming_bytes = 0
-        # Unmet dependency -> the waiting messages that need it.
-        self._waiters: dict[str, set[str]] = {}
+        self._incoming = IncomingBuffer(
+            self.config.max_incoming_buffer, self.config.max_incoming_buffer_bytes
+        )
         self._missing = KnownMissing(
             self.config.max_known_missing, self.config.max_known_missing_bytes
         )
@@ -419,10 +390,6 @@ class MessageChannel:
         if self.journal is not None:
             self.journal.outgoing.add(message_id)
 
-    def _touch_incoming(self, message_id: str) -> None:
-        if self.journal is not None:
-            self.journal.incoming.add(message_id)
-
     def _tick(self, now_ms: int) -> None:
         self.lamport_timestamp = self._next_lamport(now_ms)
 
@@ -499,9 +466,7 @@ class MessageChannel:
             return events
         charge = 0
         if unmet:
-            charge = incoming_charge(
-                len(data) if data is not None else len(encode(message)), len(unmet)
-            )
+            charge = waiting_charge(message, data, len(unmet))
             refused = self._make_room(len(unmet), charge, now_ms, events)
             if refused is not None:
                 # Not recorded, not in our filter: the sender will resend and we try again.
@@ -615,70 +580,34 @@ class MessageChannel:
                 )
             )
         unmet_ids = {e.message_id for e in unmet}
-        self._wait(_Waiting(message, data, retrieval_hint, now_ms, unmet_ids, charge))
+        self._incoming.add(WaitingMessage(message, data, retrieval_hint, now_ms, unmet_ids, charge))
 
     def _make_room(
         self, unmet: int, charge: int, now_ms: int, events: list[Event]
     ) -> DropReason | None:
-        """Evict waiting messages until one with ``unmet`` dependencies, charged
-        ``charge`` bytes, fits under both caps; or why it must be refused instead.
-
-        The message with the most unmet dependencies gives way, the oldest among equals
-        (see the module doc); the newcomer counts as the newest, so it is refused —
-        before anything is evicted — when it would be the first to go anyway.
-        """
-        reason = self._over_cap(1, charge)
+        """Evict what the incoming buffer says must give way for a message with ``unmet``
+        dependencies, charged ``charge`` bytes; or why it must be refused instead."""
+        reason = self._incoming.over_cap(1, charge)
         if reason is None:
             return None
-        # The config's floor holds the largest message peers may send: once the buffer is
-        # empty, the newcomer fits.
-        victims: list[_Waiting] = []
-        count, freed = 1, charge
-        for victim in self._eviction_order():
-            if len(victim.unmet) < unmet:
-                return reason  # everything before it was worth keeping over the newcomer
-            victims.append(victim)
-            count -= 1
-            freed -= victim.charge
-            if self._over_cap(count, freed) is None:
-                break
+        victims = self._incoming.victims(unmet, charge)
+        if victims is None:
+            return reason
         for victim in victims:
             self._evict(victim, reason, now_ms, events)
         return None
 
-    def _over_cap(self, added: int, added_bytes: int) -> DropReason | None:
-        """Which cap the buffer would break with ``added`` messages of ``added_bytes``."""
-        if len(self._incoming) + added > self.config.max_incoming_buffer:
-            return DropReason.INCOMING_BUFFER_FULL
-        if self._incoming_bytes + added_bytes > self.config.max_incoming_buffer_bytes:
-            return DropReason.INCOMING_BUFFER_BYTES
-        return None
-
-    def _eviction_order(self) -> Iterator[_Waiting]:
-        """Waiting messages, most unmet dependencies first, oldest among equals."""
-        waiting = self._incoming.values()
-        # Nearly always the first is all it takes: one pass, no sort.
-        first = max(waiting, key=_unmet_count)
-        yield first
-        # Sorting is stable, reversed too: arrival order among equals stays.
-        yield from sorted((w for w in waiting if w is not first), key=_unmet_count, reverse=True)
-
     def _evict(
-        self, waiting: _Waiting, reason: DropReason, now_ms: int, events: list[Event]
+        self, waiting: WaitingMessage, reason: DropReason, now_ms: int, events: list[Event]
     ) -> None:
         message = waiting.message
         mid = message.message_id
-        for dep_id in waiting.unmet:
-            dependents = self._waiters[dep_id]
-            dependents.discard(mid)
-            if not dependents:
-                del self._waiters[dep_id]
-        self._leave_incoming(mid)
+        self._incoming.remove(mid)
         self.stats.count(self.stats.evicted, reason)
         events.append(
             MessageEvicted(mid, reason, message.sender_id, len(waiting.unmet), waiting.charge)
         )
-        if mid in self._waiters:  # others wait for it: it is a gap again, to be asked for
+        if self._incoming.awaited(mid):  # others wait for it: a gap again, to be asked for
             entry = HistoryEntry(mid, waiting.retrieval_hint, message.sender_id)
             self._record_missing([entry], message.sender_id, now_ms, events)
         logger.log(
@@ -688,25 +617,12 @@ class MessageChannel:
             self.channel_id,
             reason,
             len(self._incoming),
-            self._incoming_bytes,
+            self._incoming.bytes,
             mid,
             message.sender_id,
             len(waiting.unmet),
             sum(self.stats.evicted.values()),
         )
-
-    def _wait(self, waiting: _Waiting) -> None:
-        waiting_id = waiting.message.message_id
-        self._incoming[waiting_id] = waiting
-        self._incoming_bytes += waiting.charge
-        self._touch_incoming(waiting_id)
-        waiters = self._waiters
-        for dep_id in waiting.unmet:
-            dependents = waiters.get(dep_id)
-            if dependents is None:
-                waiters[dep_id] = {waiting_id}
-            else:
-                dependents.add(waiting_id)
 
     def _record_missing(
         self, entries: list[HistoryEntry], named_by: str, now_ms: int, events: list[Event]
@@ -761,7 +677,7 @@ class MessageChannel:
             self._missing.remove(mid)
             self._insert_log(LogEntry(mid, lamport, msg.sender_id, hint), raw, msg.content)
             events.append(MessageDelivered(mid, msg.sender_id, lamport, msg.content or b"", hint))
-            for waiting in self._release(mid):
+            for waiting in self._incoming.release(mid):
                 heapq.heappush(
                     ready,
                     (
@@ -772,19 +688,6 @@ class MessageChannel:
                         waiting.data,
                     ),
                 )
-
-    def _release(self, dependency_id: str) -> Iterator[_Waiting]:
-        """Messages that became deliverable because ``dependency_id`` is now met."""
-        for waiting_id in sorted(self._waiters.pop(dependency_id, ())):
-            waiting = self._incoming[waiting_id]
-            waiting.unmet.discard(dependency_id)
-            if not waiting.unmet:
-                self._leave_incoming(waiting_id)
-                yield waiting
-
-    def _leave_incoming(self, waiting_id: str) -> None:
-        self._incoming_bytes -= self._incoming.pop(waiting_id).charge
-        self._touch_incoming(waiting_id)
 
     def _insert_log(self, entry: LogEntry, data: bytes | None, content: bytes | None) -> None:
         journal = self.journal
@@ -984,8 +887,7 @@ class MessageChannel:
         if timeout is not None:
             for gone in self._missing.expired(now_ms, timeout):
                 self._declare_lost(gone.message_id, events)
-            expired = [w for w in self._incoming.values() if now_ms - w.received_ms >= timeout]
-            for waiting in expired:
+            for waiting in self._incoming.expired(now_ms, timeout):
                 self._give_up_waiting(waiting, events)
         missing = [known.entry for known in self._missing]
         if self._repair is not None:
@@ -1001,25 +903,25 @@ class MessageChannel:
         events.append(MessageLost(dependency_id))
         self._resolve_elsewhere(dependency_id, events)
 
-    def _give_up_waiting(self, waiting: _Waiting, events: list[Event]) -> None:
-        mid = waiting.message.message_id
+    def _give_up_waiting(self, waiting: WaitingMessage, events: list[Event]) -> None:
+        mid = waiting.message_id
         if mid not in self._incoming:
             return  # released while handling an earlier expired message
         for dep_id in sorted(waiting.unmet):
             if dep_id in self._incoming:
-                dependents = self._waiters[dep_id]
-                dependents.discard(mid)
-                if not dependents:
-                    del self._waiters[dep_id]
+                # Not lost, only waiting too: its delivery no longer releases this message,
+                # which is delivered below without it; it stays among the unmet, so that
+                # the releases of the lost ones do not count this message ready meanwhile.
+                self._incoming.unindex(mid, dep_id)
                 continue
             self._declare_lost(dep_id, events)
         if mid in self._incoming:  # only waiting on other buffered messages now
             waiting.unmet.clear()
-            self._leave_incoming(mid)
+            self._incoming.remove(mid)
             self._deliver(waiting.message, waiting.retrieval_hint, waiting.data, events)
 
     def _resolve_elsewhere(self, dependency_id: str, events: list[Event]) -> None:
-        for waiting in list(self._release(dependency_id)):
+        for waiting in list(self._incoming.release(dependency_id)):
             self._deliver(waiting.message, waiting.retrieval_hint, waiting.data, events)
 
     def sweep_outgoing(self) -> OutgoingSweep:
@@ -1050,11 +952,7 @@ class MessageChannel:
         """Forget what a crash loses when only the log and outgoing buffer are durable:
         the incoming buffer, the known missing ids and the SDS-R schedules. What was lost
         is learnt again from later causal histories, repairs and stores."""
-        for mid in self._incoming:
-            self._touch_incoming(mid)
         self._incoming.clear()
-        self._incoming_bytes = 0
-        self._waiters.clear()
         self._missing.clear()
         if self._repair is not None:
             old = self._repair
@@ -1071,6 +969,7 @@ class MessageChannel:
         if self.journal is None:
             self.journal = Journal()
             self._missing.touched = self.journal.missing
+            self._incoming.touched = self.journal.incoming
             if self._repair is not None:
                 self._repair.attach_journal(self.journal)
         return self.journal
@@ -1101,18 +1000,9 @@ class MessageChannel:
             unmet = self._unmet(message)
             for entry in unmet:  # state stored before gaps were kept knows them only here
                 self._missing.add(entry, message.sender_id, stored.received_ms)
-            self._wait(
-                _Waiting(
-                    message,
-                    stored.data,
-                    stored.retrieval_hint,
-                    stored.received_ms,
-                    {e.message_id for e in unmet},
-                    incoming_charge(len(stored.data), len(unmet)),
-                )
-            )
-        for waiting_id in self._incoming:  # it arrived, whatever else named it
-            self._missing.remove(waiting_id)
+            self._incoming.restore(stored, message, unmet)
+        for waiting in self._incoming:  # it arrived, whatever else named it
+            self._missing.remove(waiting.message_id)
         if self._repair is not None:
             self._repair.restore(snapshot.repair_requests, snapshot.repair_responses)
         if self.journal is not None:
@@ -1137,11 +1027,7 @@ class MessageChannel:
 
     def stored_incoming(self, message_id: str) -> StoredIncoming | None:
         """A waiting message as it must be stored (None once it left the buffer)."""
-        waiting = self._incoming.get(message_id)
-        if waiting is None:
-            return None
-        data = waiting.data if waiting.data is not None else encode(waiting.message)
-        return StoredIncoming(data, waiting.retrieval_hint, waiting.received_ms)
+        return self._incoming.stored(message_id)
 
     def stored_outgoing(self, message_id: str) -> StoredOutgoing | None:
         """An unacknowledged message as it must be stored (None once it left the buffer)."""
@@ -1178,7 +1064,7 @@ class MessageChannel:
         return self._bloom.to_bytes()
 
     def incoming_ids(self) -> list[str]:
-        return list(self._incoming)
+        return [waiting.message_id for waiting in self._incoming]
 
     def outgoing_ids(self) -> list[str]:
         return list(self._outgoing)
@@ -1189,7 +1075,7 @@ class MessageChannel:
 
     def incoming_bytes(self) -> int:
         """What the incoming buffer's messages count against its byte budget."""
-        return self._incoming_bytes
+        return self._incoming.bytes
 
     def outgoing_entry(self, message_id: str) -> OutgoingEntry | None:
         return self._outgoing.get(message_id)
@@ -1221,7 +1107,3 @@ class MessageChannel:
     def peers_heard(self) -> list[str]:
         """Peers heard from in this channel, at most ``possible_acks_threshold`` of them."""
         return sorted(self._heard)
-
-
-def _unmet_count(waiting: _Waiting) -> int:
-    return len(waiting.unmet)

@@ -56,10 +56,40 @@ What every implementation promises:
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
-from sdsync.transport.base import Envelope, Transport
 from sdsync.wire.waku import WakuMessage
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """Bytes from the network and the hint that lets anyone fetch them again later
+    (for Waku: the deterministic message hash)."""
+
+    data: bytes
+    retrieval_hint: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """A whole publication as a store node archives it."""
+
+    pubsub_topic: str
+    message: WakuMessage
+    message_hash: bytes
+
+
+class Transport(Protocol):
+    async def publish(self, topic: str, data: bytes) -> bytes | None:
+        """Broadcast ``data``; returns its retrieval hint if the transport has one."""
+        ...
+
+    def subscribe(self, topic: str) -> AsyncIterator[Received]:
+        """Everything published on ``topic`` by others, until the transport closes."""
+        ...
+
+    async def close(self) -> None: ...
+
 
 Handler = Callable[[str, bytes], Awaitable[bytes | None]]
 """``(peer_id, request) -> answer`` on the asyncio loop: a served protocol's handler
