@@ -50,29 +50,16 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as sf
 
-from sdsync.pipeline.io import (
-    bool_column,
-    inspect_parquet,
-    long_column,
-    string_column,
-    string_list_column,
-    write_summary,
-)
+from sdsync.pipeline.io import inspect_parquet, schema_columns, write_summary
 from sdsync.pipeline.progress import Progress
+from sdsync.sim.output import LOG_SCHEMA, MESSAGES_SCHEMA
 
-LOG_COLUMNS = [
-    string_column("participant"),
-    string_column("channel"),
-    long_column("position"),
-    long_column("lamport"),
-    string_column("message_id"),
-]
-MESSAGES_COLUMNS = [
-    string_column("channel"),
-    string_column("message_id"),
-    string_list_column("causal_history"),
-    bool_column("archived", required=False),
-]
+LOG_COLUMNS = schema_columns(LOG_SCHEMA, *LOG_SCHEMA.names)
+# Metadata may come from elsewhere than the simulator: only what causal gaps need is
+# required, and without ``archived`` nothing counts as archived.
+MESSAGES_COLUMNS = schema_columns(
+    MESSAGES_SCHEMA, "channel", "message_id", "causal_history", optional=("archived",)
+)
 OUTPUTS: dict[str, tuple[str, ...]] = {
     # output -> the order of the rows within each file (a global sort would cost a
     # sampling job per output; canonical positions are explicit anyway)

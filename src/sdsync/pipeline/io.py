@@ -84,6 +84,30 @@ def string_list_column(name: str, *, required: bool = True) -> ColumnSpec:
     return ColumnSpec(name, "array<string>", _is_string_list, required)
 
 
+# Each kind accepts the Arrow variants Spark reads alike (large strings and lists,
+# fixed-size binary) and no two accept the same type, so a declared type picks one kind.
+_KINDS = (string_column, long_column, binary_column, bool_column, string_list_column)
+
+
+def _declared(field: pa.Field, required: bool) -> ColumnSpec:
+    for kind in _KINDS:
+        spec = kind(field.name, required=required)
+        if spec.accepts(field.type):
+            return spec
+    raise TypeError(f"no input check for column '{field.name}' of type {field.type}")
+
+
+def schema_columns(
+    schema: pa.Schema, *names: str, optional: tuple[str, ...] = ()
+) -> list[ColumnSpec]:
+    """The checks of the columns ``names`` and ``optional`` (absent allowed), typed as the
+    writer's ``schema`` declares them: the writer (the simulator, the store) owns its
+    output's shape; a column it renames, or types as nothing here checks, fails at import."""
+    return [_declared(schema.field(name), True) for name in names] + [
+        _declared(schema.field(name), False) for name in optional
+    ]
+
+
 @dataclass
 class ParquetInput:
     """What the footers of one input (a file or a directory of files) say."""

@@ -69,10 +69,9 @@ from sdsync.errors import InputError
 from sdsync.pipeline import ONE_PASS_ROWS, arrow_leaves, cache, time_slices
 from sdsync.pipeline.io import (
     ParquetInput,
-    binary_column,
     inspect_parquet,
     is_local,
-    long_column,
+    schema_columns,
     write_summary,
 )
 from sdsync.pipeline.leaves import LIMB_COLUMNS, LeafTable, differing
@@ -80,10 +79,10 @@ from sdsync.pipeline.progress import Progress
 from sdsync.pipeline.session import is_connect
 from sdsync.pipeline.spark_fingerprint import hash_limbs
 from sdsync.reconcile.fingerprint import MAX_LIMB_ITEMS
-from sdsync.store.schema import MESSAGE_HASH, TIMESTAMP
+from sdsync.store.schema import ARCHIVE_SCHEMA, MESSAGE_HASH, TIMESTAMP
 from sdsync.wire.waku import HASH_SIZE
 
-ARCHIVE_COLUMNS = [binary_column(MESSAGE_HASH), long_column(TIMESTAMP)]
+ARCHIVE_COLUMNS = schema_columns(ARCHIVE_SCHEMA, MESSAGE_HASH, TIMESTAMP)
 MAX_ARCHIVES = 63  # who holds an item is a bit mask in a long
 
 

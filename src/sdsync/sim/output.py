@@ -61,6 +61,8 @@ LOGS = "logs"
 MESSAGES = "messages.parquet"
 ARCHIVES = "archives"
 
+# The one definition of each table: the Spark pipeline builds its input checks from these
+# (sdsync.pipeline.io.schema_columns) rather than restating them.
 EVENTS_SCHEMA = pa.schema(
     [
         ("time_ms", pa.int64()),
