@@ -9,12 +9,15 @@
 //                                exactly what the lockfile and sources build now
 //
 // esbuild's output depends only on its version, its options and its input files, so
-// the same lockfile and sources give the same bytes on every machine.
+// the same lockfile and sources give the same bytes on every machine. The versions of
+// @waku/sdk and @waku/sds installed from the lockfile go into the bundle, for the page's
+// mends of js-waku (src/mends.mjs) to check; a build on other versions says so.
 import { createHash } from "node:crypto";
 import { readFile, readdir, writeFile } from "node:fs/promises";
 import { dirname, join, relative } from "node:path";
 import { fileURLToPath } from "node:url";
 import { build, version } from "esbuild";
+import { checkVersions, installedVersions } from "./src/mends.mjs";
 
 const HERE = dirname(fileURLToPath(import.meta.url));
 const ROOT = dirname(HERE);
@@ -33,7 +36,13 @@ async function inputs() {
   return hashes;
 }
 
-async function bundle() {
+async function wakuVersions() {
+  const readJson = (path) =>
+    readFile(join(HERE, "node_modules", path), "utf8").then(JSON.parse, () => undefined);
+  return installedVersions(readJson);
+}
+
+async function bundle(versions) {
   const result = await build({
     entryPoints: [join(HERE, "src", "chat.mjs")],
     absWorkingDir: HERE,
@@ -43,7 +52,13 @@ async function bundle() {
     target: "es2022",
     minify: true,
     legalComments: "none",
-    define: { "process.env.NODE_ENV": '"production"', global: "globalThis" },
+    define: {
+      "process.env.NODE_ENV": '"production"',
+      global: "globalThis",
+      // A string, which esbuild inlines; an object would become a variable that every
+      // module of the bundle calls a function to initialise.
+      __WAKU_VERSIONS__: JSON.stringify(JSON.stringify(versions)),
+    },
     write: false,
     logLevel: "warning",
   });
@@ -73,7 +88,9 @@ async function check(code, manifest) {
   return problems;
 }
 
-const code = await bundle();
+const versions = await wakuVersions();
+for (const warning of checkVersions(versions)) console.error(`web/build.mjs: ${warning}`);
+const code = await bundle(versions);
 const manifest = manifestOf(await inputs(), code);
 if (process.argv.includes("--check")) {
   const problems = await check(code, manifest);

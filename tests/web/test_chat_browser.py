@@ -39,8 +39,9 @@ from storeprocess import StoreProcess, store_serve
 
 from sdsync.store.chat_page import MAX_TEXT_BYTES
 from sdsync.testing.hostile import soak_scale
-from sdsync.transport.base import WakuRelayConfig
-from sdsync.wire.waku_protocols import FILTER_SUBSCRIBE_PROTOCOL, LIGHTPUSH_PROTOCOL
+from sdsync.waku.filter.rpc import FILTER_SUBSCRIBE_PROTOCOL
+from sdsync.waku.lightpush.rpc import LIGHTPUSH_PROTOCOL
+from sdsync.waku.relay.topics import WakuRelayConfig
 
 # Chromium, a store node and terminal chats at once: never beside the other groups of
 # processes (a chat group was starved past its patience when this ran alongside in CI).
@@ -180,6 +181,11 @@ def test_two_pages_and_two_terminal_chats_end_with_one_log(
     page_a, page_b = pages
     page_a.open(f"channel={CHANNEL}&name=pa&{PAGE_TIMERS}")
     page_b.open(f"channel={CHANNEL}&name=pb&{PAGE_TIMERS}")
+    # The bundle's js-waku is the one its mends were written for: all of them apply
+    # (tests/web/test_mends.py: the same as in the interop tests' driver).
+    mends = page_a.page.evaluate("window.sdsyncChat.mends.report")
+    assert mends["installed"] == mends["written_for"], mends
+    assert (mends["skipped"], mends["warnings"]) == ([], []), mends
     chats = [terminal(tmp_path, "ta", node), terminal(tmp_path, "tb", node)]
     ta, tb = chats
     try:

@@ -15,6 +15,10 @@
 // (with or without ?name=) is the same participant; our messages of an earlier visit come
 // back from the store (restoreOwn says why the page has to put them back itself).
 //
+// The channel is mended (mends.mjs) before it starts: everything the page does beside
+// ReliableChannel's public API goes through the object that returns, and the Node driver
+// of the interop tests mends its channels with the same function.
+//
 // What the page shows is a ChatLog (log.mjs), redrawn once per animation frame after any
 // event. Bad input is refused before it reaches the channel, with a visible reason: a
 // channel name that is no content topic segment, a text longer than the node accepts, a
@@ -25,8 +29,7 @@ import { Message as SdsMessage, MessageChannelEvent, isContentMessage } from "@w
 
 import { Link } from "./link.mjs";
 import { ChatLog, State } from "./log.mjs";
-import { Resends } from "./resends.mjs";
-import { retrieveInChunks, stampOnce, wrapOnce } from "./sdk_fixes.mjs";
+import { mendReliableChannel } from "./mends.mjs";
 import { claimName } from "./tabs.mjs";
 import { View } from "./view.mjs";
 
@@ -38,6 +41,8 @@ const MAX_CATCH_UP = 10_000; // newest first: a long channel's oldest messages s
 const CATCH_UP_OVERLAP_MS = 60_000; // clocks of page and node may differ this much
 const CATCH_UP_RETRY_MS = 2_000;
 const encoder = new TextEncoder();
+// The installed @waku/sdk and @waku/sds, put here by web/build.mjs (esbuild's define).
+const WAKU_VERSIONS = JSON.parse(__WAKU_VERSIONS__);
 
 function identity(params) {
   const given = params.get("name")?.trim();
@@ -61,7 +66,6 @@ async function fetchConfig() {
 // The channel handles what it received at most once per processTaskMinElapseMs (1 s by
 // default in sdk 0.0.36): a chat line would wait up to that long to show.
 const PROCESS_TASKS_MS = 100;
-const DEFAULT_RETRY_MS = 30_000; // js-waku's, and sdsync chat's js-compatible profile's
 
 function channelOptions(params) {
   const options = { autoStart: false, queryOnConnect: false, processTaskMinElapseMs: PROCESS_TASKS_MS };
@@ -110,22 +114,20 @@ class Chat {
       node,
       this.channelId,
       this.log.me,
-      stampOnce(createEncoder({ contentTopic: this.contentTopic, routingInfo: this.routingInfo })),
+      createEncoder({ contentTopic: this.contentTopic, routingInfo: this.routingInfo }),
       createDecoder(this.contentTopic, this.routingInfo),
       channelOptions(this.params)
     );
-    wrapOnce(this.channel.messageChannel, ReliableChannel.getMessageId);
-    retrieveInChunks(
-      this.channel.missingMessageRetriever,
-      this.config.max_hashes_per_query,
-      () => ({ peerId: this.link.servicePeerId }),
-      (err) => this.view.setStatus("catchUp", "failed", `fetching missing messages failed: ${err.message}`)
-    );
-    this.resends = new Resends(
-      millis(this.params, "retry_ms") ?? DEFAULT_RETRY_MS,
-      () => this.link.isConnected()
-    );
-    this.channel.retryManager = this.resends;
+    this.mends = mendReliableChannel(this.channel, {
+      versions: WAKU_VERSIONS,
+      maxHashesPerQuery: this.config.max_hashes_per_query,
+      queryOptions: () => ({ peerId: this.link.servicePeerId }),
+      onRetrieveError: (err) =>
+        this.view.setStatus("catchUp", "failed", `fetching missing messages failed: ${err.message}`),
+      resendMs: millis(this.params, "retry_ms"),
+      isConnected: () => this.link.isConnected(),
+    });
+    for (const warning of this.mends.report.warnings) console.warn(warning);
     this.listen();
     this.view.onSend((text) => this.send(text));
     if (this.link.state === "connected") await this.connected();
@@ -188,30 +190,14 @@ class Chat {
 
   async connected() {
     if (!this.channel) return;
-    this.resends.resume();
+    this.mends.resends.resume();
     this.view.setStatus("subscription", "subscribing", "subscribing…");
-    if (!(await this.subscribe())) {
+    if (!(await this.mends.subscribeAfresh())) {
       this.view.setStatus("subscription", "refused", "the node refused the subscription");
       return;
     }
     this.view.setStatus("subscription", "subscribed", "subscribed");
     await this.catchUp();
-  }
-
-  /**
-   * A Filter subscription made afresh at every connection. While the page was away, the
-   * node's pushes to it failed and the node dropped the subscription. The sdk's Filter
-   * client still counts the node as subscribed and skips it when it reconnects, so the
-   * page would stay deaf until three keep-alive pings had failed, minutes later.
-   */
-  async subscribe() {
-    if (!this.channel.isStarted) {
-      if (await this.channel.start()) return true;
-      this.channel.stop();
-      return false;
-    }
-    await this.link.node.filter.unsubscribe(this.channel.decoder).catch(() => false);
-    return this.channel.subscribe();
   }
 
   /** Everything the store has for the channel since the last catch-up, newest first. */
@@ -227,16 +213,14 @@ class Chat {
     const found = [];
     this.view.setStatus("catchUp", "catching-up", "catching up…");
     try {
-      for await (const page of this.link.node.store.queryGenerator([this.channel.decoder], options)) {
+      for await (const page of this.link.node.store.queryGenerator([this.mends.decoder], options)) {
         found.push(...(await Promise.all(page)).filter(Boolean));
         this.view.setStatus("catchUp", "catching-up", `catching up… ${found.length} messages`);
         if (found.length >= MAX_CATCH_UP) break;
       }
       found.reverse();
       this.restoreOwn(found);
-      await this.channel.processIncomingMessages(found);
-      await this.channel.messageChannel.processTasks(); // deliver now, not at the next tick
-      this.channel.messageChannel.sweepIncomingBuffer();
+      await this.mends.processNow(found);
       this.lastCatchUp = startedAt;
       const at = new Date(startedAt).toLocaleTimeString();
       this.view.setStatus("catchUp", "caught-up", `caught up at ${at} (${found.length} from the store)`);
@@ -253,22 +237,14 @@ class Chat {
   }
 
   /**
-   * Our messages of an earlier visit, put back into the channel's local history as if
-   * just sent. @waku/sds ignores a message that carries its own sender id, so without this
-   * a reloaded page would lose what it said, and never deliver the messages that name it
-   * in their causal history. The store is to the page what its state directory is to
-   * `sdsync chat`.
+   * Our messages of an earlier visit, back into the channel's local history (mends.mjs,
+   * restore-own, says why the channel needs that). The store is to the page what its
+   * state directory is to `sdsync chat`.
    */
   restoreOwn(messages) {
-    const sds = this.channel.messageChannel;
     for (const message of messages) {
       const own = SdsMessage.decode(message.payload);
-      if (!own || !isContentMessage(own) || own.channelId !== this.channelId) continue;
-      if (own.senderId !== this.log.me || sds.localHistory.some((m) => m.messageId === own.messageId)) continue;
-      own.retrievalHint = message.hash;
-      sds.deliverMessage(own);
-      sds.filter.insert(own.messageId);
-      sds.timeReceived.set(own.messageId, Date.now());
+      if (own && isContentMessage(own)) this.mends.restoreOwn(own, message.hash);
     }
   }
 
@@ -277,7 +253,7 @@ class Chat {
     this.drawPending = true;
     requestAnimationFrame(() => {
       this.drawPending = false;
-      this.log.takeHistory(this.channel?.messageChannel.localHistory.slice(0) ?? []);
+      this.log.takeHistory(this.mends?.history() ?? []);
       this.view.render(this.log);
     });
   }

@@ -5,6 +5,8 @@
 // The first stdout line says the node is ready (the service node identified and offering
 // every --require'd protocol) or why not; then one reply per request line, with Filter
 // pushes and ReliableChannel events interleaved as {"event":...} lines. See README.md.
+// Its ReliableChannels are mended exactly as the chat page's are (web/src/mends.mjs), so
+// what the interop tests exercise is what the page ships.
 import {
   RequestError,
   b64,
@@ -19,9 +21,11 @@ import {
   waitFor,
   wakuMessageJson,
 } from "../waku_jsonl.mjs";
+import { readFile } from "node:fs/promises";
 import { parseArgs } from "node:util";
-// The chat page's mends of ReliableChannel, shared (the file has no imports of its own).
-import { stampOnce } from "../../../web/src/sdk_fixes.mjs";
+// The chat page's mends of ReliableChannel: the module imports no package, so it mends
+// the objects of this folder's @waku/sdk.
+import { installedVersions, mendReliableChannel } from "../../../web/src/mends.mjs";
 import { tcp } from "@libp2p/tcp";
 import { webSockets } from "@libp2p/websockets";
 import { all as anyWsAddress } from "@libp2p/websockets/filters";
@@ -35,6 +39,10 @@ import {
   utils,
   waku,
 } from "@waku/sdk";
+
+// sdsync's bound on the hashes of one store query (config.json's max_hashes_per_query),
+// which the page gets from the node it came from.
+const MAX_HASHES_PER_QUERY = 100;
 
 const USAGE = `usage: node light.mjs --peer MULTIADDR [--cluster-id N] [--num-shards N]
   [--require store,lightpush,filter] [--timeout-ms N]`;
@@ -185,7 +193,14 @@ function filterTally() {
   };
 }
 
-function operations({ node, networkConfig, connections }, channels) {
+/** The @waku/sdk and @waku/sds this driver runs, for the mends to check. */
+async function wakuVersions() {
+  const nodeModules = new URL("./node_modules/", import.meta.url);
+  const readJson = (path) => readFile(new URL(path, nodeModules), "utf8").then(JSON.parse, () => undefined);
+  return installedVersions(readJson);
+}
+
+function operations({ node, networkConfig, connections, servicePeer, versions }, channels) {
   const tally = filterTally();
 
   function decodersOf(request) {
@@ -194,11 +209,12 @@ function operations({ node, networkConfig, connections }, channels) {
     );
   }
 
+  /** The mended channel a request names (its ReliableChannel is `.channel`). */
   function channelOf(request) {
     const id = field(request, "channel_id", "string");
-    const channel = channels.get(id);
-    if (!channel) throw new RequestError(`no reliable channel ${JSON.stringify(id)}: create it first`);
-    return channel;
+    const mended = channels.get(id);
+    if (!mended) throw new RequestError(`no reliable channel ${JSON.stringify(id)}: create it first`);
+    return mended;
   }
 
   // The store client pages until the service node answers an empty page; a node that
@@ -313,14 +329,26 @@ function operations({ node, networkConfig, connections }, channels) {
       }
       const contentTopic = field(request, "content_topic", "string");
       const routingInfo = routingOf(networkConfig, request, contentTopic);
+      const options = request.options ?? {};
+      // Mended before it starts, as the page's: nothing is sent unmended.
       const channel = await ReliableChannel.create(
         node,
         channelId,
         field(request, "sender_id", "string"),
-        stampOnce(createEncoder({ contentTopic, routingInfo })),
+        createEncoder({ contentTopic, routingInfo }),
         createDecoder(contentTopic, routingInfo),
-        request.options ?? {}
+        { ...options, autoStart: false }
       );
+      const mended = mendReliableChannel(channel, {
+        versions,
+        maxHashesPerQuery: request.max_hashes_per_query ?? MAX_HASHES_PER_QUERY,
+        queryOptions: () => ({ peerId: servicePeer }),
+        onRetrieveError: (err) =>
+          emit({ event: "mend", channel_id: channelId, mend: "retrieve-in-chunks", error: err.message }),
+        resendMs: options.retryIntervalMs,
+        isConnected: () => node.libp2p.getConnections(servicePeer).length > 0,
+      });
+      for (const warning of mended.report.warnings) console.error(`light.mjs: ${warning}`);
       for (const type of Object.values(ReliableChannelEvent)) {
         channel.addEventListener(type, (event) => {
           // A received message's payload is the SDS content; its proto still holds the
@@ -332,41 +360,41 @@ function operations({ node, networkConfig, connections }, channels) {
           emit({ event: "reliable", channel_id: channelId, type, detail });
         });
       }
-      channels.set(channelId, channel);
-      return { channel_id: channelId, pubsub_topic: routingInfo.pubsubTopic };
+      // Started as the page starts it; a channel that could not subscribe is stopped.
+      if ((options.autoStart ?? true) && !(await mended.subscribeAfresh())) {
+        throw new Error(`no service node took the subscription to ${contentTopic}`);
+      }
+      channels.set(channelId, mended);
+      return { channel_id: channelId, pubsub_topic: routingInfo.pubsubTopic, mends: mended.report };
     },
 
     async reliable_send(request) {
-      return { message_id: channelOf(request).send(payloadOf(request)) };
+      return { message_id: channelOf(request).channel.send(payloadOf(request)) };
     },
 
-    // ReliableChannel.stop() leaves its Filter subscription running (sdk 0.0.36), so a
-    // channel that should hear nothing for a while drops the subscription itself: it
+    // A channel that should hear nothing for a while drops its Filter subscription: it
     // keeps sending and syncing, and whatever is published meanwhile never reaches it.
-    // The Filter client knows the subscription by its decoder object, which only the
-    // channel holds: both ops use the channel's private `decoder` and `subscribe()`.
+    // Subscribing again is the page's fresh subscription at a reconnection.
     async reliable_unsubscribe(request) {
-      const channel = channelOf(request);
-      if (!(await node.filter.unsubscribe(channel.decoder))) {
-        throw new Error(`the service node kept the subscription of ${channel.decoder.contentTopic}`);
+      const mended = channelOf(request);
+      if (!(await mended.unsubscribe())) {
+        throw new Error(`the service node kept the subscription of ${mended.decoder.contentTopic}`);
       }
       return {};
     },
 
     async reliable_subscribe(request) {
-      if (!(await channelOf(request).subscribe())) {
+      if (!(await channelOf(request).subscribeAfresh())) {
         throw new Error("no service node took the subscription");
       }
       return {};
     },
 
-    // The channel's local log in its order, (Lamport timestamp, message id). Read from
-    // MessageChannel's private `localHistory` field: @waku/sds 0.0.8 has no public way to
-    // list it, so this op is tied to that version.
+    // The channel's local log in its order, (Lamport timestamp, message id), as the page
+    // reads it to draw its log.
     async reliable_log(request) {
-      const history = channelOf(request).messageChannel.localHistory;
       return {
-        log: history.slice(0).map((message) => ({
+        log: channelOf(request).history().map((message) => ({
           message_id: message.messageId,
           sender_id: message.senderId,
           lamport_timestamp: message.lamportTimestamp.toString(),
@@ -386,6 +414,7 @@ try {
   const config = parseCli();
   started = { ...(await startNode(config)), networkConfig: config.networkConfig };
   started.connections = connectionLog(started.node.libp2p);
+  started.versions = await wakuVersions();
 } catch (err) {
   emit({ ok: false, error: `light node did not start: ${err.message}` });
   process.exit(1);
@@ -398,6 +427,6 @@ emit({
 });
 const channels = new Map();
 await serve(operations(started, channels), async () => {
-  for (const channel of channels.values()) channel.stop();
+  for (const mended of channels.values()) mended.channel.stop();
   await started.node.stop();
 });
