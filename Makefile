@@ -102,9 +102,9 @@ soak: $(STAMP) tests/interop/waku_light/node_modules/.installed-stamp chromium
 proto: $(STAMP)
 	cd src && PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(CURDIR)/$(PY) -m grpc_tools.protoc -I. \
 		--python_out=. --mypy_out=. sdsync/wire/sds_message.proto sdsync/wire/waku_message.proto \
-		sdsync/wire/waku_store.proto sdsync/wire/waku_lightpush.proto \
-		sdsync/wire/waku_filter.proto sdsync/wire/waku_metadata.proto sdsync/reconcile/prolly.proto \
-		sdsync/waku/sync/waku_sync.proto
+		sdsync/waku/store/waku_store.proto sdsync/waku/lightpush/waku_lightpush.proto \
+		sdsync/waku/filter/waku_filter.proto sdsync/waku/metadata/waku_metadata.proto \
+		sdsync/reconcile/prolly.proto sdsync/waku/sync/waku_sync.proto
 	cd src && PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(CURDIR)/$(PY) -m grpc_tools.protoc -I. \
 		--python_out=. --mypy_out=. --grpc_python_out=. --mypy_grpc_out=. \
 		sdsync/reliability/reliability.proto

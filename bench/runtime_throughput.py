@@ -36,7 +36,7 @@ from pathlib import Path
 from sdsync.core import BloomParams, ChannelConfig, MessageChannel, MessageDelivered
 from sdsync.runtime import ChannelDriver, ChannelState, ReliableChannel, RuntimeConfig
 from sdsync.runtime.event_log import DURABLE_EVENTS
-from sdsync.transport import MemoryNetwork
+from sdsync.testing.memory import MemoryNetwork
 
 # Syncs, sweeps and resends are not what is measured: keep them out of the way.
 RUNTIME = RuntimeConfig(sync_interval_ms=600_000, resend_interval_ms=600_000)

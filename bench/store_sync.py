@@ -45,10 +45,10 @@ import aiohttp
 
 from sdsync.reconcile import METHODS, MemoryItemStore
 from sdsync.store import HttpStoreClient, SqlArchive, StoredMessage, StoreQuery, open_archive
-from sdsync.store.model import MAX_PAGE_SIZE
 from sdsync.store.sync import ArchiveHost, sync_with_peer
 from sdsync.store.sync.host import snapshot
 from sdsync.testing.pgcluster import TempCluster, free_port, start_cluster
+from sdsync.waku.store.model import MAX_PAGE_SIZE
 from sdsync.wire.waku import WakuMessage
 
 PUBSUB = "/waku/2/rs/1/0"

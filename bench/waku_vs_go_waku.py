@@ -72,18 +72,16 @@ from typing import Any
 from sdsync.testing.gowaku import GoWaku, GoWakuOptions, go_waku_binary
 from sdsync.testing.nwaku import Nwaku, NwakuOptions, nwaku_binary
 from sdsync.transport.libp2p import Libp2pTransport, WakuRelayConfig
-from sdsync.wire.waku import WakuMessage
-from sdsync.wire.waku_protocols import (
+from sdsync.waku.filter.rpc import (
     FILTER_PUSH_PROTOCOL,
     FILTER_SUBSCRIBE_PROTOCOL,
-    LIGHTPUSH_V2_PROTOCOL,
     FilterSubscribeRequest,
     FilterSubscribeResponse,
     FilterSubscribeType,
     MessagePush,
-    PushRequest,
-    PushRpc,
 )
+from sdsync.waku.lightpush.rpc import LIGHTPUSH_V2_PROTOCOL, PushRequest, PushRpc
+from sdsync.wire.waku import WakuMessage
 
 TOPIC = "/sds/1/waku-bench"  # a channel; its content topic autoshards to 7 on cluster 1
 CONTENT_TOPIC = TOPIC + "/proto"

@@ -1,7 +1,7 @@
 """Imports point down the layers only (docs/architecture.md, the house rules).
 
 cli / testing → demo → pipeline → sim / chat / peer / reliability → store / runtime →
-waku → transport / reconcile → core → wire → errors / lifecycle.
+transport → waku → reconcile → core → wire → errors / lifecycle.
 Every ``sdsync.<component>`` import in the source, including those inside functions and
 ``TYPE_CHECKING`` blocks, must name the importing component itself or one below it;
 components that share a layer do not import each other. Within a component no two files
@@ -22,8 +22,9 @@ LAYERS = (
     ("pipeline",),
     ("sim", "chat", "peer", "reliability"),
     ("store", "runtime"),
+    ("transport",),
     ("waku",),
-    ("transport", "reconcile"),
+    ("reconcile",),
     ("core",),
     ("wire",),
     ("errors", "lifecycle"),
@@ -271,10 +272,10 @@ def test_the_private_member_check_sees_a_read_across_files(tmp_path: Path) -> No
     ]
 
 
-# The Waku node contract (transport/waku_node.py), which the store and the chat are typed
-# with, and its in-memory node load without py-libp2p: what runs on a Waku node is
+# The Waku protocols with the node contract (waku/), which the store and the chat are
+# typed with, and the in-memory node load without py-libp2p: what runs on a Waku node is
 # tested without it.
-CONTRACT_FILES = ("base.py", "waku_node.py", "memory_waku.py", "memory.py")
+MEMORY_FILES = ("memory_waku.py", "memory.py")  # in sdsync.testing
 P2P_PACKAGES = ("libp2p", "trio", "multiaddr")
 
 
@@ -291,13 +292,17 @@ def p2p_imports(folder: Path, files: tuple[str, ...]) -> list[str]:
     return found
 
 
-def test_the_waku_node_contract_and_its_memory_node_need_no_p2p_stack() -> None:
-    assert p2p_imports(SRC / "transport", CONTRACT_FILES) == []
+def test_the_waku_protocols_and_the_memory_node_need_no_p2p_stack() -> None:
+    waku = SRC / "waku"
+    protocols = tuple(str(path.relative_to(waku)) for path in sorted(waku.rglob("*.py")))
+    assert "node.py" in protocols
+    assert p2p_imports(waku, protocols) == []
+    assert p2p_imports(SRC / "testing", MEMORY_FILES) == []
 
 
 def test_the_p2p_import_check_sees_both_kinds(tmp_path: Path) -> None:
     (tmp_path / "node.py").write_text(
-        "import trio\nfrom sdsync.transport.libp2p import X\nfrom sdsync.transport.base import Y\n"
+        "import trio\nfrom sdsync.transport.libp2p import X\nfrom sdsync.waku.node import Y\n"
     )
     (tmp_path / "base.py").write_text("")
     assert p2p_imports(tmp_path, ("node.py", "base.py")) == [

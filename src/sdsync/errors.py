@@ -12,13 +12,17 @@ Every failure sdsync reports is an :class:`SdsError`. It is always one of two ki
   counting and logging: the message is for people and is never parsed.
 
 A third family is nobody's fault and not an :class:`SdsError`: something we depend on is
-*unavailable* — a peer or store that cannot be reached or is busy
-(:class:`sdsync.store.client.StoreUnavailableError`, an ``OSError``), a store node with
-too many queries in flight (:class:`sdsync.store.host.QueriesBusy`), a database that
-fails (:class:`sdsync.store.archive.ArchiveUnavailable`, the driver's error as its
-cause). Retry later; what was done before the failure stays done. A peer that is
-reachable but does not speak a protocol at all is a :class:`ProtocolNotSupportedError`
-(a ``ConnectionError`` too): asking it again will not help, asking another peer may.
+*unavailable*, and every such error is a :class:`ServiceUnavailable`, so a caller that
+means "try again later" catches that one class — a store that cannot be reached or is
+busy (:class:`sdsync.waku.store.client.StoreUnavailableError`, an ``OSError`` too), a
+store node with too many queries in flight (:class:`sdsync.store.host.QueriesBusy`), a
+database that fails (:class:`sdsync.store.archive.ArchiveUnavailable`, the driver's
+error as its cause), a light client's service nodes that took no request
+(:class:`sdsync.waku.rpc.LightServiceError`, a ``ConnectionError`` too).
+Retry later; what was done before the failure stays done. A peer that is reachable but
+does not speak a protocol at all is a :class:`ProtocolNotSupportedError` (a
+``ConnectionError``, not a ServiceUnavailable): asking it again will not help, asking
+another peer may.
 
 Code that decodes untrusted input lets nothing but :class:`RemoteProtocolError` escape.
 """
@@ -27,6 +31,12 @@ from __future__ import annotations
 
 import enum
 from typing import Literal
+
+
+class ServiceUnavailable(Exception):  # noqa: N818 -- a condition to retry, not a bug
+    """Something we depend on cannot serve now (a peer, a store, a database): nobody's
+    fault; try again later, or elsewhere. The base of every such error (see the module),
+    beside whatever standard base each also has (``OSError`` for the network's)."""
 
 
 class SdsError(Exception):
@@ -56,14 +66,14 @@ class RejectReason(enum.StrEnum):
 
     # The Waku envelope (sdsync.wire.waku, checked by the libp2p transport).
     #: A WakuMessage frame larger than the transport's ``max_message_bytes``, or a
-    #: length-prefixed Waku RPC frame beyond its ``max_length`` (sdsync.wire.waku_protocols).
+    #: length-prefixed Waku RPC frame beyond its ``max_length`` (sdsync.waku.rpc).
     OVERSIZED = "oversized"
     #: Bytes that do not parse as a WakuMessage, or one without a content topic.
     NOT_WAKU_MESSAGE = "not a WakuMessage"
     #: A WakuMessage whose content topic is not the one its pubsub topic carries.
     WRONG_CONTENT_TOPIC = "wrong content topic"
 
-    # The Waku request/response protocols (sdsync.wire.waku_protocols): store, LightPush,
+    # The Waku request/response protocols (sdsync.waku.rpc): store, LightPush,
     # Filter, metadata.
     #: A length prefix longer than 10 bytes, or a frame that does not parse as the RPC
     #: expected or holds a value out of range (a hash that is not 32 bytes, an unknown type).

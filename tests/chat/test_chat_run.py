@@ -20,11 +20,10 @@ from sdsync.chat.run import PeerWatch
 from sdsync.cli import chat as chat_cli
 from sdsync.cli.main import app
 from sdsync.runtime import ReliableChannel, RuntimeConfig
-from sdsync.transport import MemoryNetwork
+from sdsync.testing.memory import MemoryNetwork, MemoryTransport
 from sdsync.transport import libp2p as libp2p_module
-from sdsync.transport.base import Received
 from sdsync.transport.libp2p import WakuRelayConfig
-from sdsync.transport.memory import MemoryTransport
+from sdsync.waku.node import Received
 from sdsync.wire import HistoryEntry
 
 FAST = RuntimeConfig(sync_interval_ms=100, resend_interval_ms=200, incoming_sweep_ms=50)

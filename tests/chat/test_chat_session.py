@@ -23,8 +23,7 @@ from sdsync.core import (
 from sdsync.errors import LocalProtocolError
 from sdsync.runtime import ReliableChannel, RuntimeConfig
 from sdsync.runtime.profiles import profile
-from sdsync.transport import MemoryNetwork
-from sdsync.transport.memory import Faults
+from sdsync.testing.memory import Faults, MemoryNetwork
 
 
 def test_identity_is_generated_once_and_kept(tmp_path: Path) -> None:

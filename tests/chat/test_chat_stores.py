@@ -11,16 +11,12 @@ import pytest
 
 from sdsync.chat.stores import StoreChoice, open_stores
 from sdsync.store import HttpStoreClient, Page, StoreQuery, StoreUnavailableError, WakuStoreClient
-from sdsync.store.client import StoreQueries
-from sdsync.transport import MemoryNetwork
-from sdsync.transport.base import Received
+from sdsync.testing.memory import MemoryNetwork
+from sdsync.waku.node import Received
+from sdsync.waku.rpc import MAX_RPC_BYTES
+from sdsync.waku.store.client import StoreQueries
+from sdsync.waku.store.rpc import STORE_QUERY_PROTOCOL, StoreQueryRequest, StoreQueryResponse
 from sdsync.wire import HistoryEntry
-from sdsync.wire.waku_protocols import (
-    MAX_RPC_BYTES,
-    STORE_QUERY_PROTOCOL,
-    StoreQueryRequest,
-    StoreQueryResponse,
-)
 
 ENTRIES = (HistoryEntry("m1", b"\x01" * 32),)
 

@@ -23,11 +23,9 @@ from typer.testing import CliRunner
 
 from sdsync.cli.main import app
 from sdsync.testing.gowaku import GoWaku
-from sdsync.wire.waku_protocols import (
-    FILTER_SUBSCRIBE_PROTOCOL,
-    LIGHTPUSH_PROTOCOL,
-    STORE_QUERY_PROTOCOL,
-)
+from sdsync.waku.filter.rpc import FILTER_SUBSCRIBE_PROTOCOL
+from sdsync.waku.lightpush.rpc import LIGHTPUSH_PROTOCOL
+from sdsync.waku.store.rpc import STORE_QUERY_PROTOCOL
 
 require("sdsync.transport.libp2p", "needs the 'p2p' extra")
 

@@ -18,7 +18,7 @@ from sdsync.cli.simulate import Flags, build_config
 from sdsync.core import ChannelConfig, MessageChannel
 from sdsync.runtime import PROFILES, ReliableChannel, RuntimeConfig, profile
 from sdsync.sim.config import SimConfig
-from sdsync.transport import MemoryNetwork
+from sdsync.testing.memory import MemoryNetwork
 
 LEAN = profile("lean")
 STOCK = profile("js-compatible")

@@ -17,7 +17,7 @@ from sdsync.cli.main import app
 from sdsync.cli.store import _size, serve
 from sdsync.store import NodeConfig
 from sdsync.store.sync import SyncConfig
-from sdsync.store.waku_store import AnswerLimits
+from sdsync.waku.store.service import AnswerLimits
 
 
 def test_the_flags_default_to_the_limits_own_defaults() -> None:

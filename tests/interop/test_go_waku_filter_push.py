@@ -30,13 +30,9 @@ from storeprocess import StoreProcess, store_serve
 from testdeps import require
 from waku_drivers import connected_client
 
+from sdsync.waku.filter.rpc import FILTER_SUBSCRIBE_PROTOCOL
+from sdsync.waku.lightpush.rpc import LIGHTPUSH_PROTOCOL, LightPushRequestV3, LightPushResponseV3
 from sdsync.wire.waku import WakuMessage
-from sdsync.wire.waku_protocols import (
-    FILTER_SUBSCRIBE_PROTOCOL,
-    LIGHTPUSH_PROTOCOL,
-    LightPushRequestV3,
-    LightPushResponseV3,
-)
 
 require("sdsync.transport.libp2p", "needs the 'p2p' extra")
 

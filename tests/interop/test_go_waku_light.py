@@ -30,7 +30,8 @@ from sdsync.core import BloomParams, ChannelConfig, RepairConfig
 from sdsync.runtime import ReliableChannel, RuntimeConfig
 from sdsync.testing.gowaku import GoWakuOptions
 from sdsync.transport.waku_light import LightTiming, WakuLightTransport
-from sdsync.wire.waku_protocols import FILTER_SUBSCRIBE_PROTOCOL, LIGHTPUSH_PROTOCOL
+from sdsync.waku.filter.rpc import FILTER_SUBSCRIBE_PROTOCOL
+from sdsync.waku.lightpush.rpc import LIGHTPUSH_PROTOCOL
 
 pytestmark = pytest.mark.interop
 
@@ -101,7 +102,7 @@ def test_light_clients_push_and_receive_through_the_service(service: str) -> Non
             for sender, receiver in ((alice, bob), (bob, alice)):
                 for i in range(3):
                     payload = f"{sender.peer_id[-4:]} {i}".encode()
-                    hint = await sender.push(topic, payload)
+                    hint = await sender.lightpush(topic, payload)
                     async with asyncio.timeout(PATIENCE_S):
                         got = await anext(heard[receiver])
                     assert (got.data, got.retrieval_hint) == (payload, hint)

@@ -27,14 +27,9 @@ from testdeps import require
 from waku_drivers import WakuDriver, connected_client, light_node
 
 from sdsync.testing.hostile import soak_scale
+from sdsync.waku.filter.rpc import FILTER_PUSH_PROTOCOL, FILTER_SUBSCRIBE_PROTOCOL
+from sdsync.waku.lightpush.rpc import LIGHTPUSH_PROTOCOL, LightPushRequestV3, LightPushResponseV3
 from sdsync.wire.waku import WakuMessage
-from sdsync.wire.waku_protocols import (
-    FILTER_PUSH_PROTOCOL,
-    FILTER_SUBSCRIBE_PROTOCOL,
-    LIGHTPUSH_PROTOCOL,
-    LightPushRequestV3,
-    LightPushResponseV3,
-)
 
 if TYPE_CHECKING:
     from sdsync.transport.libp2p import Libp2pTransport

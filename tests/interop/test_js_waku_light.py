@@ -30,18 +30,20 @@ from waku_drivers import (
     send_cut_frames,
 )
 
-from sdsync.wire import decode
-from sdsync.wire.waku import WakuMessage
-from sdsync.wire.waku_protocols import (
+from sdsync.waku.filter.rpc import (
     FILTER_SUBSCRIBE_PROTOCOL,
-    LIGHTPUSH_PROTOCOL,
-    LIGHTPUSH_V2_PROTOCOL,
     FilterSubscribeRequest,
     FilterSubscribeResponse,
     FilterSubscribeType,
+)
+from sdsync.waku.lightpush.rpc import (
+    LIGHTPUSH_PROTOCOL,
+    LIGHTPUSH_V2_PROTOCOL,
     LightPushRequestV3,
     LightPushResponseV3,
 )
+from sdsync.wire import decode
+from sdsync.wire.waku import WakuMessage
 
 require("sdsync.transport.libp2p", "needs the 'p2p' extra")
 
@@ -122,13 +124,18 @@ def reliable(driver: WakuDriver, channel: str, kind: str, **detail: Any) -> dict
 
 
 def create_channel(driver: WakuDriver, channel: str, sender: str, content_topic: str) -> None:
-    driver.ok(
+    created = driver.ok(
         "reliable_channel_create",
         channel_id=channel,
         sender_id=sender,
         content_topic=content_topic,
         options=CHANNEL_OPTIONS,
     )
+    # Mended as the chat page's channel is (web/src/mends.mjs), every mend applying to
+    # the sdk the driver pins.
+    mends = created["mends"]
+    assert mends["installed"] == mends["written_for"], mends
+    assert (mends["skipped"], mends["warnings"]) == ([], []), mends
 
 
 def test_reliable_channels_of_two_light_nodes_talk_through_our_node(
@@ -161,7 +168,8 @@ def test_a_message_sent_before_a_channel_joined_is_in_our_store(
     # The second names the first in its causal history, with its Waku message hash as
     # the retrieval hint; B's channel asks our store for it by that hash. (js-waku takes
     # the hint from an encoding of its own and LightPush encodes again, each stamping the
-    # time: the driver keeps the first stamp, see stampOnce in light.mjs.)
+    # time: the driver keeps the first stamp, as the chat page does: stamp-once in
+    # web/src/mends.mjs.)
     reliable(light_b, channel, "message-received", payload=b64(b"before bob"))
     # The store client gets it by its hash too.
     history = light_b.ok("store_query", content_topic=topic)["messages"]

@@ -20,8 +20,9 @@ from transporttest import PATIENCE_S, nothing_more, run, take
 from waku_drivers import RELAY_DIR, WakuDriver, b64, relay_argv, require_driver
 
 from sdsync.transport import Received
+from sdsync.waku.metadata.rpc import METADATA_PROTOCOL
+from sdsync.waku.relay.topics import RELAY_PROTOCOL
 from sdsync.wire import WakuMessage
-from sdsync.wire.waku_protocols import METADATA_PROTOCOL, RELAY_PROTOCOL
 
 if TYPE_CHECKING:
     from sdsync.transport.libp2p import Libp2pTransport

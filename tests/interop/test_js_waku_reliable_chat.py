@@ -29,12 +29,10 @@ from chatprocess import TypedChat, assert_same_logs, wait_for
 from storeprocess import StoreProcess, store_serve
 from waku_drivers import WakuDriver, b64, light_node
 
+from sdsync.waku.filter.rpc import FILTER_SUBSCRIBE_PROTOCOL
+from sdsync.waku.lightpush.rpc import LIGHTPUSH_PROTOCOL
+from sdsync.waku.store.rpc import STORE_QUERY_PROTOCOL
 from sdsync.wire import decode
-from sdsync.wire.waku_protocols import (
-    FILTER_SUBSCRIBE_PROTOCOL,
-    LIGHTPUSH_PROTOCOL,
-    STORE_QUERY_PROTOCOL,
-)
 
 pytestmark = pytest.mark.interop
 

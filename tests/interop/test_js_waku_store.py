@@ -22,12 +22,12 @@ from testdeps import require
 from waku_drivers import WakuDriver, connected_client, light_node, send_cut_frames
 
 from sdsync.store import StoredMessage, StoreQuery, WakuStoreClient, open_archive
-from sdsync.wire.waku import WakuMessage
-from sdsync.wire.waku_protocols import (
+from sdsync.waku.store.rpc import (
     MAX_STORE_RESPONSE_BYTES,
     STORE_QUERY_PROTOCOL,
     StoreQueryResponse,
 )
+from sdsync.wire.waku import WakuMessage
 
 require("sdsync.transport.libp2p", "needs the 'p2p' extra")
 

@@ -42,9 +42,10 @@ from testdeps import require
 from sdsync.core import MessageChannel
 from sdsync.errors import RemoteProtocolError
 from sdsync.testing.nwaku import Nwaku, NwakuOptions
+from sdsync.waku.filter.rpc import FILTER_SUBSCRIBE_PROTOCOL
+from sdsync.waku.lightpush.rpc import LIGHTPUSH_PROTOCOL
 from sdsync.wire import decode
 from sdsync.wire.waku import WakuMessage
-from sdsync.wire.waku_protocols import FILTER_SUBSCRIBE_PROTOCOL, LIGHTPUSH_PROTOCOL
 
 require("sdsync.transport.libp2p", "needs the 'p2p' extra")
 

@@ -28,7 +28,7 @@ from peers import line_process
 from storeprocess import StoreProcess
 from testdeps import in_ci
 
-from sdsync.wire.waku_protocols import MAX_RPC_BYTES, encode_frame
+from sdsync.waku.rpc import MAX_RPC_BYTES, encode_frame
 
 if TYPE_CHECKING:
     from sdsync.transport.libp2p import Libp2pTransport

@@ -20,9 +20,9 @@ from sdsync.runtime import (
     RuntimeConfig,
     Step,
 )
+from sdsync.testing.memory import MemoryNetwork
 from sdsync.testing.memory_store import MemoryStore
-from sdsync.transport import MemoryNetwork
-from sdsync.transport.base import Received
+from sdsync.waku.node import Received
 from sdsync.wire import HistoryEntry, decode
 
 START = 1_700_000_000_000

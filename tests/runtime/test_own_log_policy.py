@@ -29,8 +29,8 @@ from sdsync.core import (
     RepairConfig,
 )
 from sdsync.runtime import ReliableChannel, RuntimeConfig
-from sdsync.transport import MemoryNetwork, Received, Transport
-from sdsync.transport.memory import Faults
+from sdsync.testing.memory import Faults, MemoryNetwork
+from sdsync.transport import Received, Transport
 from sdsync.wire import decode
 
 CHANNEL = "hints"

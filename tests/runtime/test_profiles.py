@@ -10,7 +10,7 @@ import pytest
 from sdsync.core import ChannelConfig, MessageChannel
 from sdsync.errors import LocalProtocolError
 from sdsync.runtime import PROFILES, ChannelDriver, ReliableChannel, RuntimeConfig, profile
-from sdsync.transport import MemoryNetwork
+from sdsync.testing.memory import MemoryNetwork
 
 
 def test_js_compatible_is_the_defaults_exactly() -> None:

@@ -22,9 +22,8 @@ from sdsync.core import (
 from sdsync.errors import RejectReason
 from sdsync.runtime import ReliableChannel, RuntimeConfig
 from sdsync.runtime.clock import system_clock_ms
+from sdsync.testing.memory import Faults, MemoryNetwork
 from sdsync.testing.memory_store import MemoryStore
-from sdsync.transport import MemoryNetwork
-from sdsync.transport.memory import Faults
 from sdsync.wire import HistoryEntry, Message, encode
 
 FAST = RuntimeConfig(

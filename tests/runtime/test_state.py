@@ -30,8 +30,7 @@ from sdsync.runtime import (
 )
 from sdsync.runtime.event_log import DURABLE_EVENTS, Delivery
 from sdsync.runtime.state import SCHEMA_VERSION, Synchronous, state_path
-from sdsync.transport import MemoryNetwork
-from sdsync.transport.memory import Faults
+from sdsync.testing.memory import Faults, MemoryNetwork
 
 START = 1_700_000_000_000
 CONFIG = ChannelConfig(

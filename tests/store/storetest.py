@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from sdsync.store import Archive, NodeConfig, StoredMessage, StoreNode
-from sdsync.transport.waku_node import WakuNode
+from sdsync.waku.node import WakuNode
 from sdsync.wire.waku import WakuMessage
 
 PUBSUB = "/waku/2/rs/1/0"

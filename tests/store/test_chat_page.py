@@ -22,7 +22,7 @@ from sdsync.store.chat_page import (
     chat_page,
     websocket_origin,
 )
-from sdsync.store.lightpush import ServedTopics
+from sdsync.waku.lightpush.service import ServedTopics
 
 PEER = "16Uiu2HAmPeer"
 LISTEN = [f"/ip4/127.0.0.1/tcp/6000/p2p/{PEER}", f"/ip4/127.0.0.1/tcp/6001/ws/p2p/{PEER}"]

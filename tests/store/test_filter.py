@@ -14,18 +14,9 @@ from hypothesis import strategies as st
 from storetest import running
 
 from sdsync.store import SqlArchive
-from sdsync.store.filter import (
-    FilterLimits,
-    FilterRefused,
-    FilterStatus,
-    FilterSubscriptions,
-    answer_filter_subscribe,
-)
 from sdsync.store.light import LightConfig
-from sdsync.store.lightpush import ServedTopics
-from sdsync.transport import MemoryNetwork
-from sdsync.wire.waku import WakuMessage
-from sdsync.wire.waku_protocols import (
+from sdsync.testing.memory import MemoryNetwork
+from sdsync.waku.filter.rpc import (
     FILTER_PUSH_PROTOCOL,
     FILTER_SUBSCRIBE_PROTOCOL,
     FilterSubscribeRequest,
@@ -33,6 +24,15 @@ from sdsync.wire.waku_protocols import (
     FilterSubscribeType,
     MessagePush,
 )
+from sdsync.waku.filter.service import (
+    FilterLimits,
+    FilterRefused,
+    FilterStatus,
+    FilterSubscriptions,
+    answer_filter_subscribe,
+)
+from sdsync.waku.lightpush.service import ServedTopics
+from sdsync.wire.waku import WakuMessage
 
 SHARD = "/waku/2/rs/1/7"
 OTHER_SHARD = "/waku/2/rs/1/3"

@@ -20,18 +20,18 @@ from pathlib import Path
 from storetest import running
 
 from sdsync.store import SqlArchive
-from sdsync.store.filter import FilterLimits
 from sdsync.store.light import LightConfig
-from sdsync.store.lightpush import ServedTopics
 from sdsync.store.node import StoreNode
-from sdsync.transport import MemoryNetwork, MemoryWakuNode
-from sdsync.transport.memory_waku import memory_peer_id
-from sdsync.wire.waku_protocols import (
+from sdsync.testing.memory import MemoryNetwork
+from sdsync.testing.memory_waku import MemoryWakuNode, memory_peer_id
+from sdsync.waku.filter.rpc import (
     FILTER_SUBSCRIBE_PROTOCOL,
     FilterSubscribeRequest,
     FilterSubscribeResponse,
     FilterSubscribeType,
 )
+from sdsync.waku.filter.service import FilterLimits
+from sdsync.waku.lightpush.service import ServedTopics
 
 SHARD = "/waku/2/rs/1/7"
 TOPIC = "/app/1/x/proto"

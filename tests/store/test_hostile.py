@@ -23,17 +23,12 @@ from storetest import HOUR, PUBSUB, T0, TOKEN, make_messages, running
 
 from sdsync.store import Page, SqlArchive, StoredMessage, open_archive, rest, server
 from sdsync.store.metrics import StoreMetrics
-from sdsync.store.model import (
-    DEFAULT_TIMESTAMP_VARIANCE_S,
-    InvalidMessageError,
-    check_ingestible,
-    check_timestamp,
-)
 from sdsync.store.node import StoreNode
 from sdsync.store.rest import entry_json, page_json
 from sdsync.store.resume import LastOnline
-from sdsync.transport import MemoryNetwork
-from sdsync.wire.waku import WakuMessage
+from sdsync.testing.memory import MemoryNetwork
+from sdsync.waku.messages import InvalidMessageError, check_ingestible, check_timestamp
+from sdsync.wire.waku import DEFAULT_TIMESTAMP_VARIANCE_S, WakuMessage
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 QUERY = "GET /store/v3/messages"

@@ -42,22 +42,21 @@ from transporttest import PATIENCE_S
 from sdsync.store import StoredMessage
 from sdsync.store.client import HttpStoreClient
 from sdsync.testing.hostile import Watch, Watched, soak_scale
-from sdsync.wire import WakuMessage
-from sdsync.wire.waku_protocols import (
+from sdsync.waku.filter.rpc import (
     FILTER_SUBSCRIBE_PROTOCOL,
-    LIGHTPUSH_PROTOCOL,
-    MAX_STORE_RESPONSE_BYTES,
-    STORE_QUERY_PROTOCOL,
     FilterSubscribeRequest,
     FilterSubscribeResponse,
     FilterSubscribeType,
-    LightPushRequestV3,
-    LightPushResponseV3,
+)
+from sdsync.waku.lightpush.rpc import LIGHTPUSH_PROTOCOL, LightPushRequestV3, LightPushResponseV3
+from sdsync.waku.rpc import encode_frame, read_frame
+from sdsync.waku.store.rpc import (
+    MAX_STORE_RESPONSE_BYTES,
+    STORE_QUERY_PROTOCOL,
     StoreQueryRequest,
     StoreQueryResponse,
-    encode_frame,
-    read_frame,
 )
+from sdsync.wire import WakuMessage
 
 require("sdsync.transport.libp2p", "needs the 'p2p' extra")
 

@@ -10,7 +10,7 @@ from storetest import make_messages
 
 from sdsync.store import ArchiveUnavailable
 from sdsync.store.ingest import GroupCommit
-from sdsync.store.model import StoredMessage
+from sdsync.waku.messages import StoredMessage
 
 
 class SlowArchive:

@@ -21,8 +21,8 @@ from testdeps import require
 
 from sdsync.store import SqlArchive
 from sdsync.store.light import LightConfig
-from sdsync.store.lightpush import ServedTopics
-from sdsync.transport.base import Received
+from sdsync.waku.lightpush.service import ServedTopics
+from sdsync.waku.node import Received
 
 require("sdsync.transport.libp2p", "needs the 'p2p' extra")
 
@@ -85,7 +85,7 @@ def test_a_store_node_pushes_every_message_to_100_light_clients(
                 started = time.monotonic()
                 payloads = [f"message {i}".encode() for i in range(MESSAGES)]
                 for payload in payloads:
-                    await sender.push(TOPIC, payload)
+                    await sender.lightpush(TOPIC, payload)
                 received = await asyncio.gather(
                     *(collect(f, MESSAGES) for f in frames[1:]),
                 )

@@ -13,7 +13,24 @@ from storetest import running
 
 from sdsync.store import SqlArchive
 from sdsync.store.light import LightConfig
-from sdsync.store.lightpush import (
+from sdsync.testing.memory import MemoryNetwork
+from sdsync.testing.memory_waku import MemoryWakuNode, memory_peer_id
+from sdsync.waku.filter.rpc import (
+    FILTER_PUSH_PROTOCOL,
+    FILTER_SUBSCRIBE_PROTOCOL,
+    FilterSubscribeRequest,
+    FilterSubscribeResponse,
+    FilterSubscribeType,
+    MessagePush,
+)
+from sdsync.waku.lightpush.rpc import (
+    LIGHTPUSH_PROTOCOL,
+    LightPushRequestV3,
+    LightPushResponseV3,
+    PushRequest,
+    PushRpc,
+)
+from sdsync.waku.lightpush.service import (
     LightPushRefused,
     LightPushStatus,
     Push,
@@ -22,22 +39,7 @@ from sdsync.store.lightpush import (
     answer_lightpush_v2,
     check_push,
 )
-from sdsync.transport import MemoryNetwork, MemoryWakuNode
-from sdsync.transport.memory_waku import memory_peer_id
 from sdsync.wire.waku import MAX_WAKU_MESSAGE_BYTES, WakuMessage
-from sdsync.wire.waku_protocols import (
-    FILTER_PUSH_PROTOCOL,
-    FILTER_SUBSCRIBE_PROTOCOL,
-    LIGHTPUSH_PROTOCOL,
-    FilterSubscribeRequest,
-    FilterSubscribeResponse,
-    FilterSubscribeType,
-    LightPushRequestV3,
-    LightPushResponseV3,
-    MessagePush,
-    PushRequest,
-    PushRpc,
-)
 
 NOW = 1_700_000_000 * 10**9
 SECOND = 10**9

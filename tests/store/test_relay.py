@@ -12,8 +12,9 @@ from storetest import running
 from testdeps import require
 
 from sdsync.store import SqlArchive, StoreQuery, WakuStoreClient
-from sdsync.transport.base import default_content_topic
-from sdsync.wire.waku_protocols import MAX_STORE_RESPONSE_BYTES, WakuMetadata
+from sdsync.waku.metadata.rpc import WakuMetadata
+from sdsync.waku.relay.topics import default_content_topic
+from sdsync.waku.store.rpc import MAX_STORE_RESPONSE_BYTES
 
 libp2p = require("sdsync.transport.libp2p", "needs the 'p2p' extra")
 

@@ -36,8 +36,9 @@ from sdsync.store import (
     StoreUnavailableError,
     WakuStoreClient,
 )
-from sdsync.store.client import StoreQueries
-from sdsync.transport.base import Received, default_content_topic
+from sdsync.waku.node import Received
+from sdsync.waku.relay.topics import default_content_topic
+from sdsync.waku.store.client import StoreQueries
 from sdsync.wire.waku import WakuMessage
 
 SHARD = "/waku/2/rs/1/7"

@@ -22,8 +22,8 @@ from testdeps import require
 from sdsync.core import ChannelConfig, MessageDelivered, RepairConfig
 from sdsync.runtime import ReliableChannel, RuntimeConfig
 from sdsync.store import HttpStoreClient, SqlArchive, StoredMessage, WakuStoreClient
-from sdsync.transport import MemoryNetwork
-from sdsync.transport.base import Received, Transport
+from sdsync.testing.memory import MemoryNetwork
+from sdsync.waku.node import Received, Transport
 from sdsync.wire import decode
 from sdsync.wire.waku import WakuMessage
 

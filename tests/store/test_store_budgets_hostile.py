@@ -17,19 +17,19 @@ from test_lightpush import NOW, SERVED, SHARD, lightpush, message
 from sdsync.store import SqlArchive, StoredMessage
 from sdsync.store.light import LightConfig
 from sdsync.store.retention import ByteBudget, RetentionPolicy
-from sdsync.store.waku_store import AnswerLimits
 from sdsync.testing.hostile import process_rss
-from sdsync.transport import MemoryNetwork, MemoryWakuNode
-from sdsync.transport.ratelimit import RateLimit
-from sdsync.wire import WakuMessage
-from sdsync.wire.waku_protocols import (
-    LIGHTPUSH_PROTOCOL,
+from sdsync.testing.memory import MemoryNetwork
+from sdsync.testing.memory_waku import MemoryWakuNode
+from sdsync.waku.lightpush.rpc import LIGHTPUSH_PROTOCOL, LightPushRequestV3
+from sdsync.waku.ratelimit import RateLimit
+from sdsync.waku.store.rpc import (
     MAX_STORE_RESPONSE_BYTES,
     STORE_QUERY_PROTOCOL,
-    LightPushRequestV3,
     StoreQueryRequest,
     StoreQueryResponse,
 )
+from sdsync.waku.store.service import AnswerLimits
+from sdsync.wire import WakuMessage
 
 BIG = 140_000
 PAGE = 20  # messages of BIG bytes a page: ~2.8 MB an answer

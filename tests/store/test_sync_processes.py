@@ -25,7 +25,7 @@ import aiohttp
 from storetest import TOKEN, make_messages
 
 from sdsync.store import HttpStoreClient, StoredMessage, StoreQuery
-from sdsync.store.model import MAX_PAGE_SIZE
+from sdsync.waku.store.model import MAX_PAGE_SIZE
 
 MINUTE = 60 * 10**9
 TOTAL = 20_000

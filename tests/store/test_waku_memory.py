@@ -1,6 +1,6 @@
 """The store's Waku protocols end to end through the Waku node contract, in memory.
 
-A StoreNode runs on a MemoryWakuNode (sdsync.transport.memory_waku) and its peers are
+A StoreNode runs on a MemoryWakuNode (sdsync.testing.memory_waku) and its peers are
 nodes of the same MemoryNetwork: store query asked by WakuStoreClient, Filter subscribe,
 push, ping and unsubscribe, and the light client (WakuLightTransport, its host a memory
 node) publishing by LightPush, hearing by Filter and reading the store. No py-libp2p, no
@@ -29,12 +29,10 @@ from sdsync.store import (
     WakuStoreClient,
 )
 from sdsync.store.light import LightConfig
-from sdsync.store.lightpush import ServedTopics
-from sdsync.transport import MemoryNetwork, MemoryWakuNode
-from sdsync.transport.base import Received
+from sdsync.testing.memory import MemoryNetwork
+from sdsync.testing.memory_waku import MemoryWakuNode
 from sdsync.transport.waku_light import WakuLightTransport
-from sdsync.wire.waku import WakuMessage
-from sdsync.wire.waku_protocols import (
+from sdsync.waku.filter.rpc import (
     FILTER_PUSH_PROTOCOL,
     FILTER_SUBSCRIBE_PROTOCOL,
     FilterSubscribeRequest,
@@ -42,6 +40,9 @@ from sdsync.wire.waku_protocols import (
     FilterSubscribeType,
     MessagePush,
 )
+from sdsync.waku.lightpush.service import ServedTopics
+from sdsync.waku.node import Received
+from sdsync.wire.waku import WakuMessage
 
 SHARD = "/waku/2/rs/1/7"  # where /sds/1/chan/proto autoshards on cluster 1
 CHANNEL = "/sds/1/chan"
@@ -152,7 +153,7 @@ def test_a_light_client_publishes_hears_and_reads_the_store_through_its_service(
                 heard = light.subscribe(CHANNEL)
                 assert await light.wait_for_mesh(CHANNEL, 1, PATIENCE_S)
                 # Published by LightPush: relayed and archived by the service.
-                hint = await light.push(CHANNEL, b"from the light client")
+                hint = await light.lightpush(CHANNEL, b"from the light client")
                 async with asyncio.timeout(PATIENCE_S):
                     assert await anext(relayed) == Received(b"from the light client", hint)
                 await until_archived(sqlite_archive, 1)

@@ -25,21 +25,11 @@ from test_client import archive_all_but_ten, fetch_every_other, hints
 
 from sdsync.store import SqlArchive, StoredMessage, StoreNode, StoreUnavailableError
 from sdsync.store.rest import entry_json, query_params
-from sdsync.store.waku_store import (
-    ROUTE,
-    WakuStoreClient,
-    answer_store_query,
-    serve_store_stream,
-    store_query,
-)
+from sdsync.waku.rpc import MAX_RPC_BYTES, encode_frame
+from sdsync.waku.store.client import WakuStoreClient
+from sdsync.waku.store.rpc import STORE_QUERY_PROTOCOL, StoreQueryRequest, StoreQueryResponse
+from sdsync.waku.store.service import ROUTE, answer_store_query, serve_store_stream, store_query
 from sdsync.wire import HistoryEntry
-from sdsync.wire.waku_protocols import (
-    MAX_RPC_BYTES,
-    STORE_QUERY_PROTOCOL,
-    StoreQueryRequest,
-    StoreQueryResponse,
-    encode_frame,
-)
 
 OTHER = "/waku/2/rs/1/5"
 TOPICS = ("/app/1/chat/proto", "/app/1/acks/proto", "/other/1/x/proto")
@@ -63,7 +53,7 @@ async def serving(archive: SqlArchive, tmp: Path, **config: Any) -> AsyncIterato
 
 
 async def ask(node: StoreNode, request: StoreQueryRequest) -> StoreQueryResponse:
-    return StoreQueryResponse.from_bytes(await answer_store_query(node, request.to_bytes()))
+    return StoreQueryResponse.from_bytes(await answer_store_query(node.queries, request.to_bytes()))
 
 
 def refused(node: StoreNode, reason: str) -> float:
@@ -229,7 +219,7 @@ def test_malformed_truncated_and_oversized_requests_answer_400_and_count(
             for reason, payloads in bad_bytes.items():
                 for payload in payloads:
                     response = StoreQueryResponse.from_bytes(
-                        await answer_store_query(node, payload)
+                        await answer_store_query(node.queries, payload)
                     )
                     assert (response.status_code, response.request_id) == (400, ""), payload[:9]
                     assert response.status_desc and not response.messages
@@ -258,7 +248,7 @@ async def _stream(node: StoreNode, data: bytes) -> bytes:
     async def write(chunk: bytes) -> None:
         written.extend(chunk)
 
-    await serve_store_stream(node, read, write)
+    await serve_store_stream(node.queries, read, write)
     return bytes(written)
 
 
@@ -305,7 +295,7 @@ def direct(node: StoreNode) -> Callable[[str, bytes], Awaitable[bytes]]:
 
     async def request(protocol_id: str, payload: bytes) -> bytes:
         assert protocol_id == STORE_QUERY_PROTOCOL
-        return await answer_store_query(node, payload)
+        return await answer_store_query(node.queries, payload)
 
     return request
 

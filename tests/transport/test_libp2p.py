@@ -24,11 +24,12 @@ from trio.testing import MockClock
 from sdsync.errors import LocalProtocolError, ProtocolNotSupportedError
 from sdsync.transport import Envelope, Libp2pTransport, Received
 from sdsync.transport.libp2p import new_identity_key
-from sdsync.transport.libp2p_host import _QUEUE_HIGH_WATER, _STALL_S, _UNIDENTIFIED_S, RelayTrioHost
+from sdsync.transport.libp2p_host import RelayTrioHost
 from sdsync.transport.libp2p_patches import PEER_QUEUE_RPCS
 from sdsync.transport.libp2p_shared import Handover
+from sdsync.transport.relay_outbox import _QUEUE_HIGH_WATER, _STALL_S, _UNIDENTIFIED_S
+from sdsync.waku.relay.topics import RELAY_PROTOCOL
 from sdsync.wire import WakuMessage, message_hash
-from sdsync.wire.waku_protocols import RELAY_PROTOCOL
 
 TOPIC = "/sds/1/test"  # what a channel names
 CONTENT_TOPIC = "/sds/1/test/proto"
@@ -347,7 +348,7 @@ def test_a_stuck_peer_holds_back_one_publication_at_most_and_is_disconnected() -
             side.nursery = nursery
             for _ in range(30):  # one a second
                 start = trio.current_time()
-                await side._room_to_send()
+                await side.outbox.room_to_send()
                 waited.append(trio.current_time() - start)
                 await trio.sleep(1)
 
@@ -379,7 +380,7 @@ def test_a_peer_never_identified_is_disconnected_once() -> None:
         async with trio.open_nursery() as nursery:
             side.nursery = nursery
             for _ in range(3):
-                await side._room_to_send()
+                await side.outbox.room_to_send()
 
     trio.run(publishing)
     assert closed == [stale]
@@ -398,7 +399,7 @@ def test_a_slowly_draining_peer_still_holds_publications_back() -> None:
         async with trio.open_nursery() as nursery:
             side.nursery = nursery
             nursery.start_soon(drain)
-            await side._room_to_send()
+            await side.outbox.room_to_send()
             nursery.cancel_scope.cancel()
 
     trio.run(publishing, clock=MockClock(autojump_threshold=0))
@@ -479,7 +480,7 @@ def test_a_light_host_mounts_no_relay_yet_serves_requests_and_pushes(
                 await relay.publish(TOPIC, b"nobody relays it to the light host")
             pubsub = relay._running().pubsub
             light_id = ID.from_base58(light.peer_id)
-            await until(lambda: relay._outbox == 0)
+            await until(lambda: relay._outbox.queued == 0)
             assert light_id not in pubsub.peers
             assert light_id not in pubsub.router._pending_messages
             # Every use of relay is the caller's mistake, named.

@@ -28,7 +28,7 @@ from transporttest import run, until
 from sdsync.testing.hostile import soak_scale
 from sdsync.transport import Libp2pTransport
 from sdsync.transport.libp2p import GossipParams
-from sdsync.transport.libp2p_patches import ConnectionLimits
+from sdsync.transport.settings import ConnectionLimits
 
 ECHO = "/sdsync/test/echo/1"
 ATTACKER_IP = "127.0.0.2"

@@ -20,8 +20,10 @@ from transporttest import PATIENCE_S, run, until
 
 from sdsync.errors import LocalProtocolError, ProtocolNotSupportedError, RejectReason
 from sdsync.transport import Libp2pTransport
-from sdsync.transport.libp2p_host import _MAX_INBOUND_STREAMS, _reader
-from sdsync.wire.waku_protocols import METADATA_PROTOCOL, WakuMetadata, encode_frame, read_frame
+from sdsync.transport.libp2p_host import _MAX_INBOUND_STREAMS
+from sdsync.transport.libp2p_streams import frame_reader
+from sdsync.waku.metadata.rpc import METADATA_PROTOCOL, WakuMetadata
+from sdsync.waku.rpc import encode_frame, read_frame
 
 PUSH = "/test/push/1.0.0"
 ECHO = "/test/echo/1.0.0"
@@ -112,7 +114,7 @@ def test_a_lane_the_remote_resets_is_reopened_and_the_push_delivered() -> None:
 
         async def keep(stream: INetStream) -> None:
             streams.append(stream)
-            read = _reader(stream)
+            read = frame_reader(stream)
             with trio.move_on_after(PATIENCE_S):
                 while (frame := await read_frame(read)) is not None:
                     frames.append(frame)
@@ -143,7 +145,7 @@ def test_a_push_whose_write_fails_on_a_stale_lane_is_retried_on_a_fresh_stream()
             await sender.push(address, PUSH, b"first")
             await until(lambda: frames == [b"first"])
             trio_side = sender._running()
-            (lane,) = trio_side._lanes.values()
+            (lane,) = trio_side.lanes._lanes.values()
             assert lane.current is not None
             stale = lane.current
 
@@ -174,7 +176,7 @@ def test_a_one_frame_reader_gets_every_push_on_a_stream_each() -> None:
         async def one_frame(stream: INetStream) -> None:
             nonlocal streams
             streams += 1
-            frame = await read_frame(_reader(stream))
+            frame = await read_frame(frame_reader(stream))
             await stream.close()
             if frame is not None:
                 frames.append(frame)
@@ -203,7 +205,7 @@ def test_a_one_frame_reader_slower_to_close_than_the_probe_loses_no_push() -> No
         slow = [True]
 
         async def one_frame(stream: INetStream) -> None:
-            frame = await read_frame(_reader(stream))
+            frame = await read_frame(frame_reader(stream))
             if slow[0]:
                 slow[0] = False
                 await trio.sleep(1.5)  # past the 0.5 s probe

@@ -11,7 +11,7 @@ from transporttest import PATIENCE_S, run
 
 from sdsync.errors import LocalProtocolError
 from sdsync.transport.libp2p import Libp2pTransport
-from sdsync.transport.ratelimit import PeerBuckets, RateLimit
+from sdsync.waku.ratelimit import PeerBuckets, RateLimit
 
 TOPIC = "/sds/1/probe"
 FRAME = 100_000

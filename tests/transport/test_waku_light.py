@@ -30,24 +30,26 @@ from sdsync.errors import RemoteProtocolError
 from sdsync.store import NodeConfig, StoreNode, WakuStoreClient
 from sdsync.store.backend import open_archive
 from sdsync.store.light import DEFAULT_LIGHTPUSH_RATE, LightConfig
-from sdsync.store.lightpush import ServedTopics
-from sdsync.transport.base import Received
-from sdsync.transport.ratelimit import RateLimit
-from sdsync.wire.waku_protocols import (
+from sdsync.waku.filter.rpc import (
     FILTER_SUBSCRIBE_PROTOCOL,
-    LIGHTPUSH_PROTOCOL,
-    LIGHTPUSH_V2_PROTOCOL,
     FilterSubscribeRequest,
     FilterSubscribeResponse,
+)
+from sdsync.waku.lightpush.rpc import (
+    LIGHTPUSH_PROTOCOL,
+    LIGHTPUSH_V2_PROTOCOL,
     LightPushRequestV3,
     LightPushResponseV3,
     PushResponse,
     PushRpc,
 )
+from sdsync.waku.lightpush.service import ServedTopics
+from sdsync.waku.node import Received
+from sdsync.waku.ratelimit import RateLimit
 
 require("sdsync.transport.libp2p", "needs the 'p2p' extra")
 
-from sdsync.transport import libp2p_host  # noqa: E402
+from sdsync.transport import relay_outbox  # noqa: E402
 from sdsync.transport.libp2p import Libp2pTransport, new_identity_key  # noqa: E402
 from sdsync.transport.waku_light import (  # noqa: E402
     FilterAction,
@@ -219,7 +221,7 @@ def test_publish_and_filter_fail_over_when_a_service_dies(tmp_path: Path) -> Non
                 assert await bob.mesh_peers(TOPIC) == [first.peer_id]
                 await first.stop()
                 await until(lambda: bob.plan.subscribed() == [1], "bob subscribed at the second")
-                hint = await alice.push(TOPIC, b"through the second")
+                hint = await alice.lightpush(TOPIC, b"through the second")
                 assert (await next_frame(heard)).retrieval_hint == hint
                 # The first failed its push: the second is asked first from now on.
                 assert alice.plan.push_order(0.0)[0] == 1
@@ -239,7 +241,7 @@ def test_a_restarted_service_is_subscribed_to_again(tmp_path: Path) -> None:
             filters = service.node.light.filters
             await until(lambda: bool(filters.criteria(bob.peer_id)), "bob subscribed again")
             async with client(service.address) as alice:
-                hint = await alice.push(TOPIC, b"after the restart")
+                hint = await alice.lightpush(TOPIC, b"after the restart")
             assert await next_frame(heard) == Received(b"after the restart", hint)
 
     asyncio.run(scenario())
@@ -256,7 +258,7 @@ def test_a_service_that_forgot_us_answers_a_ping_404_and_is_subscribed_to_again(
             assert filters.expire(math.inf) == [bob.peer_id]  # as if its TTL had passed
             await until(lambda: bool(filters.criteria(bob.peer_id)), "bob subscribed again")
             async with client(service.address) as alice:
-                hint = await alice.push(TOPIC, b"after the 404")
+                hint = await alice.lightpush(TOPIC, b"after the 404")
             assert await next_frame(heard) == Received(b"after the 404", hint)
 
     asyncio.run(scenario())
@@ -269,7 +271,7 @@ def test_two_services_push_the_same_message_and_it_is_received_once(tmp_path: Pa
             assert await first.relay.wait_for_mesh(SHARD, 1, WAIT_S)
             async with client(first.address, second.address) as bob, client(first.address) as alice:
                 heard = await subscribed(bob, count=2)
-                hints = [await alice.push(TOPIC, f"m{i}".encode()) for i in range(5)]
+                hints = [await alice.lightpush(TOPIC, f"m{i}".encode()) for i in range(5)]
                 got = [await next_frame(heard) for _ in hints]
                 assert [frame.retrieval_hint for frame in got] == hints
                 # Both pushed each one; the second copy of each was dropped.
@@ -292,7 +294,7 @@ def test_a_service_relaying_pushes_for_long_keeps_its_light_clients_and_relay_pe
     must not pass for "never identified": nobody is disconnected, every push is taken,
     the subscriber never subscribes again and gets every message once. (The limit is
     shortened from 10 s to keep the test short; at 10 s it failed the same way.)"""
-    monkeypatch.setattr(libp2p_host, "_UNIDENTIFIED_S", 2.0)
+    monkeypatch.setattr(relay_outbox, "_UNIDENTIFIED_S", 2.0)
     # Time for the oldest queued publication to pass the limit by half as much again.
     publish_s = 2.0 * 1.5
     gaps: list[str] = []
@@ -309,7 +311,7 @@ def test_a_service_relaying_pushes_for_long_keeps_its_light_clients_and_relay_pe
             elsewhere.subscribe(OTHER_SHARD)
             subscribes = _count_subscribes(bob)
             heard = await subscribed(bob)
-            hints = [await alice.push(TOPIC, b"m0")]  # alice connects with her first push
+            hints = [await alice.lightpush(TOPIC, b"m0")]  # alice connects with her first push
             watched = {bob.peer_id: "bob", alice.peer_id: "alice", elsewhere.peer_id: "relay"}
             await until(
                 lambda: _all_in(relay.connected_peers(), watched), "everyone connected to it"
@@ -327,7 +329,7 @@ def test_a_service_relaying_pushes_for_long_keeps_its_light_clients_and_relay_pe
             refused: list[NoServiceError] = []
             while loop.time() < end:
                 try:
-                    hints.append(await alice.push(TOPIC, f"m{len(hints)}".encode()))
+                    hints.append(await alice.lightpush(TOPIC, f"m{len(hints)}".encode()))
                 except NoServiceError as exc:
                     refused.append(exc)
                 await asyncio.sleep(0.1)
@@ -415,7 +417,7 @@ async def push_failure(
         if light_seen is not None:
             light_seen.append(light)
         with pytest.raises(NoServiceError) as caught:
-            await light.push(TOPIC, b"x")
+            await light.lightpush(TOPIC, b"x")
     [(service, cause)] = caught.value.failures
     assert service == address
     return str(caught.value), cause
@@ -464,7 +466,7 @@ def test_refusals_and_nonsense_are_typed_errors(tmp_path: Path) -> None:
         gone = f"/ip4/127.0.0.1/tcp/{free_port()}/p2p/{Libp2pTransport().peer_id}"
         async with client(gone) as light:
             with pytest.raises(NoServiceError) as caught:
-                await light.push(TOPIC, b"x")
+                await light.lightpush(TOPIC, b"x")
             [(_, unreachable)] = caught.value.failures
             assert isinstance(unreachable, ConnectionError)
             # publish() queues, and counts what no service took.

@@ -1,4 +1,4 @@
-"""The Waku node contract (sdsync.transport.waku_node): who keeps which part of it, and
+"""The Waku node contract (sdsync.waku.node): who keeps which part of it, and
 MemoryWakuNode, the in-memory node, failing as the libp2p host fails. mypy checks the
 implementations against the protocols (the ``_CONTRACT`` assignments in src); here the
 members are checked at run time too, and the memory node's behaviour."""
@@ -17,20 +17,12 @@ from sdsync.errors import (
     RejectReason,
     RemoteProtocolError,
 )
-from sdsync.transport import (
-    MemoryNetwork,
-    MemoryWakuNode,
-    Transport,
-    WakuClient,
-    WakuCounters,
-    WakuHost,
-    WakuNode,
-    WakuRequester,
-)
-from sdsync.transport.base import Envelope, Received
-from sdsync.transport.memory_waku import memory_peer_id
+from sdsync.testing.memory import MemoryNetwork
+from sdsync.testing.memory_waku import MemoryWakuNode, memory_peer_id
+from sdsync.transport import Transport, WakuClient, WakuCounters, WakuHost, WakuNode, WakuRequester
+from sdsync.waku.node import Envelope, Received
+from sdsync.waku.rpc import MAX_RPC_BYTES, encode_frame
 from sdsync.wire.waku import WakuMessage
-from sdsync.wire.waku_protocols import MAX_RPC_BYTES, encode_frame
 
 SHARD = "/waku/2/rs/1/7"  # /sds/1/chan/proto autoshards here on cluster 1
 ECHO = "/test/echo/1"

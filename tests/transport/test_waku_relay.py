@@ -35,13 +35,10 @@ from sdsync.transport.libp2p_patches import (
     WakuGossipSub,
     cached_peer_record,
 )
+from sdsync.waku.metadata.rpc import METADATA_PROTOCOL, WakuMetadata
+from sdsync.waku.relay.topics import RELAY_PROTOCOL
+from sdsync.waku.rpc import encode_frame
 from sdsync.wire import WakuMessage
-from sdsync.wire.waku_protocols import (
-    METADATA_PROTOCOL,
-    RELAY_PROTOCOL,
-    WakuMetadata,
-    encode_frame,
-)
 
 TOPIC = "/sds/1/probe"  # what a channel names
 CONTENT_TOPIC = "/sds/1/probe/proto"
@@ -255,7 +252,7 @@ def test_a_relay_peer_of_another_shard_is_queued_nothing_and_no_warning_logged(
             await publisher._call(settle)
             for i in range(side.router._max_pending_messages_per_peer + 20):
                 await publisher.publish(TOPIC, b"%d" % i)
-            await until(lambda: publisher._outbox == 0)
+            await until(lambda: publisher._outbox.queued == 0)
             assert other not in side.router._pending_messages
             late = other_shard.subscribe(TOPIC)
             await publisher.publish(TOPIC, b"for the late subscriber")

@@ -18,20 +18,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 from interop.peers import ProcessPeer
 
+from sdsync import waku as rpc
 from sdsync.errors import LocalProtocolError, RejectReason, RemoteProtocolError
-from sdsync.wire import waku_filter_pb2 as filter_pb
-from sdsync.wire import waku_protocols as rpc
-from sdsync.wire import waku_store_pb2 as store_pb
-from sdsync.wire.waku import MAX_WAKU_MESSAGE_BYTES, WakuMessage
-from sdsync.wire.waku_protocols import (
+from sdsync.waku.filter import waku_filter_pb2 as filter_pb
+from sdsync.waku.relay.topics import (
     TWN_CLUSTER_ID,
     TWN_SHARD_COUNT,
     ContentTopic,
-    encode_frame,
     parse_content_topic,
-    read_frame,
     shard_pubsub_topic,
 )
+from sdsync.waku.rpc import encode_frame, read_frame
+from sdsync.waku.store import waku_store_pb2 as store_pb
+from sdsync.wire.waku import MAX_WAKU_MESSAGE_BYTES, WakuMessage
 
 R = RejectReason
 JS_SCRIPT = Path(__file__).parents[1] / "interop" / "js" / "waku_protocols.mjs"

@@ -70,14 +70,14 @@ from sdsync.chat.stores import (
 from sdsync.core import ChannelConfig
 from sdsync.errors import OptionError, OutgoingBufferFullError
 from sdsync.runtime import ReliableChannel, RuntimeConfig
-from sdsync.transport.waku_node import WakuClient
-from sdsync.wire.waku_protocols import TWN_CLUSTER_ID
+from sdsync.waku.node import WakuClient
+from sdsync.waku.relay.topics import TWN_CLUSTER_ID
 
 if TYPE_CHECKING:
     from collections import Counter
 
     from sdsync.chat.identity import Identity
-    from sdsync.transport.base import WakuRelayConfig
+    from sdsync.waku.relay.topics import WakuRelayConfig
 
 DEFAULT_LISTEN = "/ip4/127.0.0.1/tcp/0"
 PEER_POLL_S = 1.0
@@ -200,7 +200,7 @@ class ChatOptions:
 
 async def run_chat(options: ChatOptions, console: Console) -> int:
     """The whole chat; returns the exit code."""
-    from sdsync.transport.base import WakuRelayConfig, default_content_topic
+    from sdsync.waku.relay.topics import WakuRelayConfig, default_content_topic
 
     identity = load_identity(options.state_dir, options.name)
     waku = WakuRelayConfig(cluster_id=options.cluster_id, shard=options.shard)

@@ -36,17 +36,12 @@ from sdsync.errors import (
     RemoteProtocolError,
 )
 from sdsync.lifecycle import AsyncLifecycle
-from sdsync.transport.base import Received
-from sdsync.transport.waku_node import WakuRequester
+from sdsync.waku.node import Received, WakuRequester
+from sdsync.waku.store.rpc import MAX_STORE_RESPONSE_BYTES, STORE_QUERY_PROTOCOL, StoreQueryRequest
 from sdsync.wire import HistoryEntry
-from sdsync.wire.waku_protocols import (
-    MAX_STORE_RESPONSE_BYTES,
-    STORE_QUERY_PROTOCOL,
-    StoreQueryRequest,
-)
 
 if TYPE_CHECKING:
-    from sdsync.store.client import StoreQueries
+    from sdsync.waku.store.client import StoreQueries
 
 logger = logging.getLogger("sdsync.chat")
 

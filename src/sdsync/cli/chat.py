@@ -22,7 +22,7 @@ from sdsync.cli.options import DEFAULT_PROFILE, ProfileOption, chosen_profile, g
 from sdsync.core import ChannelConfig
 from sdsync.errors import LocalProtocolError, OptionError
 from sdsync.runtime import PROFILES, Profile, RuntimeConfig
-from sdsync.wire.waku_protocols import TWN_CLUSTER_ID
+from sdsync.waku.relay.topics import TWN_CLUSTER_ID
 
 
 def configure_logging() -> None:

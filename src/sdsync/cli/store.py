@@ -21,13 +21,13 @@ import typer
 
 from sdsync.cli.errors import fail
 from sdsync.reconcile import METHODS
-from sdsync.wire.waku_protocols import SHARD_TOPIC_PREFIX
+from sdsync.transport.settings import ConnectionLimits
+from sdsync.waku.relay.topics import SHARD_TOPIC_PREFIX
 
 if TYPE_CHECKING:
     from sdsync.store import RetentionPolicy, SqlArchive
-    from sdsync.store.waku_store import AnswerLimits
-    from sdsync.transport.libp2p_patches import ConnectionLimits
-    from sdsync.transport.ratelimit import RateLimit
+    from sdsync.waku.ratelimit import RateLimit
+    from sdsync.waku.store.service import AnswerLimits
 
 store_app = typer.Typer(
     help="Store node: archive of Waku messages, 13/WAKU2-STORE v3 REST API, Store Sync, "
@@ -40,8 +40,7 @@ DEFAULT_DATA_DIR = Path(os.environ.get("XDG_DATA_HOME") or "~/.local/share") / "
 DEFAULT_LISTEN = "127.0.0.1:8645"
 DEFAULT_RELAY_LISTEN = "/ip4/127.0.0.1/tcp/0"
 DEFAULT_WEB_LISTEN = "/ip4/127.0.0.1/tcp/0/ws"
-# ConnectionLimits' own default (sdsync.transport.libp2p_patches, an optional extra).
-RELAY_EXEMPT_IPS = frozenset({"127.0.0.1", "::1"})
+RELAY_EXEMPT_IPS = ConnectionLimits().exempt_ips
 SIZE = "BYTES[KB|MB|GB|KiB|MiB|GiB]"
 DataDir = Annotated[
     Path,
@@ -346,13 +345,13 @@ def serve(
     """Serve the archive over HTTP until SIGINT or SIGTERM."""
     from sdsync.errors import LocalProtocolError
     from sdsync.store import NodeConfig, RetentionPolicy, StoreNode
-    from sdsync.store.filter import FilterLimits
     from sdsync.store.launch import RelayOptions, WebOptions, run_node
     from sdsync.store.light import LightConfig
-    from sdsync.store.lightpush import ServedTopics
     from sdsync.store.retention import DEFAULT_POLICY
     from sdsync.store.server import HttpLimits
     from sdsync.store.sync import SyncConfig
+    from sdsync.waku.filter.service import FilterLimits
+    from sdsync.waku.lightpush.service import ServedTopics
     from sdsync.waku.sync import WakuSyncConfig
 
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
@@ -466,7 +465,7 @@ def _web_relay(
 ) -> tuple[tuple[str, ...], list[str]]:
     """The relay topics and listeners of a node serving the chat page: every shard of the
     cluster when none is named, and a WebSocket listener when none is given."""
-    from sdsync.wire.waku_protocols import TWN_SHARD_COUNT
+    from sdsync.waku.relay.topics import TWN_SHARD_COUNT
 
     if not light:
         raise typer.BadParameter("the chat page uses the light services", param_hint="--no-light")
@@ -502,7 +501,7 @@ def _print_chat_help(url: str, relay_addrs: list[str]) -> None:
 
 def _rate_limit(spec: str, option: str) -> RateLimit | None:
     from sdsync.errors import LocalProtocolError
-    from sdsync.transport.ratelimit import RateLimit
+    from sdsync.waku.ratelimit import RateLimit
 
     try:
         return RateLimit.parse(spec)
@@ -517,7 +516,7 @@ def _above_zero(value: float, option: str) -> float:
 
 
 def _answer_limits(per_peer: str, total: str) -> AnswerLimits:
-    from sdsync.store.waku_store import AnswerLimits
+    from sdsync.waku.store.service import AnswerLimits
 
     return AnswerLimits(
         per_peer_bytes=_size(per_peer, "--store-answer-bytes-per-peer"),
@@ -553,7 +552,7 @@ def _relay_topics(
     pubsub_topics: Iterable[str], shards: Iterable[int], cluster_id: int
 ) -> tuple[str, ...]:
     """The topics the relay archives: ``--pubsub-topic``s, then ``--relay-shard``s' topics."""
-    from sdsync.wire.waku_protocols import shard_pubsub_topic
+    from sdsync.waku.relay.topics import shard_pubsub_topic
 
     own = f"{SHARD_TOPIC_PREFIX}{cluster_id}/"
     for topic in pubsub_topics:
@@ -585,8 +584,8 @@ def _served_topics(
     from sdsync.errors import LocalProtocolError
 
     try:
-        from sdsync.transport.base import default_content_topic
         from sdsync.transport.libp2p import WakuRelayConfig
+        from sdsync.waku.relay.topics import default_content_topic
     except ImportError as exc:  # pragma: no cover - depends on the installation
         raise fail(f"the relay needs the 'p2p' extra ({exc})") from None
     waku = WakuRelayConfig(cluster_id=cluster_id)
@@ -614,7 +613,6 @@ def _connection_limits(
     exempt: frozenset[str],
 ) -> ConnectionLimits:
     """The relay host's ConnectionLimits from the --relay-* connection flags."""
-    from sdsync.transport.libp2p_patches import ConnectionLimits
 
     return ConnectionLimits(
         per_ip=per_ip,
@@ -652,8 +650,7 @@ def sync(
     ] = None,
 ) -> None:
     """Sync the local archive with PEER once (Store Sync: reconcile, then transfer)."""
-    from sdsync.errors import RemoteProtocolError
-    from sdsync.store import ArchiveUnavailable, StoreUnavailableError
+    from sdsync.errors import RemoteProtocolError, ServiceUnavailable
     from sdsync.store.sync import ArchiveHost, SyncConfig, sync_with_peer
 
     url = _db_url(db, data_dir)
@@ -663,7 +660,7 @@ def sync(
         report = asyncio.run(
             sync_with_peer(ArchiveHost(archive), peer, span, method=method.value, token=sync_token)
         )
-    except (StoreUnavailableError, RemoteProtocolError, ArchiveUnavailable) as exc:
+    except (ServiceUnavailable, RemoteProtocolError) as exc:
         raise fail(f"sync with {peer} failed: {exc}", code=1) from None
     finally:
         archive.close()

@@ -61,7 +61,8 @@ from sdsync.runtime.driver import CatchUp, ChannelDriver, QueryStore, Step, Tran
 from sdsync.runtime.event_log import DURABLE_EVENTS, Delivery, EventLog
 from sdsync.runtime.policy import RuntimeConfig
 from sdsync.runtime.state import ChannelState, LogRecord, Synchronous, state_path
-from sdsync.transport.base import Received, Transport, default_content_topic
+from sdsync.waku.node import Received, Transport
+from sdsync.waku.relay.topics import default_content_topic
 from sdsync.wire import HistoryEntry, decode
 
 logger = logging.getLogger("sdsync.runtime")

@@ -58,14 +58,14 @@ from sdsync.core import BloomParams, ChannelConfig, MessageChannel, RepairConfig
 from sdsync.runtime import CatchUp, ChannelDriver, QueryStore, RuntimeConfig, Step, Transmit
 from sdsync.sim.config import SimConfig, participant_name
 from sdsync.sim.record import Recorder
-from sdsync.wire import Message, decode, message_hash
-from sdsync.wire.waku import WakuMessage
-from sdsync.wire.waku_protocols import (
+from sdsync.waku.store.rpc import (
     MAX_STORE_PAGE_SIZE,
     StoreQueryRequest,
     StoreQueryResponse,
     WakuMessageKeyValue,
 )
+from sdsync.wire import Message, decode, message_hash
+from sdsync.wire.waku import WakuMessage
 
 CHECK_EVERY_MS = 5_000
 

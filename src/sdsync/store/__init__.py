@@ -11,7 +11,7 @@ libp2p (``/vac/waku/store-query/3.0.0``), so Waku clients such as js-waku can.
 
 The parts, from the bottom up:
 
-* :mod:`~sdsync.store.model` — a stored message (its hash checked on creation), a
+* :mod:`~sdsync.waku.store.model` — a stored message (its hash checked on creation), a
   query (valid by construction), a page;
 * :mod:`~sdsync.store.archive` — the archive contract, and the SQL shared by the
   SQLite (:mod:`~sdsync.store.sqlite`) and hourly-partitioned PostgreSQL
@@ -24,10 +24,10 @@ The parts, from the bottom up:
 * :mod:`~sdsync.store.host` — the node as the HTTP API and Store Sync see it, and the
   one ingestion path into the archive;
 * :mod:`~sdsync.store.rest`, :mod:`~sdsync.store.server` — the HTTP API (aiohttp);
-* :mod:`~sdsync.store.waku_store` — the same queries over libp2p (sans-I/O: the
-  transport carries the bytes), and :class:`~sdsync.store.waku_store.WakuStoreClient`;
-* :mod:`~sdsync.store.lightpush`, :mod:`~sdsync.store.filter` — LightPush and Filter for
-  light clients (sans-I/O), and :mod:`~sdsync.store.light`, their I/O on the host;
+* :mod:`~sdsync.waku.store.service` — the same queries over libp2p (sans-I/O: the
+  transport carries the bytes), and :class:`~sdsync.waku.store.client.WakuStoreClient`;
+* :mod:`~sdsync.waku.lightpush.service`, :mod:`~sdsync.waku.filter.service` — LightPush
+  and Filter for light clients (sans-I/O), and :mod:`~sdsync.store.light`, their I/O on the host;
 * :mod:`~sdsync.store.resume` — Store Resume from a random peer after downtime;
 * :mod:`~sdsync.store.node` — the node that runs all of it, and
   :mod:`~sdsync.store.launch`, which assembles one with its relay host from options
@@ -39,21 +39,22 @@ The parts, from the bottom up:
 
 from sdsync.store.archive import Archive, ArchiveUnavailable, SqlArchive
 from sdsync.store.backend import open_archive
-from sdsync.store.client import HttpStoreClient, StoreUnavailableError
+from sdsync.store.client import HttpStoreClient
 from sdsync.store.export import ExportReport, export_parquet
 from sdsync.store.launch import RelayOptions, run_node
-from sdsync.store.model import (
+from sdsync.store.node import NodeConfig, StoreNode, serve
+from sdsync.store.retention import RetentionPolicy
+from sdsync.waku.messages import StoredMessage
+from sdsync.waku.store.client import StoreUnavailableError, WakuStoreClient
+from sdsync.waku.store.model import (
     DEFAULT_PAGE_SIZE,
     MAX_PAGE_SIZE,
     Page,
     QueryError,
     StatusCode,
-    StoredMessage,
     StoreQuery,
 )
-from sdsync.store.node import NodeConfig, StoreNode, serve
-from sdsync.store.retention import RetentionPolicy
-from sdsync.store.waku_store import WakuStoreClient, answer_store_query
+from sdsync.waku.store.service import answer_store_query
 
 __all__ = [
     "DEFAULT_PAGE_SIZE",

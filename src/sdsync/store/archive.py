@@ -39,7 +39,7 @@ system (incremental vacuum); PostgreSQL drops whole hourly partitions and delete
 only in the partition a bound falls in.
 
 The archive is synchronous and thread-safe; the HTTP server runs it on a thread pool.
-Every :class:`~sdsync.store.model.StoredMessage` has had its hash checked, so inserts
+Every :class:`~sdsync.waku.messages.StoredMessage` has had its hash checked, so inserts
 cannot store a message under a hash that does not match it.
 
 A database that fails — a lost connection, a full disk, a locked or broken file — raises
@@ -59,15 +59,10 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from sdsync.store.model import (
-    INT64_MAX,
-    Page,
-    QueryError,
-    StatusCode,
-    StoredMessage,
-    StoreQuery,
-)
+from sdsync.errors import ServiceUnavailable
 from sdsync.store.schema import COLUMNS
+from sdsync.waku.messages import StoredMessage
+from sdsync.waku.store.model import INT64_MAX, Page, QueryError, StatusCode, StoreQuery
 from sdsync.waku.sync import ItemRows, SnapshotTooLarge
 from sdsync.wire.waku import HASH_SIZE
 
@@ -112,7 +107,7 @@ class TopicCount(NamedTuple):
     newest: int
 
 
-class ArchiveUnavailable(Exception):  # noqa: N818 -- a condition to retry, not a bug
+class ArchiveUnavailable(ServiceUnavailable):
     """The archive's database failed; the driver's own error is the ``__cause__``.
 
     Nobody's fault — neither the caller's nor a peer's — so not an
@@ -322,7 +317,7 @@ class SqlArchive(ABC):
         Each shape is an index range scan returning rows in result order (the module doc
         lists the indexes), so a page reads ``pagination_limit + 1`` rows however many match.
         Hashes are unique-index lookups only: the at most
-        :data:`~sdsync.store.model.MAX_HASHES` rows found are ordered and paged by
+        :data:`~sdsync.waku.store.model.MAX_HASHES` rows found are ordered and paged by
         :meth:`query`.  Several content topics are one range scan per topic, merged in
         order (:meth:`_merge`): no index returns ``content_topic IN (...)`` in time order.
         """

@@ -26,8 +26,8 @@ from importlib import resources
 from aiohttp import web
 
 from sdsync.errors import LocalProtocolError
-from sdsync.store.lightpush import ServedTopics
-from sdsync.store.model import MAX_HASHES
+from sdsync.waku.lightpush.service import ServedTopics
+from sdsync.waku.store.model import MAX_HASHES
 
 __all__ = ["CHAT_PREFIX", "ChatPage", "chat_app", "chat_page", "websocket_origin"]
 

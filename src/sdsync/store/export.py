@@ -37,8 +37,8 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from sdsync.store.archive import Archive
-from sdsync.store.model import StoredMessage
 from sdsync.store.schema import ARCHIVE_SCHEMA
+from sdsync.waku.messages import StoredMessage
 
 HOUR_NS = 3_600 * 10**9
 BATCH_ROWS = 50_000

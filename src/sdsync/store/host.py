@@ -23,7 +23,7 @@ database driver: a failing database raises
 ``max_concurrent_queries`` queries :class:`QueriesBusy` (HTTP 429).
 
 Both ways a v3 query arrives, REST (:mod:`~sdsync.store.server`) and libp2p
-(:mod:`~sdsync.store.waku_store`), answer it with :func:`answer_query`: a page, or a
+(:mod:`~sdsync.waku.store.service`), answer it with :func:`answer_query`: a page, or a
 :class:`QueryFailure` with the v3 status to answer, each counted alike in the node's
 metrics (queries by status, refusals by route and reason).
 """
@@ -35,19 +35,20 @@ import functools
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
 from typing import Any, ParamSpec, Protocol, TypeVar
 
+from sdsync.errors import ServiceUnavailable
 from sdsync.reconcile import SymbolCache
 from sdsync.store.archive import Archive, ArchiveUnavailable
 from sdsync.store.metrics import StoreMetrics
-from sdsync.store.model import Page, QueryError, StatusCode, StoredMessage, StoreQuery
+from sdsync.waku.messages import StoredMessage
+from sdsync.waku.store.model import Page, QueryError, QueryFailure, StatusCode, StoreQuery
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
 
-class QueriesBusy(Exception):  # noqa: N818 -- a condition to retry, not a bug
+class QueriesBusy(ServiceUnavailable):
     """The node runs as many queries as it may (``max_concurrent_queries``); this one
     was not started.
 
@@ -160,14 +161,6 @@ def one_line(text: str) -> str:
     return flat if len(flat) <= MAX_REASON_CHARS else flat[: MAX_REASON_CHARS - 3] + "..."
 
 
-@dataclass(frozen=True)
-class QueryFailure:
-    """A v3 query not answered: the status to answer with, and why (one line)."""
-
-    status: StatusCode
-    description: str
-
-
 def refuse_query(
     node: SyncHost,
     route: str,
@@ -204,3 +197,24 @@ async def answer_query(node: ServedNode, query: StoreQuery, route: str) -> Page 
 def _failed(node: SyncHost, status: StatusCode, description: str) -> QueryFailure:
     node.metrics.queries.labels(status=str(int(status))).inc()
     return QueryFailure(status, one_line(description))
+
+
+class NodeQueries:
+    """``node``'s one query engine as the Waku store-query service asks it
+    (:class:`~sdsync.waku.store.service.QueryEngine`): the REST API's admission, timeouts
+    and counters."""
+
+    def __init__(self, node: ServedNode) -> None:
+        self._node = node
+
+    async def answer(self, query: StoreQuery, route: str) -> Page | QueryFailure:
+        return await answer_query(self._node, query, route)
+
+    def refuse(
+        self,
+        route: str,
+        reason: str,
+        description: str,
+        status: StatusCode = StatusCode.BAD_REQUEST,
+    ) -> QueryFailure:
+        return refuse_query(self._node, route, reason, description, status)

@@ -29,7 +29,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 from sdsync.store.archive import ArchiveUnavailable
-from sdsync.store.model import StoredMessage
+from sdsync.waku.messages import StoredMessage
 
 logger = logging.getLogger("sdsync.store.ingest")
 

@@ -27,13 +27,13 @@ from sdsync.store.archive import SqlArchive
 from sdsync.store.chat_page import CHAT_PREFIX, chat_app, chat_page
 from sdsync.store.light import LIGHT_PROTOCOLS
 from sdsync.store.node import NodeConfig, StoreNode, serve
-from sdsync.transport.base import WakuRelayConfig
-from sdsync.transport.ratelimit import DEFAULT_RELAY_RATE, RateLimit
+from sdsync.waku.ratelimit import DEFAULT_RELAY_RATE, RateLimit
+from sdsync.waku.relay.topics import WakuRelayConfig
+from sdsync.waku.store.rpc import STORE_QUERY_PROTOCOL
 from sdsync.waku.sync import RBSR_PROTOCOL, RECONCILIATION_PROTOCOL, TRANSFER_PROTOCOL
-from sdsync.wire.waku_protocols import STORE_QUERY_PROTOCOL
 
 if TYPE_CHECKING:
-    from sdsync.transport.libp2p_patches import ConnectionLimits
+    from sdsync.transport.settings import ConnectionLimits
 
 __all__ = ["Ready", "RelayOptions", "WebOptions", "run_node"]
 

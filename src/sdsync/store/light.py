@@ -7,14 +7,14 @@ through a service node's LightPush and receives through its Filter, and reads hi
 from its store.  :class:`LightServices` makes a store node that service node.  It is the
 I/O around two sans-I/O parts:
 
-* :mod:`sdsync.store.lightpush` judges a pushed message and writes the answer; an
+* :mod:`sdsync.waku.lightpush.service` judges a pushed message and writes the answer; an
   accepted one is published on Waku relay as it is
-  (:meth:`~sdsync.transport.waku_node.WakuNode.publish_message`),
+  (:meth:`~sdsync.waku.node.WakuNode.publish_message`),
   archived as a relay message would be (counted under source ``lightpush``; our own
   relay subscription never hands our own publication back, so it is archived once;
   pushes that arrive during a write share the next transaction, and each is answered
   once its own is committed: :mod:`sdsync.store.ingest`), and offered to Filter;
-* :mod:`sdsync.store.filter` holds the subscriptions and answers subscribe requests;
+* :mod:`sdsync.waku.filter.service` holds the subscriptions and answers subscribe requests;
   :meth:`LightServices.offer` asks it who gets a message — heard on relay or pushed —
   and pushes a MessagePush to each over ``/vac/waku/filter-push/2.0.0-beta1``.
 
@@ -22,13 +22,13 @@ Pushes to one subscriber go out in order, one at a time, each within
 ``push_timeout_s``; at most ``push_queue`` wait (more are dropped, counted, and logged
 once per overflow, not once a push), so a slow subscriber holds up nobody else.  The
 host writes them all on one long-lived stream per subscriber, its *push lane*
-(:meth:`~sdsync.transport.waku_node.WakuNode.push`; js-waku refuses a peer's 101st stream of a
+(:meth:`~sdsync.waku.node.WakuNode.push`; js-waku refuses a peer's 101st stream of a
 protocol and then drops the connection, so a stream per push fails after 100), reopened when the
 subscriber resets or closes it; a push whose write fails is retried once on a fresh
 stream there, and only then fails here.  go-waku's Filter client, which reads one push
 per stream and closes it, gets a stream per push instead: the host learns that per
 peer (:mod:`sdsync.transport.libp2p_host`).  A failed push counts against the
-subscriber (:meth:`~sdsync.store.filter.FilterSubscriptions.push_failed`), which drops
+subscriber (:meth:`~sdsync.waku.filter.service.FilterSubscriptions.push_failed`), which drops
 it after ``max_push_failures`` in a row; a subscriber that does not speak the push
 protocol at all (:class:`~sdsync.errors.ProtocolNotSupportedError`) is dropped at once.
 A dropped subscription is logged and counted in
@@ -42,11 +42,11 @@ and every refusal in
 that are truncated, too long or never sent are refused by the transport before they get
 here, which bounds, times out, counts and summarises such streams (docs/network.md).
 
-Filter is shared between hosts, not peer ids (:mod:`sdsync.store.filter`): each
+Filter is shared between hosts, not peer ids (:mod:`sdsync.waku.filter.service`): each
 subscribe request is judged with the IP address the peer connects from
-(:meth:`~sdsync.transport.waku_node.WakuNode.peer_host`), and every ``liveness_interval_s`` the
+(:meth:`~sdsync.waku.node.WakuNode.peer_host`), and every ``liveness_interval_s`` the
 services tell the table who is connected
-(:meth:`~sdsync.transport.waku_node.WakuNode.connected_peers`), so a subscriber whose
+(:meth:`~sdsync.waku.node.WakuNode.connected_peers`), so a subscriber whose
 connection is gone is dropped within ``disconnect_grace_s`` plus one interval.
 """
 
@@ -62,10 +62,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sdsync.errors import LocalProtocolError, ProtocolNotSupportedError, RemoteProtocolError
-from sdsync.store.filter import FilterLimits, FilterSubscriptions, answer_filter_subscribe
 from sdsync.store.host import ServedNode
 from sdsync.store.ingest import GroupCommit
-from sdsync.store.lightpush import (
+from sdsync.waku.filter.rpc import FILTER_PUSH_PROTOCOL, FILTER_SUBSCRIBE_PROTOCOL, MessagePush
+from sdsync.waku.filter.service import FilterLimits, FilterSubscriptions, answer_filter_subscribe
+from sdsync.waku.lightpush.rpc import LIGHTPUSH_PROTOCOL, LIGHTPUSH_V2_PROTOCOL
+from sdsync.waku.lightpush.service import (
     LightPushRefused,
     LightPushStatus,
     Push,
@@ -73,17 +75,10 @@ from sdsync.store.lightpush import (
     answer_lightpush,
     answer_lightpush_v2,
 )
-from sdsync.store.model import StoredMessage
-from sdsync.transport.ratelimit import PeerBuckets, RateLimit
-from sdsync.transport.waku_node import WakuNode
+from sdsync.waku.messages import StoredMessage
+from sdsync.waku.node import WakuNode
+from sdsync.waku.ratelimit import PeerBuckets, RateLimit
 from sdsync.wire.waku import WakuMessage
-from sdsync.wire.waku_protocols import (
-    FILTER_PUSH_PROTOCOL,
-    FILTER_SUBSCRIBE_PROTOCOL,
-    LIGHTPUSH_PROTOCOL,
-    LIGHTPUSH_V2_PROTOCOL,
-    MessagePush,
-)
 
 logger = logging.getLogger("sdsync.store.light")
 

@@ -5,7 +5,7 @@ one process (tests, benchmarks) never share or collide on counters.  The Store S
 counters are defined now, with their final names, and are incremented by the sync
 component once it is mounted.
 
-The Waku node keeps its own counters (:class:`~sdsync.transport.waku_node.WakuCounters`:
+The Waku node keeps its own counters (:class:`~sdsync.waku.node.WakuCounters`:
 plain ``Counter``s on :class:`~sdsync.transport.libp2p.Libp2pTransport`, written on its
 trio thread): a store node on a Waku node exports them through :class:`Libp2pCollector`,
 which reads them when ``/metrics`` is scraped, so they are never counted twice nor copied
@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from sdsync.transport.waku_node import WakuCounters
+from sdsync.waku.node import WakuCounters
 
 
 class StoreMetrics:

@@ -14,13 +14,13 @@ background tasks:
   and, when store peers are configured, runs a round with a random one every
   ``sync.interval_s`` (the first one interval after start: resume covers the start);
 * when it runs on a Waku node (``waku``: a
-  :class:`~sdsync.transport.waku_node.WakuNode`, such as the
+  :class:`~sdsync.waku.node.WakuNode`, such as the
   :class:`~sdsync.transport.libp2p.Libp2pTransport` ``sdsync store serve`` starts, or a
-  :class:`~sdsync.transport.memory_waku.MemoryWakuNode` in tests):
+  :class:`~sdsync.testing.memory_waku.MemoryWakuNode` in tests):
 
   - one *relay* task per configured pubsub topic archives every message heard on it;
   - the node answers ``/vac/waku/store-query/3.0.0`` on it
-    (:func:`~sdsync.store.waku_store.answer_store_query`: the query engine of the REST
+    (:func:`~sdsync.waku.store.service.answer_store_query`: the query engine of the REST
     API) and exports the node's counters (refused connections, rejected frames, stream
     timeouts...) on ``/metrics`` (:class:`~sdsync.store.metrics.Libp2pCollector`);
   - with ``config.waku_sync``, it speaks Waku Sync (:mod:`sdsync.waku.sync`) with
@@ -33,7 +33,7 @@ background tasks:
 Every path that adds messages — HTTP ingestion, Store Resume, a relay subscription,
 LightPush and Store Sync — goes through :meth:`~sdsync.store.host.ArchiveHost.ingest`, which counts
 what was new per source.  Before that, each checks its messages with
-:meth:`StoreNode.check_ingestible` (:func:`~sdsync.store.model.check_ingestible` at the
+:meth:`StoreNode.check_ingestible` (:func:`~sdsync.waku.messages.check_ingestible` at the
 node's clock): a timestamp that is not positive or more than ``timestamp_variance_s``
 (20 s) ahead of the clock is refused, old ones are fine.  HTTP refuses the whole
 request, the relay and Store Resume drop the message; each refusal is counted in
@@ -68,26 +68,20 @@ from aiohttp import web
 
 from sdsync.errors import LocalProtocolError, RemoteProtocolError
 from sdsync.store.archive import Archive, ArchiveUnavailable
-from sdsync.store.host import ArchiveHost, QueriesBusy
+from sdsync.store.host import ArchiveHost, NodeQueries, QueriesBusy
 from sdsync.store.light import LightConfig, LightServices
-from sdsync.store.model import (
-    InvalidMessageError,
-    Page,
-    StoredMessage,
-    StoreQuery,
-    check_ingestible,
-)
 from sdsync.store.resume import LastOnline, ResumeReport, resume, resume_window
 from sdsync.store.retention import DEFAULT_POLICY, RetentionPolicy
 from sdsync.store.server import HttpLimits, HttpServer, create_app
 from sdsync.store.sync import PREFIX as SYNC_PREFIX
 from sdsync.store.sync import PeriodicSync, SyncConfig, responder_app
-from sdsync.store.waku_store import AnswerBudget, AnswerLimits, answer_store_query
-from sdsync.transport.base import Envelope
-from sdsync.transport.waku_node import WakuNode
+from sdsync.waku.messages import InvalidMessageError, StoredMessage, check_ingestible
+from sdsync.waku.node import Envelope, WakuNode
+from sdsync.waku.store.model import Page, StoreQuery
+from sdsync.waku.store.rpc import STORE_QUERY_PROTOCOL
+from sdsync.waku.store.service import AnswerBudget, AnswerLimits, answer_store_query
 from sdsync.waku.sync import TRANSFER_PROTOCOL, ItemRows, WakuSync, WakuSyncConfig
 from sdsync.wire.waku import DEFAULT_TIMESTAMP_VARIANCE_S
-from sdsync.wire.waku_protocols import STORE_QUERY_PROTOCOL
 
 logger = logging.getLogger("sdsync.store")
 
@@ -147,6 +141,7 @@ class StoreNode(ArchiveHost):
             self.metrics.export_libp2p(waku)
         self.light = LightServices(self, waku, config.light) if waku is not None and light else None
         self.store_answers = AnswerBudget(config.store_answers)
+        self.queries = NodeQueries(self)
         self.config = config
         self.last_online = LastOnline(config.data_dir / "last_online")
         self.resume_report: ResumeReport | None = None
@@ -271,7 +266,7 @@ class StoreNode(ArchiveHost):
     def check_ingestible(self, message: StoredMessage) -> None:
         """Refuse ``message`` if no ingestion path may archive it now: an implausible
         timestamp, or a topic or size a backend cannot take (raises
-        :class:`~sdsync.store.model.InvalidMessageError`, with its ``reason``)."""
+        :class:`~sdsync.waku.messages.InvalidMessageError`, with its ``reason``)."""
         check_ingestible(message, self._clock_ns(), self.max_future_ns)
 
     def plausible(self, messages: Iterable[StoredMessage], *, route: str) -> list[StoredMessage]:
@@ -337,7 +332,7 @@ class StoreNode(ArchiveHost):
                 logger.exception("archiving a relay message failed")
 
     async def _answer_store_query(self, peer: str, request: bytes) -> bytes:
-        return await answer_store_query(self, request, peer=peer, budget=self.store_answers)
+        return await answer_store_query(self.queries, request, peer=peer, budget=self.store_answers)
 
     async def resume(self, window: tuple[int, int]) -> None:
         async def archive(messages: list[StoredMessage]) -> int:

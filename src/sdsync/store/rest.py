@@ -9,7 +9,7 @@ construction what the client reads.  Query parameters: ``includeData``,
 ``0x`` optional), ``cursor`` (hex), ``ascending`` (true when absent or exactly ``true``,
 as in nwaku: ``TRUE`` or ``1`` mean descending) and ``pageSize`` (<= 0: the default).
 Content topics may come without a pubsub topic (nwaku serves that too), at most
-:data:`~sdsync.store.model.MAX_CONTENT_TOPICS` of them.
+:data:`~sdsync.waku.store.model.MAX_CONTENT_TOPICS` of them.
 A response is ``{requestId, statusCode, statusDesc, messages: [{messageHash,
 message?, pubsubTopic?}], paginationCursor?}`` with hashes as ``0x`` hex and bytes
 as base64; a message carries ``payload``, ``contentTopic``, ``meta`` (when not empty),
@@ -20,14 +20,14 @@ does not cover it), so our answers never carry one.
 
 Every parameter is checked before the archive sees it: integers (times, page size) are
 ASCII decimal within a signed 64-bit range, topics are storable (UTF-8, no NUL, at most
-:data:`~sdsync.store.model.MAX_TOPIC_BYTES`).  A bad one is a
-:class:`~sdsync.store.model.QueryError` (400) with the reason it is counted under.
+:data:`~sdsync.waku.store.model.MAX_TOPIC_BYTES`).  A bad one is a
+:class:`~sdsync.waku.store.model.QueryError` (400) with the reason it is counted under.
 
 Messages posted to a store for ingestion use the same entry shape (``{"messages":
 [...]}``), so a page read from one store can be posted to another as it is.  Anything
 read from the network is checked here: a malformed body or a hash that does not match
 its message is a :class:`~sdsync.errors.RemoteProtocolError` (an
-:class:`~sdsync.store.model.InvalidMessageError` when it has a reason more precise than
+:class:`~sdsync.waku.messages.InvalidMessageError` when it has a reason more precise than
 ``malformed``).  :func:`parse_ingestion` reads a POSTed body and is meant to run on a
 worker thread: before ``json.loads`` sees a JSON body, one pass (numpy, a megabyte at a
 time) bounds its nesting to :data:`MAX_JSON_DEPTH` and its values to
@@ -47,15 +47,14 @@ from typing import Any
 import numpy as np
 
 from sdsync.errors import LocalProtocolError, RemoteProtocolError
-from sdsync.store.model import (
+from sdsync.waku.messages import InvalidMessageError, StoredMessage
+from sdsync.waku.store.model import (
     DEFAULT_PAGE_SIZE,
     INT64_MAX,
     INT64_MIN,
-    InvalidMessageError,
     Page,
     QueryError,
     StatusCode,
-    StoredMessage,
     StoreQuery,
 )
 from sdsync.wire.waku import WakuMessage, decode_waku_message

@@ -25,8 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sdsync.errors import RemoteProtocolError
-from sdsync.store.client import HttpStoreClient, StoreUnavailableError
-from sdsync.store.model import MAX_PAGE_SIZE, StoredMessage, StoreQuery
+from sdsync.store.client import HttpStoreClient
+from sdsync.waku.messages import StoredMessage
+from sdsync.waku.store.client import StoreUnavailableError
+from sdsync.waku.store.model import MAX_PAGE_SIZE, StoreQuery
 
 logger = logging.getLogger("sdsync.store.resume")
 MAX_RESUME_NS = 6 * 3_600 * 10**9

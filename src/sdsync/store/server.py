@@ -9,7 +9,7 @@ Routes, and who may call them:
   more than ``max_concurrent_queries`` in flight 429; a failing database 503; a query
   running past ``query_timeout_s`` 504.  The HTTP status equals the body's
   ``statusCode``; ``requestId`` is ``""``, as nwaku answers a query it does not forward.
-  The same node answers the same queries over libp2p (:mod:`~sdsync.store.waku_store`).
+  The same node answers the same queries over libp2p (:mod:`~sdsync.waku.store.service`).
 * ``POST /store/v3/messages`` — token: ingest messages (JSON entries as the query
   returns them, or one protobuf WakuMessage with ``?pubsubTopic=``).  The whole
   request is rejected (400, nothing stored) if any message's hash does not match it.
@@ -75,20 +75,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from sdsync.errors import RemoteProtocolError
 from sdsync.store import rest, status
 from sdsync.store.archive import ArchiveUnavailable
-from sdsync.store.host import (
-    QueryFailure,
-    ServedNode,
-    answer_query,
-    one_line,
-    refuse_query,
-)
-from sdsync.store.model import (
-    InvalidMessageError,
-    Page,
-    QueryError,
-    StoredMessage,
-    check_ingestible,
-)
+from sdsync.store.host import ServedNode, answer_query, one_line, refuse_query
+from sdsync.waku.messages import InvalidMessageError, StoredMessage, check_ingestible
+from sdsync.waku.store.model import Page, QueryError, QueryFailure
 
 NODE: web.AppKey[ServedNode] = web.AppKey("node")
 CONNECTIONS: web.AppKey[ConnectionGuard] = web.AppKey("connections")

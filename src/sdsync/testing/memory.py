@@ -6,7 +6,7 @@ duplicated, or cut off by a partition. One ``seed`` fixes every decision; delive
 the running event loop's timers, so wall-clock interleaving still varies.
 
 The same network also holds Waku nodes (:meth:`MemoryNetwork.waku_node`,
-:mod:`sdsync.transport.memory_waku`): the whole Waku node contract — relay envelopes,
+:mod:`sdsync.testing.memory_waku`): the whole Waku node contract — relay envelopes,
 request/response and pushes between nodes, peers — without faults, in order.
 """
 
@@ -19,8 +19,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from sdsync.errors import LocalProtocolError
-from sdsync.transport.base import Received, WakuRelayConfig
-from sdsync.transport.memory_waku import MemoryWakuNode, Peers
+from sdsync.testing.memory_waku import MemoryWakuNode, Peers
+from sdsync.waku.node import Received
+from sdsync.waku.relay.topics import WakuRelayConfig
 
 
 @dataclass(frozen=True, slots=True)

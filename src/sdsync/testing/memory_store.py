@@ -1,11 +1,11 @@
 """A store node in memory: archives every frame it hears, answers fetches by hint or id
 and catch-ups by the time it heard each frame (its topics carried on the content topics
-:func:`~sdsync.transport.base.default_content_topic` names), listing a window's hints and
+:func:`~sdsync.waku.relay.topics.default_content_topic` names), listing a window's hints and
 handing over only the frames the channel has not seen, as a real store's two phases do.
 
 Test tooling: it stands in for a store node where a test wants no archive and no
 network, and implements the same :class:`~sdsync.runtime.reliable.StoreClient` as the
-real clients (:mod:`sdsync.store.client`, :mod:`sdsync.store.waku_store`).
+real clients (:mod:`sdsync.store.client`, :mod:`sdsync.waku.store.service`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from collections.abc import AsyncIterator, Callable
 
 from sdsync.errors import RemoteProtocolError
 from sdsync.runtime.clock import system_clock_ms
-from sdsync.transport.base import Received, Transport, default_content_topic
+from sdsync.waku.node import Received, Transport
+from sdsync.waku.relay.topics import default_content_topic
 from sdsync.wire import HistoryEntry, decode
 
 

@@ -2,9 +2,9 @@
 
 Theory of operation
 -------------------
-A :class:`MemoryWakuNode` is a :class:`~sdsync.transport.waku_node.WakuNode` whose peers
-are the other nodes of the same :class:`~sdsync.transport.memory.MemoryNetwork`
-(:meth:`~sdsync.transport.memory.MemoryNetwork.waku_node` makes them): no sockets, no
+A :class:`MemoryWakuNode` is a :class:`~sdsync.waku.node.WakuNode` whose peers
+are the other nodes of the same :class:`~sdsync.testing.memory.MemoryNetwork`
+(:meth:`~sdsync.testing.memory.MemoryNetwork.waku_node` makes them): no sockets, no
 threads, no py-libp2p, and every step runs on the caller's event loop in the order it is
 asked, so a test of a store node, its light services or a light client is deterministic
 and fast.
@@ -16,14 +16,15 @@ the node's own attribute, which a test sets to put nodes on one host or many (wh
 
 *Relay.* The relaying nodes of a network form one full mesh: a publication on a pubsub
 topic is handed at once to every other open relaying node subscribed to it (as an
-:class:`~sdsync.transport.base.Envelope` to :meth:`subscribe_envelopes`, as SDS bytes
-to :meth:`subscribe` when its content topic matches), and :meth:`mesh_peers` names
-those nodes. Nothing is validated on the way: what a node does with a hostile message
-is the node's to show.
+:class:`~sdsync.waku.node.Envelope` to :meth:`subscribe_envelopes`; :meth:`publish` and
+:meth:`subscribe` carry a channel's SDS bytes on them through the same
+:class:`~sdsync.waku.relay.transport.RelayTransport` a libp2p relay node uses), and
+:meth:`mesh_peers` names those nodes. Nothing is validated on the way: what a node does
+with a hostile message is the node's to show.
 
 *Streams.* :meth:`request`, :meth:`push` and :meth:`converse` carry real frames
-(:func:`~sdsync.wire.waku_protocols.encode_frame`, read back with
-:func:`~sdsync.wire.waku_protocols.read_frame` under the same bounds), so they fail as
+(:func:`~sdsync.waku.rpc.encode_frame`, read back with
+:func:`~sdsync.waku.rpc.read_frame` under the same bounds), so they fail as
 the libp2p host's do: a peer addressed by multiaddr is dialled (both ends are then
 connected), one addressed by id must be connected already, else ``ConnectionError``; an
 unserved protocol id is a :class:`~sdsync.errors.ProtocolNotSupportedError`; an answer
@@ -57,12 +58,21 @@ from sdsync.errors import (
     RemoteProtocolError,
 )
 from sdsync.lifecycle import AsyncLifecycle
-from sdsync.transport.base import Envelope, Received, WakuRelayConfig, default_content_topic
-from sdsync.transport.waku_node import Conversation, Handler, Opener, PushHandler, WakuNode
+from sdsync.waku.node import (
+    Conversation,
+    Envelope,
+    Handler,
+    Opener,
+    PushHandler,
+    Received,
+    WakuNode,
+)
+from sdsync.waku.relay.topics import WakuRelayConfig, default_content_topic
+from sdsync.waku.relay.transport import RelayTransport
+from sdsync.waku.rpc import MAX_RPC_BYTES, encode_frame, read_frame
 from sdsync.wire.waku import MAX_WAKU_MESSAGE_BYTES, WakuMessage
-from sdsync.wire.waku_protocols import MAX_RPC_BYTES, encode_frame, read_frame
 
-logger = logging.getLogger("sdsync.transport.memory_waku")
+logger = logging.getLogger("sdsync.testing.memory_waku")
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -86,7 +96,7 @@ def memory_peer_id(name: str) -> str:
 
 
 class MemoryWakuNode(AsyncLifecycle):
-    """A Waku node of a :class:`~sdsync.transport.memory.MemoryNetwork` (see the module)."""
+    """A Waku node of a :class:`~sdsync.testing.memory.MemoryNetwork` (see the module)."""
 
     def __init__(
         self,
@@ -113,14 +123,12 @@ class MemoryWakuNode(AsyncLifecycle):
         self._clock_ns = clock_ns
         self._peers = peers
         self._port = _TCP_PORT + len(peers)
-        self._last_timestamp = 0
         self._closed = False
         self._connections: set[str] = set()
         self._served: dict[str, tuple[Handler, int, float]] = {}
         self._push_served: dict[str, tuple[PushHandler, int]] = {}
         self._conversed: dict[str, tuple[Opener, int]] = {}
         self._lanes: set[tuple[str, str]] = set()
-        self._frames: dict[tuple[str, str | None], list[asyncio.Queue[Received | None]]] = {}
         self._envelopes: dict[str, list[asyncio.Queue[Envelope | None]]] = {}
         # What a libp2p host counts (WakuCounters): the first four happen here; the rest
         # (connection limits, stream slots, lane retries) are the libp2p host's own.
@@ -133,6 +141,8 @@ class MemoryWakuNode(AsyncLifecycle):
         self.push_retries: Counter[str] = Counter()
         self.pushes_resent: Counter[str] = Counter()
         self.relay_rate_limited = self.mcache_evicted = 0  # no rate, no gossip cache here
+        # A channel's SDS bytes, as over a libp2p relay node: the same adapter.
+        self._sds = RelayTransport(self, clock_ns=clock_ns)
 
     @property
     def listen_addrs(self) -> list[str]:
@@ -150,17 +160,13 @@ class MemoryWakuNode(AsyncLifecycle):
         self._closed = True
         for peer in list(self._connections):
             self.disconnect(peer)
-        _end(self._frames)
         _end(self._envelopes)
 
     # -- relay
 
     async def publish(self, topic: str, data: bytes) -> bytes:
         """Relay ``data`` in a WakuMessage on ``topic``'s content topic; its hash."""
-        pubsub_topic, _ = self.waku.route(topic, self.content_topic)
-        self._last_timestamp = max(self._clock_ns(), self._last_timestamp + 1)
-        message = WakuMessage(data, self.content_topic(topic), timestamp=self._last_timestamp)
-        return await self.publish_message(pubsub_topic, message)
+        return await self._sds.publish(topic, data)
 
     async def publish_message(self, pubsub_topic: str, message: WakuMessage) -> bytes:
         self._relaying("publish")
@@ -176,8 +182,7 @@ class MemoryWakuNode(AsyncLifecycle):
 
     def subscribe(self, topic: str) -> AsyncIterator[Received]:
         """SDS bytes published on ``topic`` by other nodes, with their Waku hash as hint."""
-        self._relaying("subscribe")
-        return _drain(self._frames, self.waku.route(topic, self.content_topic))
+        return self._sds.subscribe(topic)
 
     def subscribe_envelopes(self, topic: str) -> AsyncIterator[Envelope]:
         self._relaying("subscribe")
@@ -196,14 +201,11 @@ class MemoryWakuNode(AsyncLifecycle):
         ]
 
     def _relays(self, pubsub_topic: str) -> bool:
-        return pubsub_topic in self._envelopes or any(t == pubsub_topic for t, _ in self._frames)
+        return pubsub_topic in self._envelopes
 
     def _deliver(self, pubsub_topic: str, message: WakuMessage, message_hash: bytes) -> None:
         for queue in self._envelopes.get(pubsub_topic, []):
             queue.put_nowait(Envelope(pubsub_topic, message, message_hash))
-        for content_topic in (None, message.content_topic):
-            for frames in self._frames.get((pubsub_topic, content_topic), []):
-                frames.put_nowait(Received(message.payload, message_hash))
 
     def _relaying(self, what: str) -> None:
         self._check_open()
@@ -419,7 +421,7 @@ async def _framed(body: bytes, max_bytes: int) -> bytes | None:
 
 
 def _reader(data: bytes) -> Callable[[int], Awaitable[bytes]]:
-    """``read(n)`` over ``data``, as :func:`~sdsync.wire.waku_protocols.read_frame` reads
+    """``read(n)`` over ``data``, as :func:`~sdsync.waku.rpc.read_frame` reads
     a stream."""
     view = memoryview(data)
     offset = 0

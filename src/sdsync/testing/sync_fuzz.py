@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from google.protobuf.message import DecodeError
 
 from sdsync.errors import RemoteProtocolError
-from sdsync.store.model import StoredMessage
 from sdsync.store.sync.wire import MAX_TOPIC_BYTES, decode_batch, encode_entry
 from sdsync.testing.reconcile_fuzz import HUGE, Outcome, encode_varint
+from sdsync.waku.messages import StoredMessage
 from sdsync.wire import waku_message_pb2 as wpb
 from sdsync.wire.waku import MAX_WAKU_MESSAGE_BYTES, WakuMessage
 

@@ -1,32 +1,34 @@
-"""Transports: how SDS bytes travel between participants, and the Waku node contract
-(:mod:`sdsync.transport.waku_node`) that the store and the chat run on."""
+"""Transports: the Waku nodes SDS bytes travel through — a Waku node over py-libp2p
+(:class:`Libp2pNode`; :class:`Libp2pTransport` is one with the relay's SDS transport over
+itself) and a light client of service nodes (:class:`WakuLightTransport`) — and,
+re-exported, the contracts they keep (:mod:`sdsync.waku.node`). Their in-memory doubles
+are :mod:`sdsync.testing.memory`."""
 
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from sdsync.transport.base import Envelope, Received, Transport, WakuRelayConfig
-from sdsync.transport.memory import MemoryNetwork, MemoryTransport
-from sdsync.transport.memory_waku import MemoryWakuNode
-from sdsync.transport.waku_node import (
+from sdsync.waku.node import (
+    Envelope,
+    Received,
+    Transport,
     WakuClient,
     WakuCounters,
     WakuHost,
     WakuNode,
     WakuRequester,
 )
+from sdsync.waku.relay.topics import WakuRelayConfig
 
 if TYPE_CHECKING:
-    from sdsync.transport.libp2p import Libp2pTransport
+    from sdsync.transport.libp2p import Libp2pNode, Libp2pTransport
     from sdsync.transport.waku_light import WakuLightTransport
 
 __all__ = [
     "Envelope",
+    "Libp2pNode",
     "Libp2pTransport",
-    "MemoryNetwork",
-    "MemoryTransport",
-    "MemoryWakuNode",
     "Received",
     "Transport",
     "WakuClient",
@@ -39,7 +41,11 @@ __all__ = [
 ]
 
 # py-libp2p takes about a second to import: load it only for those who use it.
-_LAZY = {"Libp2pTransport": "libp2p", "WakuLightTransport": "waku_light"}
+_LAZY = {
+    "Libp2pNode": "libp2p",
+    "Libp2pTransport": "libp2p",
+    "WakuLightTransport": "waku_light",
+}
 
 
 def __getattr__(name: str) -> Any:

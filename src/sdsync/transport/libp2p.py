@@ -1,38 +1,42 @@
-"""Libp2pTransport: SDS over Waku Relay (py-libp2p gossipsub), each frame a WakuMessage.
+"""Libp2pNode: a Waku node over py-libp2p; Libp2pTransport: a relay node with its SDS transport.
 
 Theory of operation
 -------------------
-The transport is a Waku Relay node (docs/network.md): gossipsub under
+A :class:`Libp2pNode` is a Waku node (docs/network.md): Waku Relay — gossipsub under
 ``/vac/waku/relay/2.0.0``, unsigned messages (StrictNoSign) identified by sha256 of their
-bytes as js-waku does, and ``/vac/waku/metadata/1.0.0`` answered with our cluster and
-shards. The topic a channel names (``/sds/1/<channel>``) is mapped to a content topic
-(``content_topic``, by default ``/sds/1/<channel>/proto``) and that to the pubsub topic
-``/waku/2/rs/<cluster>/<shard>`` of a static shard or of autosharding
-(:meth:`WakuRelayConfig.pubsub_topic`; ``waku=`` chooses, The Waku Network's cluster 1 by
-default). A subscriber gets the messages of its content topic only, since other
-applications share the shard; subscribing to a ``/waku/2/rs/...`` topic itself gets every
-message on it.
+bytes as js-waku does — ``/vac/waku/metadata/1.0.0`` answered with our cluster and
+shards, and the request/response, conversation and push streams the Waku services run
+on. Its relay carries whole WakuMessages (:meth:`Libp2pNode.publish_message`,
+:meth:`Libp2pNode.subscribe_envelopes`) on the pubsub topics ``/waku/2/rs/<cluster>/<shard>``
+of ``waku=`` (a static shard or autosharding; The Waku Network's cluster 1 by default).
+A topic given to ``subscribe_envelopes`` or ``mesh_peers`` may also be a channel's
+(``/sds/1/<channel>``), routed by its content topic (``content_topic``, by default
+``/sds/1/<channel>/proto``): its subscriber gets the messages of that content topic only.
 
-Every publication is a WakuMessage (14/WAKU2-MESSAGE) whose payload is the SDS bytes, with
-the transport's content topic and a fresh timestamp in nanoseconds. Its deterministic Waku
-message hash on the pubsub topic is the retrieval hint; a resend — same SDS bytes, new
-timestamp — is a new gossipsub message and is not swallowed by the seen cache.
+A :class:`Libp2pTransport` is a Libp2pNode with its SDS
+:class:`~sdsync.waku.node.Transport` composed in: its ``publish`` and ``subscribe`` are
+those of a :class:`~sdsync.waku.relay.transport.RelayTransport` over itself, which wraps SDS
+bytes in WakuMessages and hands back their Waku message hashes as retrieval hints
+(:mod:`sdsync.waku.relay.transport`). It keeps the whole
+:class:`~sdsync.waku.node.WakuNode` contract: what a relay participant, a chat or a
+store node runs on. A light client's host is a node alone.
 
-py-libp2p runs on trio, our runtime on asyncio, so the transport is split by the loop that
+py-libp2p runs on trio, our runtime on asyncio, so the node is split by the loop that
 runs the code. This module is the asyncio face: its code runs on the caller's event loop
 and never blocks on the other thread. The host, pubsub and router live in a dedicated
 thread running ``trio.run`` (:mod:`sdsync.transport.libp2p_host`, with the py-libp2p
 mends of :mod:`sdsync.transport.libp2p_patches`). All that both threads touch — the
 settings, counters, subscriber tables, peers to redial, served protocols — is one
-:class:`~sdsync.transport.libp2p_shared.HostState`, which the transport makes and hands to
-the host (that module says which thread writes what, under which lock); the settings and
-counters are also this transport's read-only attributes. The two talk only through
-thread-safe hand-overs:
+:class:`~sdsync.transport.libp2p_shared.HostState`, which the node makes and hands to
+the host (that module says which thread writes what, under which lock); the settings
+(:mod:`sdsync.transport.settings`) and counters are also this node's read-only
+attributes. The two talk only through thread-safe hand-overs:
 
-* asyncio → trio: ``TrioToken.run_sync_soon``. A publication goes into an outbox that the
-  trio thread publishes from, in order; ``publish`` returns once it is queued and waits
-  only while ``_OUTBOX_LIMIT`` frames are. Other work (dialling, queries) runs as a trio
-  task whose outcome settles an asyncio future (:meth:`Libp2pTransport._call`);
+* asyncio → trio: ``TrioToken.run_sync_soon``. A publication goes into the relay outbox
+  (:mod:`sdsync.transport.relay_outbox`), which the trio thread publishes from, in
+  order; ``publish_message`` returns once it is queued, and waits only while the outbox
+  is full. Other work (dialling, queries) runs as a trio task whose outcome settles an
+  asyncio future (:meth:`Libp2pNode._call`);
 * trio → asyncio: a :class:`~sdsync.transport.libp2p_shared.Handover`, whose calls the
   loop runs in order. Every frame that passes validation is put in the subscribers'
   unbounded asyncio queues, and each publication handed to pubsub makes room in the
@@ -48,31 +52,33 @@ delivered nor relayed: it must be unsigned, and a WakuMessage no larger than
 all) that an archive would take: the store's rule
 (:func:`~sdsync.wire.waku.check_relayable`), topics it can index, and a positive timestamp
 at most ``timestamp_variance_s`` ahead of ``clock_ns()``. Each rejection is counted by its
-:class:`~sdsync.errors.RejectReason` in :attr:`Libp2pTransport.rejected` and logged.
+:class:`~sdsync.errors.RejectReason` in :attr:`Libp2pNode.rejected` and logged.
 ``drop_rate`` then discards a seeded random share of the valid frames (after relaying:
 only this node's application misses them), to exercise SDS under loss.
 
 Request/response streams serve the Waku services (store query, LightPush, Filter):
-:meth:`Libp2pTransport.serve` answers a protocol with a handler on the asyncio loop and
-:meth:`Libp2pTransport.request` asks a peer (one frame out, one back); a peer that does
-not speak the protocol is a :class:`~sdsync.errors.ProtocolNotSupportedError`. Pushes
-(Filter's MessagePush) are unanswered frames: :meth:`Libp2pTransport.push` writes them on
-one long-lived stream per peer and protocol, its push lane (a stream per push would run
-into js-waku's limit of 100 inbound streams), and :meth:`Libp2pTransport.serve_pushes`
-takes them, any number per stream. The lanes, and the bounds on a peer's inbound streams,
-are :mod:`sdsync.transport.libp2p_host`'s. Inbound connections are bounded
-(:class:`ConnectionLimits`: per IP, handshakes in progress, a handshake deadline), each
-freeing its slot when it ends; those closed unserved are counted in
-:attr:`Libp2pTransport.connections_refused`. ``announce_shards`` names shards in our
-metadata that we do not relay (a light client's). ``relay=False`` makes a light
-client's host: no gossipsub at all (the relay protocol is not offered, so a relay peer
-neither meshes with it nor queues it publications), only metadata, request/response
-streams and push lanes; publishing, subscribing or asking for the mesh is a
-LocalProtocolError there. Listen addresses may be TCP or
-websocket (``/ip4/127.0.0.1/tcp/0/ws``), which is what a browser's js-waku can dial.
+:meth:`Libp2pNode.serve` answers a protocol with a handler on the asyncio loop and
+:meth:`Libp2pNode.request` asks a peer (one frame out, one back); a peer that does not
+speak the protocol is a :class:`~sdsync.errors.ProtocolNotSupportedError`. Pushes
+(Filter's MessagePush) are unanswered frames: :meth:`Libp2pNode.push` writes them on one
+long-lived stream per peer and protocol, its push lane (a stream per push would run into
+js-waku's limit of 100 inbound streams; :mod:`sdsync.transport.push_lanes`), and
+:meth:`Libp2pNode.serve_pushes` takes them, any number per stream. The bounds on a
+peer's inbound streams are :mod:`sdsync.transport.libp2p_host`'s. Inbound connections
+are bounded (:class:`~sdsync.transport.settings.ConnectionLimits`: per IP, handshakes
+in progress, a handshake deadline), each freeing its slot when it ends; those closed
+unserved are counted in :attr:`Libp2pNode.connections_refused`.
 
-``close()`` lets the outbox drain (briefly), cancels the trio nursery, which tears down
-host, pubsub and router, and joins the thread.
+``announce_shards`` names shards in our metadata that we do not relay (a light
+client's). ``relay=False`` makes a light client's host: no gossipsub at all (the relay
+protocol is not offered, so a relay peer neither meshes with it nor queues it
+publications), only metadata, request/response streams and push lanes; publishing,
+subscribing or asking for the mesh is a LocalProtocolError there. Listen addresses may
+be TCP or websocket (``/ip4/127.0.0.1/tcp/0/ws``), which is what a browser's js-waku
+can dial.
+
+``close()`` lets the relay outbox drain (briefly), cancels the trio nursery, which tears
+down host, pubsub and router, and joins the thread.
 """
 
 from __future__ import annotations
@@ -97,34 +103,35 @@ from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 
 from sdsync.errors import LocalProtocolError, ProtocolNotSupportedError, RemoteProtocolError
 from sdsync.lifecycle import AsyncLifecycle
-from sdsync.transport.base import Envelope, Received, WakuRelayConfig, default_content_topic
 from sdsync.transport.libp2p_host import RelayTrioHost, TrioHost, run_host
-from sdsync.transport.libp2p_patches import ConnectionLimits
-from sdsync.transport.libp2p_shared import (
-    GossipParams,
-    Handover,
-    HostSettings,
-    HostState,
-    LoopSide,
-)
-from sdsync.transport.ratelimit import DEFAULT_RELAY_RATE, RateLimit
-from sdsync.transport.waku_node import (
+from sdsync.transport.libp2p_shared import Handover, HostState, LoopSide
+from sdsync.transport.relay_outbox import OutboxBound
+from sdsync.transport.settings import ConnectionLimits, GossipParams, HostSettings
+from sdsync.waku.metadata.rpc import WakuMetadata
+from sdsync.waku.node import (
     Conversation,
+    Envelope,
     Handler,
     Opener,
     PushHandler,
+    Received,
     WakuHost,
     WakuNode,
 )
+from sdsync.waku.ratelimit import DEFAULT_RELAY_RATE, RateLimit
+from sdsync.waku.relay.topics import WakuRelayConfig, default_content_topic
+from sdsync.waku.relay.transport import RelayNode, RelayTransport
+from sdsync.waku.rpc import MAX_RPC_BYTES
 from sdsync.wire.waku import DEFAULT_TIMESTAMP_VARIANCE_S, MAX_WAKU_MESSAGE_BYTES, WakuMessage
-from sdsync.wire.waku_protocols import MAX_RPC_BYTES, WakuMetadata
 
-# The settings' types live with the state the trio thread shares (WakuRelayConfig in
-# transport.base, for the hosts without py-libp2p too); users import them here.
+# The settings' types live in transport.settings (WakuRelayConfig in waku.relay.topics),
+# importable without py-libp2p; users of the node may import them here too.
 __all__ = [
     "DEFAULT_RELAY_RATE",
     "KEY_SIZE",
+    "ConnectionLimits",
     "GossipParams",
+    "Libp2pNode",
     "Libp2pTransport",
     "WakuRelayConfig",
     "new_identity_key",
@@ -135,15 +142,12 @@ logger = logging.getLogger("sdsync.transport.libp2p")
 T = TypeVar("T")
 KEY_SIZE = 32
 _CLOSE_TIMEOUT_S = 10.0
-_OUTBOX_LIMIT = 256
-_FLUSH_S = 2.0
-_FLUSH_POLL_S = 0.005
 _STREAM_TIMEOUT_S = 10.0
 _CONVERSATION_TIMEOUT_S = 120.0
 
 
 def new_identity_key() -> bytes:
-    """A fresh Ed25519 secret (32 bytes) for ``Libp2pTransport(key=...)``."""
+    """A fresh Ed25519 secret (32 bytes) for ``Libp2pNode(key=...)``."""
     return random.SystemRandom().randbytes(KEY_SIZE)
 
 
@@ -151,7 +155,7 @@ _THE_WAKU_NETWORK = WakuRelayConfig()
 
 
 class _Shared(Generic[T]):
-    """A read-only transport attribute that is the field of the same name of its
+    """A read-only node attribute that is the field of the same name of its
     :class:`~sdsync.transport.libp2p_shared.HostState`'s ``settings`` or ``counters``:
     one copy, which the trio thread reads (settings) or writes (counters) there."""
 
@@ -165,22 +169,24 @@ class _Shared(Generic[T]):
         self._name = name
 
     @overload
-    def __get__(self, transport: None, owner: type) -> _Shared[T]: ...
+    def __get__(self, node: None, owner: type) -> _Shared[T]: ...
 
     @overload
-    def __get__(self, transport: Libp2pTransport, owner: type) -> T: ...
+    def __get__(self, node: Libp2pNode, owner: type) -> T: ...
 
-    def __get__(self, transport: Libp2pTransport | None, owner: type) -> _Shared[T] | T:
-        if transport is None:
+    def __get__(self, node: Libp2pNode | None, owner: type) -> _Shared[T] | T:
+        if node is None:
             return self
-        return cast(T, getattr(getattr(transport._shared, self._part), self._name))
+        return cast(T, getattr(getattr(node._shared, self._part), self._name))
 
-    def __set__(self, transport: Libp2pTransport, value: T) -> None:
-        raise AttributeError(f"{self._name} is the transport's {self._part}: not to be set")
+    def __set__(self, node: Libp2pNode, value: T) -> None:
+        raise AttributeError(f"{self._name} is the node's {self._part}: not to be set")
 
 
-class Libp2pTransport(AsyncLifecycle):
-    """A :class:`~sdsync.transport.Transport` over Waku Relay; also a source of envelopes."""
+class Libp2pNode(AsyncLifecycle):
+    """A Waku node over py-libp2p (see the module): relay (unless ``relay=False``) of
+    whole WakuMessages, streams, push lanes, metadata; every part of the
+    :class:`~sdsync.waku.node.WakuNode` contract but SDS publish and subscribe."""
 
     # The settings the constructor took, and what the trio thread counts
     # (:class:`~sdsync.transport.libp2p_shared.HostCounters` says what each counts).
@@ -256,12 +262,10 @@ class Libp2pTransport(AsyncLifecycle):
         self._shared = HostState(settings)
         self._shared.peers.update((info.peer_id, info) for info in map(_peer_info, peers))
         self.listen_addrs: list[str] = []
-        self._last_timestamp = 0
         self._thread: threading.Thread | None = None
         self._trio: TrioHost | None = None
         self._pending: set[asyncio.Future[Any]] = set()
-        self._outbox = 0  # frames queued for the trio thread, not yet given to pubsub
-        self._outbox_room = asyncio.Event()
+        self._outbox = OutboxBound()
         self._closed = False
 
     # -------------------------------------------------------------- lifecycle
@@ -272,7 +276,7 @@ class Libp2pTransport(AsyncLifecycle):
             raise LocalProtocolError("transport already started")
         _refuse_ports_in_use(self._shared.settings.listen)
         loop = asyncio.get_running_loop()
-        self._shared.loop_side = LoopSide(loop, Handover(loop), self._sent)
+        self._shared.loop_side = LoopSide(loop, Handover(loop), self._outbox.sent)
         ready: concurrent.futures.Future[TrioHost] = concurrent.futures.Future()
         self._thread = threading.Thread(
             target=run_host,
@@ -288,16 +292,14 @@ class Libp2pTransport(AsyncLifecycle):
         logger.info("libp2p host %s listening on %s", self.peer_id, ", ".join(self.listen_addrs))
 
     async def close(self) -> None:
-        """Publish what is queued (for up to ``_FLUSH_S``), stop the host and join its
-        thread; subscriptions end."""
+        """Publish what is queued (briefly: :meth:`OutboxBound.drained`), stop the host
+        and join its thread; subscriptions end."""
         if self._closed:
             return
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + _FLUSH_S
-        while self._outbox and self._trio is not None and loop.time() < deadline:
-            await asyncio.sleep(_FLUSH_POLL_S)
+        if self._trio is not None:
+            await self._outbox.drained()
         self._closed = True
-        self._outbox_room.set()  # wakes publishers, who find the transport closed
+        self._outbox.release()  # wakes publishers, who find the node closed
         self._shared.subscriptions.end()
         for future in self._pending:
             future.cancel()
@@ -310,69 +312,38 @@ class Libp2pTransport(AsyncLifecycle):
 
     # -------------------------------------------------------------- publishing
 
-    async def publish(self, topic: str, data: bytes) -> bytes:
-        """Publish ``data`` in a WakuMessage on ``topic``; returns its Waku message hash.
+    async def publish_message(self, pubsub_topic: str, message: WakuMessage) -> bytes:
+        """Publish ``message`` as it is on ``pubsub_topic`` (a ``/waku/2/rs/...`` topic):
+        a channel's SDS bytes (:class:`~sdsync.waku.relay.transport.RelayTransport`), or what a
+        LightPush service relays for a light client. Returns its Waku message hash.
 
         Returns once the frame is queued for the trio thread, which publishes in order;
-        it waits only while ``_OUTBOX_LIMIT`` frames are queued. A caller holding a lock
-        across ``publish`` (ReliableChannel does) is thus not held up by a slow peer.
+        it waits only while the relay outbox is full. A caller holding a lock across a
+        publication (ReliableChannel does) is thus not held up by a slow peer.
         """
-        pubsub_topic, _ = self._shared.settings.route(topic)
-        message = WakuMessage(
-            payload=data, content_topic=self.content_topic(topic), timestamp=self._timestamp()
-        )
-        return await self.publish_message(pubsub_topic, message)
-
-    async def publish_message(self, pubsub_topic: str, message: WakuMessage) -> bytes:
-        """Publish ``message`` as it is on ``pubsub_topic`` itself (a ``/waku/2/rs/...``
-        topic): what a LightPush service relays for a light client.
-        Returns its Waku message hash; queued as :meth:`publish` is."""
         self._refuse_unless_relaying("publish")
         frame = message.to_bytes()
         if len(frame) > self.max_message_bytes:
             raise LocalProtocolError(
                 f"a {len(frame)}-byte frame exceeds max_message_bytes={self.max_message_bytes}"
             )
-        while self._outbox >= _OUTBOX_LIMIT:
-            self._running()
-            self._outbox_room.clear()
-            await self._outbox_room.wait()
-        self._relaying("publish").send(pubsub_topic, frame)
-        self._outbox += 1
+        await self._outbox.room(self._running)
+        self._relaying("publish").relay(pubsub_topic, frame)
+        self._outbox.handed_over()
         return message.hash(pubsub_topic)
-
-    def _sent(self) -> None:
-        """The trio thread handed one more publication to pubsub (runs on the loop, by
-        the :class:`~sdsync.transport.libp2p_shared.Handover`)."""
-        self._outbox -= 1
-        if self._outbox < _OUTBOX_LIMIT:
-            self._outbox_room.set()
-
-    def _timestamp(self) -> int:
-        # Strictly increasing, so two publications of the same bytes never share a hash.
-        self._last_timestamp = max(time.time_ns(), self._last_timestamp + 1)
-        return self._last_timestamp
 
     # -------------------------------------------------------------- receiving
 
-    def subscribe(self, topic: str) -> AsyncIterator[Received]:
-        """SDS bytes published on ``topic`` by other peers, with their Waku hash as hint."""
-        return _QueueIterator(self._register(self._shared.subscriptions.add_frames, topic))
-
     def subscribe_envelopes(self, topic: str) -> AsyncIterator[Envelope]:
-        """Whole WakuMessages published on ``topic`` by other peers (for store nodes)."""
-        return _QueueIterator(self._register(self._shared.subscriptions.add_envelopes, topic))
-
-    def _register(
-        self, add: Callable[[str], tuple[asyncio.Queue[T | None], bool]], topic: str
-    ) -> asyncio.Queue[T | None]:
+        """Whole WakuMessages published by other peers on ``topic`` (for store nodes):
+        every one of a pubsub topic, or those of a channel topic's content topic."""
         if self._closed:
             raise LocalProtocolError("transport is closed")
         self._refuse_unless_relaying("subscribe")
-        queue, new_topic = add(topic)
+        queue, new_topic = self._shared.subscriptions.add(topic)
         if new_topic and self._trio is not None:
             self._relaying("subscribe").join(topic)
-        return queue
+        return _QueueIterator(queue)
 
     # -------------------------------------------------------------- peers
 
@@ -783,6 +754,26 @@ class _QueueIterator(AsyncIterator[T]):
         return item
 
 
-if TYPE_CHECKING:  # mypy holds the transport to the contract the store and chat are typed with
+class Libp2pTransport(Libp2pNode):
+    """A relay node with its SDS transport: a :class:`Libp2pNode` whose ``publish`` and
+    ``subscribe`` carry SDS bytes, those of a
+    :class:`~sdsync.waku.relay.transport.RelayTransport` over itself (see the module)."""
+
+    @functools.cached_property
+    def _sds(self) -> RelayTransport:
+        return RelayTransport(self)
+
+    async def publish(self, topic: str, data: bytes) -> bytes:
+        """Publish ``data`` in a WakuMessage on ``topic``; returns its Waku message hash
+        (queued as :meth:`~Libp2pNode.publish_message` is)."""
+        return await self._sds.publish(topic, data)
+
+    def subscribe(self, topic: str) -> AsyncIterator[Received]:
+        """SDS bytes published on ``topic`` by other peers, with their Waku hash as hint."""
+        return self._sds.subscribe(topic)
+
+
+if TYPE_CHECKING:  # mypy holds the nodes to the contracts the store and chat are typed with
     _RELAY_NODE: type[WakuNode] = Libp2pTransport
-    _LIGHT_HOST: type[WakuHost] = Libp2pTransport
+    _LIGHT_HOST: type[WakuHost] = Libp2pNode
+    _RELAY: type[RelayNode] = Libp2pNode

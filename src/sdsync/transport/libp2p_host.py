@@ -1,33 +1,32 @@
-"""The trio half of Libp2pTransport: the py-libp2p host, and a relay host's pubsub and router.
+"""The trio half of a Libp2pNode: the py-libp2p host, and a relay host's pubsub and router.
 
 Theory of operation
 -------------------
-Everything here runs on the transport's own thread, inside ``trio.run`` (:func:`run_host`
+Everything here runs on the node's own thread, inside ``trio.run`` (:func:`run_host`
 is the thread's target), except the few :class:`TrioHost` methods marked as called from
 the asyncio loop, which only hand work over. Neither loop ever blocks on the other:
 
-* asyncio → trio: :meth:`RelayTrioHost.send` puts a publication in the outbox and
-  :meth:`TrioHost.spawn` starts any other work (joining a topic, dialling, a query), both
-  through ``TrioToken.run_sync_soon``, which is thread-safe and does not wait;
+* asyncio → trio: :meth:`RelayTrioHost.relay` puts a publication in the relay outbox
+  and :meth:`TrioHost.spawn` starts any other work (joining a topic, dialling, a query),
+  both through ``TrioToken.run_sync_soon``, which is thread-safe and does not wait;
   :meth:`TrioHost.stop` cancels the nursery the same way;
 * trio → asyncio: each frame that passes validation goes to the subscribers' queues,
-  and each publication handed to pubsub to the transport's outbox count, through the
+  and each publication handed to pubsub to the node's outbox count, through the
   :class:`~sdsync.transport.libp2p_shared.Handover` of the shared state's ``loop_side``
   (one wake-up of the loop per batch); the outcome of spawned work goes to the future
   awaiting it through ``loop.call_soon_threadsafe``.
 
-A :class:`TrioHost` is the transport's other half. It knows the transport only by the
-:class:`~sdsync.transport.libp2p_shared.HostState` the transport made and handed it: it
+A :class:`TrioHost` is the node's other half. It knows the node only by the
+:class:`~sdsync.transport.libp2p_shared.HostState` the node made and handed it: it
 reads the settings, the peers to redial, the served protocols and the subscriber tables
 (under their lock) there, and writes the counters there (``rejected``, ``received``,
-``randomly_dropped``, ``publish_failures``, …: written here, read by the transport).
+``randomly_dropped``, ``publish_failures``, …: written here, read by the node).
 :class:`TrioHost` itself is a light client's host (``relay=False``): metadata,
 request/response streams and push lanes, no gossipsub. :class:`RelayTrioHost` adds Waku
-Relay: pubsub, router and outbox, run alongside the host (``_relay_services``).
-
-The outbox publishes in order, waiting for room in py-libp2p's per-peer queues (which
-drop when full) — but not for a peer that stopped taking frames, whose connection is
-closed at length (:class:`_DrainWatch`).
+Relay: pubsub, router and the relay outbox, run alongside the host
+(``_relay_services``). Two parts of a host have modules of their own, each with its
+theory: its push lanes (:class:`~sdsync.transport.push_lanes.PushLanes`) and a relay
+host's outbox (:class:`~sdsync.transport.relay_outbox.RelayOutbox`).
 
 The router is Waku Relay: :class:`~sdsync.transport.libp2p_patches.WakuGossipSub` under
 ``/vac/waku/relay/2.0.0``, publications unsigned (no ``from`` or ``seqno``), message id
@@ -41,11 +40,12 @@ heartbeat does not slow down while the mesh is thin.
 ``/vac/waku/metadata/1.0.0`` is answered with our cluster and shards.
 
 Request/response streams (:meth:`TrioHost.serve`, :meth:`TrioHost.request`) carry one
-uvarint-length-prefixed frame each way (:func:`~sdsync.wire.waku_protocols.read_frame`),
+uvarint-length-prefixed frame each way (:func:`~sdsync.waku.rpc.read_frame`),
 all within one deadline. A served request goes to its handler on the asyncio loop
 (:meth:`TrioHost._on_loop`: the trio task awaits a trio event that the asyncio side sets
 through the token, so neither loop blocks); the answer comes back as a frame, then the
-stream is closed. A multistream "na" is a :class:`~sdsync.errors.ProtocolNotSupportedError`.
+stream is closed. Streams are opened, read, written and reset as
+:mod:`sdsync.transport.libp2p_streams` does it for every stream of a host.
 
 Inbound streams of a served protocol are bounded per peer (``_MAX_INBOUND_STREAMS``
 open at once; more are reset and counted in ``streams_refused``). A push stream beyond
@@ -57,35 +57,8 @@ limit, a truncated one, or a peer that never sends or never reads costs that str
 it is reset and counted (``rejected`` by reason, ``stream_timeouts`` by protocol), and
 logged as a summary at most once a minute per protocol and reason
 (:class:`_StreamTroubles`): a peer opening streams it never uses is not worth a warning
-a stream.
-
-Push lanes (:meth:`TrioHost.push`, and :meth:`TrioHost.serve_pushes` receiving them).
-A Filter service pushes every message to every subscriber unanswered. A stream per push
-fails against js-waku, which never closes its side of a push stream and refuses a peer's
-101st inbound stream of a protocol (and then drops the whole connection). So all pushes
-to one (peer, protocol) are written, one at a time, on one long-lived stream, the *lane*.
-A watcher task reads the lane (nothing ever comes back) to notice at once when the
-remote closes or resets it; the next push then opens a fresh stream. A push whose write
-fails on a stream it did not open is written once more on a fresh stream
-(``push_retries``) before it fails; a deadline mid-write resets the stream, since half a
-frame would corrupt the rest of the lane.
-
-go-waku 0.9.0's Filter client reads exactly one MessagePush per stream and closes it;
-frames written after that are dropped unread by its muxer, without a reset. That must be
-learnt per (peer, protocol) without losing a push while learning. The race: we cannot
-tell "reads one frame and closes" from "keeps the stream" until the close arrives, and
-anything written before it arrives is lost. Decision: the first frame on a lane whose
-reader is unknown is a *probe*: the push waits (under the lane's lock, so nothing else is
-written on the stream meanwhile) up to ``_PROBE_S`` for the remote to close it. Closed
-(or answered: a request/response protocol) → a one-frame reader: that frame was read, and
-from then on every push goes on a stream of its own, closed by us. Still open → the lane
-is kept and reused. A one-frame reader slower to close than the probe (a long round
-trip) is still caught: the lane remembers the frames after the first that it carried
-while younger than ``_RECALL_S``, and if the remote closes it that young, the peer is
-relearnt as a one-frame reader and those frames are pushed again on streams of their own
-(``pushes_resent``). A reader that really read them all and then closed soon after gets
-them twice (at least once over lost; a Waku message's hash identifies a duplicate). The
-probe costs a lane reader one wait of ``_PROBE_S`` per peer, once.
+a stream. A push stream, the receiving end of a peer's push lane, may carry any number
+of frames, and stays open, idle, between them: it has no deadline.
 """
 
 from __future__ import annotations
@@ -93,82 +66,56 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import enum
 import functools
 import hashlib
 import logging
-import math
 import random
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sized
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 import trio
 from libp2p import new_host
 from libp2p.abc import IHost, INetStream
 from libp2p.custom_types import TProtocol
-from libp2p.host.exceptions import StreamFailure
 from libp2p.identity.identify_push.identify_push import push_identify_to_peers
 from libp2p.network.config import ConnectionConfig
-from libp2p.network.stream.exceptions import StreamEOF, StreamReset
-from libp2p.network.stream.net_stream import NetStream
+from libp2p.network.stream.exceptions import StreamReset
 from libp2p.network.swarm import Swarm
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 from libp2p.peer.peerstore import PeerStoreError
-from libp2p.protocol_muxer.exceptions import MultiselectClientError
 from libp2p.pubsub.pb import rpc_pb2
-from libp2p.stream_muxer.mplex.mplex_stream import MplexStream
 from libp2p.tools.anyio_service import background_trio_service
 
-from sdsync.errors import (
-    LocalProtocolError,
-    ProtocolNotSupportedError,
-    RejectReason,
-    RemoteProtocolError,
-)
-from sdsync.transport.base import Envelope, Received
+from sdsync.errors import LocalProtocolError, RejectReason, RemoteProtocolError
 from sdsync.transport.libp2p_patches import (
-    PEER_QUEUE_RPCS,
     BoundedSwarm,
     DeliveringPubsub,
     WakuGossipSub,
     remote_ip,
 )
 from sdsync.transport.libp2p_shared import HostState, LoopSide
-from sdsync.transport.ratelimit import PeerBuckets
-from sdsync.transport.waku_node import Conversation, Handler, Opener
+from sdsync.transport.libp2p_streams import frame_reader, open_stream, reset, write_frame
+from sdsync.transport.push_lanes import PushLanes
+from sdsync.transport.relay_outbox import RelayOutbox
+from sdsync.waku.metadata.rpc import METADATA_PROTOCOL, WakuMetadata
+from sdsync.waku.node import Conversation, Envelope, Handler, Opener
+from sdsync.waku.ratelimit import PeerBuckets
+from sdsync.waku.relay.topics import RELAY_PROTOCOL, SHARD_TOPIC_PREFIX, parse_content_topic
+from sdsync.waku.rpc import encode_frame, read_frame
 from sdsync.wire.waku import WakuMessage, check_relayable, decode_waku_message
-from sdsync.wire.waku_protocols import (
-    METADATA_PROTOCOL,
-    RELAY_PROTOCOL,
-    SHARD_TOPIC_PREFIX,
-    WakuMetadata,
-    encode_frame,
-    frame_prefix,
-    parse_content_topic,
-    read_frame,
-)
 
 logger = logging.getLogger("sdsync.transport.libp2p")
 
-_QUEUE_HIGH_WATER = PEER_QUEUE_RPCS * 3 // 4  # leaves room for relays and control
-_STALL_S = 5.0
-# A queue stuck this long is a wedged connection rather than a slow peer.
-_WEDGED_S = 20.0
-# Identify takes milliseconds; a peer still unknown to the router this long after we
-# queued it a frame never will be (within py-libp2p's 30-s life of queued frames).
-_UNIDENTIFIED_S = 10.0
-_ROOM_POLL_S = 0.005
 T = TypeVar("T")
 _METADATA_TIMEOUT_S = 10.0
 #: ``(peer_id, request) -> answer`` on the trio thread: a served protocol's responder
-#: (a :data:`~sdsync.transport.waku_node.Handler` is the asyncio loop's).
+#: (a :data:`~sdsync.waku.node.Handler` is the asyncio loop's).
 Responder = Callable[[str, bytes], Awaitable[bytes | None]]
 #: ``(peer_id, frame) -> None`` on the trio thread: where the frames of served push
-#: streams go (a :data:`~sdsync.transport.waku_node.PushHandler` is the loop's).
+#: streams go (a :data:`~sdsync.waku.node.PushHandler` is the loop's).
 Receiver = Callable[[str, bytes], Awaitable[object]]
 #: Streams of one protocol one peer may hold open with us at once; more are reset. A
 #: js-waku or go-waku peer holds one or two; our own push lanes one.
@@ -179,18 +126,6 @@ _MAX_WAITING_STREAMS = 256
 _PUSH_ADMIT_S = 10.0
 #: Stream troubles are logged at most this often per (protocol, reason), as a summary.
 _SUMMARY_S = 60.0
-#: How long a push lane's first frame waits for the reader to close the stream (a
-#: one-frame reader, go-waku's Filter client) before the lane is taken as reusable.
-_PROBE_S = 0.5
-#: A lane stream the remote closes this young, after more than one frame, was a
-#: one-frame reader's: the frames after the first are pushed again (at most this many).
-_RECALL_S = 10.0
-_RECALL_FRAMES = 256
-_RESEND_TIMEOUT_S = 10.0
-_LANES_BEFORE_PRUNING = 512
-_RESET_S = 2.0
-#: Answers up to this size are written as one copy with their prefix (one yamux frame).
-_COPY_FRAME_BYTES = 64 * 1024
 
 
 def run_host(state: HostState, ready: concurrent.futures.Future[TrioHost]) -> None:
@@ -229,7 +164,7 @@ class TrioHost:
         BoundedSwarm.adopt(swarm, limits, self.counters.connections_refused)
         self.token: trio.lowlevel.TrioToken | None = None
         self.nursery: trio.Nursery | None = None
-        self._lanes: dict[tuple[ID, str], _PushLane] = {}
+        self.lanes = PushLanes(self.host, self.counters, self.start_soon)
         self._inbound: Counter[tuple[str, str]] = Counter()  # open streams by (protocol, peer)
         self._waiting: Counter[tuple[str, str]] = Counter()  # push streams waiting for a slot
         self._freed: dict[tuple[str, str], trio.Event] = {}  # set when a slot of the key frees
@@ -295,7 +230,6 @@ class TrioHost:
         serve it now: a peer that picks whom to sync with by what they announce (nwaku's
         Waku Sync) would otherwise not know until it reconnects. Peers that do not speak
         it (a browser's light node) are left alone."""
-        assert self.nursery is not None
         host = self.host
 
         async def push() -> None:
@@ -304,7 +238,7 @@ class TrioHost:
                 with contextlib.suppress(Exception):
                     await push_identify_to_peers(host, peers)
 
-        self.nursery.start_soon(push)
+        self.start_soon(push)
 
     async def peer_host(self, peer: str) -> str | None:
         """The IP address ``peer`` is connected from; None while it is not connected."""
@@ -315,9 +249,14 @@ class TrioHost:
 
     # Trio side proper.
 
+    def start_soon(self, task: Callable[..., Awaitable[object]], *args: object) -> None:
+        """Run ``task(*args)`` in the host's nursery, as long as the host runs."""
+        assert self.nursery is not None
+        self.nursery.start_soon(task, *args)
+
     def shards(self) -> tuple[int, ...]:
-        """The shards our metadata names: those the transport announces (a light
-        client's), and a relay host's relayed ones."""
+        """The shards our metadata names: those the node announces (a light client's),
+        and a relay host's relayed ones."""
         return self.settings.announce_shards
 
     async def dial(self, info: PeerInfo) -> None:
@@ -379,11 +318,11 @@ class TrioHost:
     ) -> bool:
         """Frames of ``stream`` to ``conversation``, its replies back, until it is
         finished (True) or the peer ends the stream (False)."""
-        read = _reader(stream)
+        read = frame_reader(stream)
         while (frame := await read_frame(read, max_bytes)) is not None:
             reply = await self._on_loop(functools.partial(conversation.receive, frame))
             if reply is not None:
-                await _write_frame(stream, reply)
+                await write_frame(stream, reply)
             if conversation.finished:
                 return True
         return conversation.finished
@@ -398,12 +337,12 @@ class TrioHost:
         timeout_s: float,
     ) -> None:
         with trio.fail_after(timeout_s):
-            stream = await self._open(peer, protocol)
+            stream = await open_stream(self.host, peer, protocol)
             try:
-                await _write_frame(stream, first)
+                await write_frame(stream, first)
                 finished = await self._take_turns(stream, conversation, max_bytes)
             except BaseException:
-                await _reset(stream)
+                await reset(stream)
                 raise
             with contextlib.suppress(Exception):
                 await stream.close()
@@ -425,7 +364,7 @@ class TrioHost:
         if self._inbound[key] >= _MAX_INBOUND_STREAMS and not await self._slot(key, wait_s):
             self.counters.streams_refused[protocol] += 1
             self._troubles.note(protocol, "refused: too many open streams", peer, "")
-            await _reset(stream)
+            await reset(stream)
             yield None
             return
         self._inbound[key] += 1
@@ -466,11 +405,11 @@ class TrioHost:
         timeout_s: float,
     ) -> None:
         async with self._guarded(stream, peer, protocol, timeout_s):
-            request = await read_frame(_reader(stream), max_bytes)
+            request = await read_frame(frame_reader(stream), max_bytes)
             # None: the peer closed the stream unused (js-waku does, for metadata).
             answer = None if request is None else await responder(peer, request)
             if answer is not None:
-                await _write_frame(stream, answer)
+                await write_frame(stream, answer)
             await stream.close()
 
     @contextlib.asynccontextmanager
@@ -493,14 +432,14 @@ class TrioHost:
         except Exception as exc:
             self.counters.stream_failures[protocol] += 1
             self._troubles.note(protocol, "failed", peer, repr(exc))
-        await _reset(stream)
+        await reset(stream)
 
     async def _take_pushes(
         self, stream: INetStream, peer: str, protocol: str, receiver: Receiver, max_bytes: int
     ) -> None:
         """Frames of one push stream to ``receiver``, in order; no deadline, since a push
         lane stays open, idle, between pushes (it costs one of the peer's bounded slots)."""
-        read = _reader(stream)
+        read = frame_reader(stream)
         try:
             while (frame := await read_frame(read, max_bytes)) is not None:
                 await receiver(peer, frame)
@@ -516,7 +455,7 @@ class TrioHost:
             with contextlib.suppress(Exception):
                 await stream.close()
             return
-        await _reset(stream)
+        await reset(stream)
 
     def on_loop(self, handler: Handler) -> Responder:
         """A responder that runs ``handler`` on the asyncio loop (see :meth:`_on_loop`)."""
@@ -555,12 +494,12 @@ class TrioHost:
         self, peer: ID, protocol: str, payload: bytes, max_response_bytes: int, timeout_s: float
     ) -> bytes:
         with trio.fail_after(timeout_s):
-            stream = await self._open(peer, protocol)
+            stream = await open_stream(self.host, peer, protocol)
             try:
                 await stream.write(encode_frame(payload))
-                answer = await read_frame(_reader(stream), max_response_bytes)
+                answer = await read_frame(frame_reader(stream), max_response_bytes)
             except BaseException:
-                await _reset(stream)  # a half-done exchange never lingers on the peer
+                await reset(stream)  # a half-done exchange never lingers on the peer
                 raise
             with contextlib.suppress(Exception):
                 await stream.close()
@@ -571,129 +510,10 @@ class TrioHost:
             )
         return answer
 
-    async def _open(self, peer: ID, protocol: str) -> INetStream:
-        try:
-            return await self.host.new_stream(peer, [TProtocol(protocol)])
-        except StreamFailure as exc:
-            if _refused(exc):
-                raise ProtocolNotSupportedError(peer.to_base58(), protocol) from exc
-            raise
-
     async def push(self, peer: ID, protocol: str, payload: bytes, timeout_s: float) -> None:
-        """Write ``payload`` as one frame on the push lane to ``(peer, protocol)``."""
-        frame = encode_frame(payload)
-        lane = self._lane(peer, protocol)
-        with trio.fail_after(timeout_s):
-            async with lane.lock:
-                if lane.reader is _Reader.ONE_FRAME:
-                    await self._push_alone(peer, protocol, frame)
-                    return
-                reused = lane.current is not None and not lane.current.ended.is_set()
-                try:
-                    await self._write_lane(lane, peer, protocol, frame)
-                except ProtocolNotSupportedError:
-                    raise
-                except Exception as exc:
-                    if not reused:
-                        raise
-                    self.counters.push_retries[protocol] += 1
-                    logger.debug("push to %s on a fresh stream after %r", peer, exc)
-                    await self._write_lane(lane, peer, protocol, frame)
-
-    def _lane(self, peer: ID, protocol: str) -> _PushLane:
-        lane = self._lanes.get((peer, protocol))
-        if lane is None:
-            if len(self._lanes) >= _LANES_BEFORE_PRUNING:
-                self._forget_lanes_of_gone_peers()
-            lane = self._lanes[(peer, protocol)] = _PushLane()
-        return lane
-
-    def _forget_lanes_of_gone_peers(self) -> None:
-        network = self.host.get_network()
-        for key, lane in list(self._lanes.items()):
-            if not lane.lock.locked() and not network.get_connections(key[0]):
-                del self._lanes[key]
-
-    async def _write_lane(self, lane: _PushLane, peer: ID, protocol: str, frame: bytes) -> None:
-        """Write ``frame`` on the lane's stream (opened first if it has none, or the remote
-        ended it); the first frame of a lane whose reader we do not know yet is a probe."""
-        current = lane.current
-        if current is None or current.ended.is_set():
-            current = lane.current = await self._open_lane(lane, peer, protocol)
-        try:
-            await current.stream.write(frame)
-        except BaseException:
-            if lane.current is current:
-                lane.current = None
-            await _reset(current.stream)
-            raise
-        current.frames += 1
-        if trio.current_time() - current.opened_at >= _RECALL_S:
-            current.recall.clear()  # too old to be a one-frame reader's: nothing to resend
-        elif current.frames > 1 and len(current.recall) < _RECALL_FRAMES:
-            current.recall.append(frame)
-        if lane.reader is _Reader.UNKNOWN:
-            await self._probe(lane, current, peer, protocol)
-
-    async def _probe(self, lane: _PushLane, current: _LaneStream, peer: ID, protocol: str) -> None:
-        """Learn whether ``peer`` reads one frame per stream: it closes the stream right
-        after our first frame, or (a lane reader) keeps it open past ``_PROBE_S``."""
-        with trio.move_on_after(_PROBE_S):
-            await current.ended.wait()
-        if not current.ended.is_set():
-            lane.reader = _Reader.KEEPS_STREAMS
-            return
-        if current.how == _RESET:
-            raise ConnectionError(f"{peer} reset our {protocol} stream")
-        # Closed, or answered (a request/response protocol): one frame per stream.
-        lane.reader = _Reader.ONE_FRAME
-        logger.info("%s takes one %s frame per stream: one stream per push", peer, protocol)
-
-    async def _open_lane(self, lane: _PushLane, peer: ID, protocol: str) -> _LaneStream:
-        assert self.nursery is not None
-        current = _LaneStream(await self._open(peer, protocol), trio.current_time())
-        self.counters.push_streams[protocol] += 1
-        self.nursery.start_soon(self._watch, lane, current, peer, protocol)
-        return current
-
-    async def _watch(self, lane: _PushLane, current: _LaneStream, peer: ID, protocol: str) -> None:
-        """Notice the remote ending a lane stream; nothing ever comes back on it."""
-        current.how = await _remote_end(current.stream)
-        current.ended.set()
-        if current.how == _RESET:
-            return
-        with contextlib.suppress(Exception):
-            await current.stream.close()
-        young = trio.current_time() - current.opened_at < _RECALL_S
-        if current.recall and young:
-            # A one-frame reader slower to close than the probe: it read the first frame
-            # only, and dropped the rest unread (see the theory of operation).
-            lane.reader = _Reader.ONE_FRAME
-            await self._resend(lane, peer, protocol, current.recall)
-
-    async def _resend(self, lane: _PushLane, peer: ID, protocol: str, frames: list[bytes]) -> None:
-        logger.info("%s closed a push stream after one frame: pushing %d again", peer, len(frames))
-        async with lane.lock:
-            for frame in frames:
-                try:
-                    with trio.fail_after(_RESEND_TIMEOUT_S):
-                        await self._push_alone(peer, protocol, frame)
-                except (Exception, trio.TooSlowError) as exc:
-                    logger.warning("pushing again to %s failed: %r", peer, exc)
-                    return
-                self.counters.pushes_resent[protocol] += 1
-
-    async def _push_alone(self, peer: ID, protocol: str, frame: bytes) -> None:
-        """``frame`` on a stream of its own, closed by us (for a one-frame reader)."""
-        stream = await self._open(peer, protocol)
-        self.counters.push_streams[protocol] += 1
-        try:
-            await stream.write(frame)
-        except BaseException:
-            await _reset(stream)
-            raise
-        with contextlib.suppress(Exception):
-            await stream.close()
+        """Write ``payload`` as one frame on the push lane to ``(peer, protocol)``
+        (:mod:`sdsync.transport.push_lanes`)."""
+        await self.lanes.push(peer, protocol, payload, timeout_s)
 
     async def _answer_metadata(self, peer: str, request: bytes) -> bytes:
         """``/vac/waku/metadata/1.0.0``: the peer's cluster and shards in, ours out."""
@@ -725,7 +545,8 @@ class TrioHost:
 
 class RelayTrioHost(TrioHost):
     """A host that relays too: Waku Relay's gossipsub router and pubsub, the outbox the
-    asyncio side publishes through, and the validation and delivery of inbound frames."""
+    asyncio side publishes through (:class:`~sdsync.transport.relay_outbox.RelayOutbox`),
+    and the validation and delivery of inbound frames."""
 
     def __init__(self, state: HostState) -> None:
         super().__init__(state)
@@ -761,10 +582,7 @@ class RelayTrioHost(TrioHost):
         self._rng = random.Random(self.settings.seed)  # drop_rate's
         rate = self.settings.relay_rate
         self._relay_rates = None if rate is None else PeerBuckets(rate)
-        self._drain = _DrainWatch(_QUEUE_HIGH_WATER, _STALL_S)
-        self._dropped: set[ID] = set()  # stuck peers we disconnected
-        # Unbounded here: the asyncio side bounds what it puts in (its _OUTBOX_LIMIT).
-        self._outbox_in, self._outbox_out = trio.open_memory_channel[tuple[str, bytes]](math.inf)
+        self.outbox = RelayOutbox(state, self.host, self.pubsub, self.router, self.start_soon)
 
     async def run(self, ready: concurrent.futures.Future[TrioHost]) -> None:
         try:
@@ -775,12 +593,11 @@ class RelayTrioHost(TrioHost):
 
     @contextlib.asynccontextmanager
     async def _relay_services(self) -> AsyncIterator[None]:
-        assert self.nursery is not None
         async with background_trio_service(self.pubsub), background_trio_service(self.router):
             await self.pubsub.wait_until_ready()
             for topic in self.state.subscriptions.topics():
                 await self._join(topic)
-            self.nursery.start_soon(self._send_forever)
+            self.start_soon(self.outbox.run)
             yield
 
     # Called from the asyncio thread: only ever through the trio token.
@@ -788,10 +605,11 @@ class RelayTrioHost(TrioHost):
     def join(self, topic: str) -> None:
         self.spawn(lambda: self._join(topic))
 
-    def send(self, topic: str, frame: bytes) -> None:
+    def relay(self, pubsub_topic: str, frame: bytes) -> None:
+        """Queue ``frame`` in the relay outbox, to be published on ``pubsub_topic``."""
         assert self.token is not None
         try:
-            self.token.run_sync_soon(self._outbox_in.send_nowait, (topic, frame))
+            self.token.run_sync_soon(self.outbox.put, pubsub_topic, frame)
         except trio.RunFinishedError:
             raise LocalProtocolError("transport closed") from None
 
@@ -866,17 +684,13 @@ class RelayTrioHost(TrioHost):
         message = decode_waku_message(msg.data, max_bytes=self.settings.max_message_bytes)
         for pubsub_topic in msg.topicIDs:
             envelope = Envelope(pubsub_topic, message, message.hash(pubsub_topic))
-            frame = Received(message.payload, envelope.message_hash)
-            frames, envelopes = self._subscribers(pubsub_topic, message)
-            for queue in frames:
-                handover.post(queue.put_nowait, frame)
-            for envelope_queue in envelopes:
-                handover.post(envelope_queue.put_nowait, envelope)
+            for queue in self._subscribers(pubsub_topic, message):
+                handover.post(queue.put_nowait, envelope)
 
     def _subscribers(
         self, pubsub_topic: str, message: WakuMessage
-    ) -> tuple[list[asyncio.Queue[Received | None]], list[asyncio.Queue[Envelope | None]]]:
-        """The frame and envelope queues of the subscriptions ``message`` belongs to."""
+    ) -> list[asyncio.Queue[Envelope | None]]:
+        """The queues of the subscriptions ``message`` belongs to."""
         route = self.settings.route
 
         def wanted(topic: str) -> bool:
@@ -884,118 +698,6 @@ class RelayTrioHost(TrioHost):
             return routed == pubsub_topic and content_topic in (None, message.content_topic)
 
         return self.state.subscriptions.matching(wanted)
-
-    async def _send_forever(self) -> None:
-        loop_side = self._loop_side()
-        async for topic, frame in self._outbox_out:
-            try:
-                await self._room_to_send()
-                await self.pubsub.publish_unsigned(topic, frame)
-            except Exception as exc:
-                self.counters.publish_failures += 1
-                logger.warning("publishing on %s failed: %r", topic, exc)
-            finally:
-                loop_side.handover.post(loop_side.sent)
-
-    async def _room_to_send(self) -> None:
-        """Wait while a peer's outbound queue is nearly full and still draining.
-
-        Pubsub silently drops whole RPCs when a peer's queue is full, which under load
-        turns into far more loss than the network has. So a publication waits, as TCP
-        would, for a slow peer — but not for a stuck one (see :class:`_DrainWatch`). One
-        stuck for ``_WEDGED_S``, or never identified (:meth:`_unidentified`), is
-        disconnected, so that a redial gives it a fresh connection.
-        """
-        while True:
-            now = trio.current_time()
-            blocking = self._drain.holding_back(self.pubsub.peer_queues, now)
-            wedged = self._drain.stuck(now, _WEDGED_S)
-            unknown = self._unidentified(time.time())
-            stuck = wedged | unknown
-            for peer in stuck - self._dropped:
-                why = (
-                    f"took no frame for {_WEDGED_S:.0f} s"
-                    if peer in wedged
-                    else f"was not identified {_UNIDENTIFIED_S:.0f} s after we queued it frames"
-                )
-                self._drop_stuck(peer, why)
-            # Once one moves again (or is gone), it may be dropped again if it sticks.
-            self._dropped = stuck
-            if not blocking:
-                return
-            await trio.sleep(_ROOM_POLL_S)
-
-    def _unidentified(self, wall_now: float) -> set[ID]:
-        """Peers still unknown to the router that it has held frames for since
-        ``_UNIDENTIFIED_S`` ago.
-
-        py-libp2p queues what we publish for a subscribed peer until identify completes
-        for it. Under load (CI) identify once never completed: the queue dropped frames
-        at its cap, our publications never reached that peer (in a line, the rest of the
-        group) and the chat never converged. A fresh connection identifies afresh.
-
-        It also queues publications for a new peer identified but not (yet) subscribed
-        to their topic (:class:`~sdsync.transport.libp2p_patches.NewcomerQueues`): such
-        a queue may be old, yet its peer is identified."""
-        return self.router.unidentified_since(wall_now - _UNIDENTIFIED_S)
-
-    def _drop_stuck(self, peer: ID, why: str) -> None:
-        assert self.nursery is not None
-        logger.warning("%s: peer %s %s: disconnecting it", self.settings.peer_id[-8:], peer, why)
-
-        async def drop() -> None:
-            try:
-                with trio.move_on_after(self.settings.gossip.dial_timeout_s):
-                    for conn in self.host.get_network().get_connections(peer):
-                        # The muxer's own close() would queue its goodbye behind the very
-                        # write that is stuck; closing the secured connection beneath it
-                        # fails that write, and py-libp2p then clears the peer away.
-                        secured = getattr(conn.muxed_conn, "secured_conn", None)
-                        await (secured.close() if secured is not None else conn.close())
-            except Exception as exc:
-                logger.debug("disconnecting %s failed: %r", peer, exc)
-
-        self.nursery.start_soon(drop)
-
-
-class _DrainWatch:
-    """Which peers' nearly full outbound queues should hold a publication back.
-
-    A queue at or above ``high_water`` holds publications back while it drains. One that
-    has not got shorter for ``stall_s`` is *stuck* — py-libp2p can wedge a connection so
-    that nothing is written to it again, yet never closes it — and holds nothing back
-    until it moves again. This is remembered across publications: judged afresh each
-    time, a stuck peer would cost every publication ``stall_s``, and a publisher would
-    fall that far behind its caller, who would then stop altogether (the outbox is
-    bounded) while its other peers are fine.
-    """
-
-    __slots__ = ("_progress", "high_water", "stall_s")
-
-    def __init__(self, high_water: int, stall_s: float) -> None:
-        self.high_water = high_water
-        self.stall_s = stall_s
-        # peer -> (shortest length seen while above high water, when it was seen)
-        self._progress: dict[ID, tuple[int, float]] = {}
-
-    def holding_back(self, queues: Mapping[ID, Sized], now: float) -> bool:
-        progress: dict[ID, tuple[int, float]] = {}
-        blocking = False
-        for peer, queue in list(queues.items()):
-            length = len(queue)
-            if length < self.high_water:
-                continue  # drained (or left): judged afresh when it fills up again
-            shortest, since = self._progress.get(peer, (length + 1, now))
-            if length < shortest:
-                shortest, since = length, now
-            progress[peer] = (shortest, since)
-            blocking = blocking or now - since < self.stall_s
-        self._progress = progress
-        return blocking
-
-    def stuck(self, now: float, for_s: float) -> set[ID]:
-        """Peers whose queue has not got shorter for ``for_s`` (no less than ``stall_s``)."""
-        return {p for p, (_, since) in self._progress.items() if now - since >= for_s}
 
 
 def _check_relay_message(
@@ -1018,40 +720,6 @@ def _check_relay_message(
 def _relay_message_id(msg: rpc_pb2.Message) -> bytes:
     """js-waku's gossipsub message id: sha256 of the WakuMessage bytes."""
     return hashlib.sha256(msg.data).digest()
-
-
-class _Reader(enum.Enum):
-    """What we know of how a peer reads a push protocol's streams."""
-
-    UNKNOWN = "unknown"
-    KEEPS_STREAMS = "keeps streams"  # every frame, until we close (js-waku, sdsync)
-    ONE_FRAME = "one frame"  # one frame, then closes the stream (go-waku's Filter client)
-
-
-_CLOSED = "closed"
-_RESET = "reset"
-_ANSWERED = "answered"
-
-
-@dataclass(eq=False)
-class _LaneStream:
-    """One outbound push stream; ``ended`` once the remote closed or reset it (``how``)."""
-
-    stream: INetStream
-    opened_at: float
-    ended: trio.Event = field(default_factory=trio.Event)
-    how: str = ""
-    frames: int = 0
-    recall: list[bytes] = field(default_factory=list)  # frames after the first, while young
-
-
-@dataclass(eq=False)
-class _PushLane:
-    """The pushes to one (peer, protocol): written one at a time on ``current``."""
-
-    lock: trio.Lock = field(default_factory=trio.Lock)
-    reader: _Reader = _Reader.UNKNOWN
-    current: _LaneStream | None = None
 
 
 class _StreamTroubles:
@@ -1085,70 +753,3 @@ class _StreamTroubles:
             peer,
             f": {detail}" if detail else "",
         )
-
-
-async def _write_frame(stream: INetStream, body: bytes) -> None:
-    """``body`` as one frame.  A large one goes behind its prefix rather than copied into
-    one with it: an answer held by a peer that does not read would be held twice."""
-    if len(body) < _COPY_FRAME_BYTES:
-        await stream.write(encode_frame(body))
-        return
-    await stream.write(frame_prefix(len(body)))
-    await stream.write(body)
-
-
-async def _reset(stream: INetStream) -> None:
-    """Reset ``stream``, even from a cancelled task, within ``_RESET_S``."""
-    with (
-        trio.CancelScope(shield=True, deadline=trio.current_time() + _RESET_S),
-        contextlib.suppress(Exception),
-    ):
-        await stream.reset()
-
-
-async def _remote_end(stream: INetStream) -> str:
-    """Wait until the remote ends ``stream`` (an outbound stream we only write on); how.
-
-    A read that waits would do, but py-libp2p's mplex stream (js-libp2p's muxer with us)
-    holds its read-write lock through it, and every write would wait behind it; its
-    close and reset events are waited on instead."""
-    muxed = stream.muxed_stream if isinstance(stream, NetStream) else None
-    if not isinstance(muxed, MplexStream):
-        try:
-            return _ANSWERED if await stream.read(1) else _CLOSED
-        except StreamEOF:
-            return _CLOSED
-        except Exception:
-            return _RESET
-    how: list[str] = []
-    async with trio.open_nursery() as nursery:
-
-        async def first(event: trio.Event, name: str) -> None:
-            await event.wait()
-            how.append(name)
-            nursery.cancel_scope.cancel()
-
-        nursery.start_soon(first, muxed.event_remote_closed, _CLOSED)
-        nursery.start_soon(first, muxed.event_reset, _RESET)
-    return _RESET if muxed.event_reset.is_set() else how[0]
-
-
-def _refused(exc: StreamFailure) -> bool:
-    """Did the peer refuse the protocol (multistream-select "na")? py-libp2p 0.8.1 says
-    so only in the message of the MultiselectClientError behind its StreamFailure."""
-    cause = exc.__cause__
-    return isinstance(cause, MultiselectClientError) and str(cause).startswith(
-        "protocols not supported"
-    )
-
-
-def _reader(stream: INetStream) -> Callable[[int], Awaitable[bytes]]:
-    """``stream.read`` as :func:`read_frame` wants it: ``b""`` at the end of the stream."""
-
-    async def read(n: int) -> bytes:
-        try:
-            return await stream.read(n)
-        except StreamEOF:
-            return b""
-
-    return read

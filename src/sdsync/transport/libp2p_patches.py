@@ -34,7 +34,8 @@ replaces one behaviour of the pinned py-libp2p:
 * :class:`BoundedSwarm` frees an inbound connection's slot when the connection ends
   (py-libp2p holds it until the whole swarm stops, so after 250 inbound connections in a
   node's life every dial was refused), and bounds inbound connections per remote IP and
-  handshakes in progress, each within a deadline (:class:`ConnectionLimits`);
+  handshakes in progress, each within a deadline
+  (:class:`~sdsync.transport.settings.ConnectionLimits`);
 * :class:`RefusalIsNoError` logs a peer's refusal of a protocol (multistream "na") at
   DEBUG: py-libp2p logs each one as a seven-line ERROR, yet it is routine (every light
   client, ours or js-waku's, refuses the relay protocol that pubsub opens to each new
@@ -52,7 +53,6 @@ import time
 import weakref
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import trio
@@ -72,6 +72,8 @@ from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.rpc_queue import RpcQueue
 
+from sdsync.transport.settings import MESSAGE_CACHE_BYTES, ConnectionLimits
+
 logger = logging.getLogger("sdsync.transport.libp2p")
 
 PEER_QUEUE_RPCS = 256
@@ -80,10 +82,6 @@ PEER_QUEUE_RPCS = 256
 SUBSCRIPTION_GRACE_S = 5.0
 #: How often a host's signed peer record is checked against its listen addresses.
 PEER_RECORD_CHECK_S = 1.0
-#: Bytes of messages a relay node's gossip cache holds at most (see
-#: :class:`KeyedMessageCache`): 5 s of a 12 MiB/s shard at the default heartbeat,
-#: whatever the number of peers flooding it.
-MESSAGE_CACHE_BYTES = 64 * 2**20
 _REFUSAL_LOGGER = "libp2p.host.basic_host"
 
 
@@ -318,30 +316,10 @@ class KeyedMessageCache(MessageCache):
             self._on_evict(evicted)
 
 
-@dataclass(frozen=True, slots=True)
-class ConnectionLimits:
-    """Bounds on a host's inbound connections (threat model: one unauthenticated remote
-    host opening connections it never uses, or never finishes).
-
-    ``per_ip``: connections from one IP address at once, handshaking or established
-    (nwaku's colocation limit, 5 by default; 0: none). Addresses in ``exempt_ips`` are
-    not counted per IP: by default this machine's own (127.0.0.1, ::1), whose local
-    clients and tests may open many. ``pending``: handshakes (security and muxer
-    negotiation) in progress at once, from all addresses. ``handshake_timeout_s``: a
-    connection not upgraded by then is closed. ``max_connections``: py-libp2p's total,
-    of which all but its 50 reserved for outbound dials may be inbound.
-    """
-
-    per_ip: int = 5
-    pending: int = 64
-    handshake_timeout_s: float = 10.0
-    max_connections: int = 300
-    exempt_ips: frozenset[str] = field(default_factory=lambda: frozenset({"127.0.0.1", "::1"}))
-
-
 class BoundedSwarm(Swarm):
-    """py-libp2p's swarm, whose inbound connections are bounded (:class:`ConnectionLimits`)
-    and give their slot back when they end.
+    """py-libp2p's swarm, whose inbound connections are bounded
+    (:class:`~sdsync.transport.settings.ConnectionLimits`) and give their slot back when
+    they end.
 
     py-libp2p 0.8.1 admits an inbound connection under a capacity limiter and keeps
     the handler holding it until the swarm finishes, so the slot outlives the

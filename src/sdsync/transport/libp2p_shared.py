@@ -1,16 +1,16 @@
-"""The state a Libp2pTransport's two threads share: settings, counters, subscriptions, peers.
+"""The state a Libp2pNode's two threads share: settings, counters, subscriptions, peers.
 
 Theory of operation
 -------------------
-A :class:`~sdsync.transport.libp2p.Libp2pTransport` is one Waku node run by two threads:
+A :class:`~sdsync.transport.libp2p.Libp2pNode` is one Waku node run by two threads:
 its asyncio face on the caller's loop, and its
 :class:`~sdsync.transport.libp2p_host.TrioHost` on a thread of its own inside
-``trio.run``. All that both threads touch is one :class:`HostState`, which the transport
+``trio.run``. All that both threads touch is one :class:`HostState`, which the node
 makes in its constructor and hands to the host it starts; neither half reads the other's
 members. Who writes what, and under which lock:
 
-* ``settings`` (:class:`HostSettings`): frozen, made by the transport's constructor;
-  both threads read it.
+* ``settings`` (:class:`~sdsync.transport.settings.HostSettings`): frozen, made by the
+  node's constructor; both threads read it.
 * ``counters`` (:class:`HostCounters`): written on the trio thread only, read on the
   loop for reporting. No lock: each is an int or a Counter, changed one step at a time
   under the GIL, so a reading is at most a moment stale, never torn.
@@ -21,11 +21,12 @@ members. Who writes what, and under which lock:
   trio thread's redial loop, which copies the items before it dials (a dict copy is
   atomic under the GIL).
 * ``served``, ``push_served``, ``conversed``: the handlers of served protocols, added on
-  the loop; the host reads them once, as it starts (one added later reaches the running host through
-  its trio token).
-* ``loop_side`` (:class:`LoopSide`): None until the transport's ``start()`` sets it,
-  before the host thread starts; read-only after. It is the trio thread's way back to
-  the loop: the :class:`Handover`, and what to call there when a publication has left.
+  the loop; the host reads them once, as it starts (one added later reaches the running
+  host through its trio token).
+* ``loop_side`` (:class:`LoopSide`): None until the node's ``start()`` sets it, before
+  the host thread starts; read-only after. It is the trio thread's way back to the loop:
+  the :class:`Handover`, and what to call there when a publication has left the relay
+  outbox (:mod:`sdsync.transport.relay_outbox`).
 """
 
 from __future__ import annotations
@@ -36,76 +37,20 @@ import threading
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
-import multiaddr
-from libp2p.crypto.keys import KeyPair
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
-from sdsync.transport.base import Envelope, Received, WakuRelayConfig
-from sdsync.transport.libp2p_patches import MESSAGE_CACHE_BYTES, ConnectionLimits
-from sdsync.transport.ratelimit import RateLimit
-from sdsync.transport.waku_node import Handler, Opener, PushHandler
+from sdsync.transport.settings import HostSettings
+from sdsync.waku.node import Envelope, Handler, Opener, PushHandler
 
 logger = logging.getLogger("sdsync.transport.libp2p")
-
-T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class GossipParams:
-    """Gossipsub knobs; defaults suit a small group on one machine or a LAN."""
-
-    degree: int = 6
-    degree_low: int = 4
-    degree_high: int = 12
-    heartbeat_interval_s: int = 1
-    # The gossip message cache (what IWANT is answered from) holds this many bytes at
-    # most, the oldest going first, counted in Libp2pTransport.mcache_evicted.
-    message_cache_bytes: int = MESSAGE_CACHE_BYTES
-    # Redial configured peers that are not connected this often (they may start later,
-    # or restart).
-    redial_interval_s: float = 1.0
-    dial_timeout_s: float = 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class HostSettings:
-    """A transport's settings, as its constructor took and checked them (its docs say
-    what each means)."""
-
-    key_pair: KeyPair
-    peer_id: str
-    listen: tuple[multiaddr.Multiaddr, ...]
-    content_topic: Callable[[str], str]
-    waku: WakuRelayConfig
-    gossip: GossipParams
-    # False: a light client's host, which mounts no gossipsub at all.
-    relay: bool
-    # Shards our metadata names besides those we relay: a light client relays none,
-    # yet a node on its cluster (go-waku) drops a peer that names no shard.
-    announce_shards: tuple[int, ...]
-    limits: ConnectionLimits
-    max_message_bytes: int
-    # A relayed message's timestamp may be this far ahead of clock_ns() (as the
-    # archive's): further, it is neither delivered nor relayed.
-    clock_ns: Callable[[], int]
-    max_future_ns: int
-    # Bytes of valid relay frames one forwarding peer may bring (None: no limit); more
-    # are dropped by the validator, neither delivered nor relayed, and counted.
-    relay_rate: RateLimit | None
-    drop_rate: float
-    seed: int | None
-
-    def route(self, topic: str) -> tuple[str, str | None]:
-        """:meth:`~sdsync.transport.base.WakuRelayConfig.route` with our content topics."""
-        return self.waku.route(topic, self.content_topic)
 
 
 @dataclass(eq=False, slots=True)
 class HostCounters:
-    """What the trio thread counts, for the transport to report."""
+    """What the trio thread counts, for the node to report."""
 
     # Inbound connections closed unserved, by reason (ConnectionLimits).
     connections_refused: Counter[str] = field(default_factory=Counter)
@@ -133,54 +78,36 @@ class HostCounters:
 
 
 class Subscriptions:
-    """The subscribers' queues by the caller's topic: of frames (SDS bytes with their
-    hint) and of whole envelopes. A queue ends with the ``None`` :meth:`end` puts in."""
+    """The subscribers' envelope queues by the caller's topic (a pubsub topic, or a topic
+    its content topic routes). A queue ends with the ``None`` :meth:`end` puts in."""
 
-    __slots__ = ("_envelopes", "_frames", "_lock")
+    __slots__ = ("_lock", "_queues")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._frames: dict[str, list[asyncio.Queue[Received | None]]] = {}
-        self._envelopes: dict[str, list[asyncio.Queue[Envelope | None]]] = {}
+        self._queues: dict[str, list[asyncio.Queue[Envelope | None]]] = {}
 
-    def add_frames(self, topic: str) -> tuple[asyncio.Queue[Received | None], bool]:
-        """A new frame queue on ``topic``, and whether no one had subscribed to it yet."""
-        return self._add(self._frames, topic)
-
-    def add_envelopes(self, topic: str) -> tuple[asyncio.Queue[Envelope | None], bool]:
-        """A new envelope queue on ``topic``, and whether no one had subscribed to it yet."""
-        return self._add(self._envelopes, topic)
-
-    def _add(
-        self, table: dict[str, list[asyncio.Queue[T | None]]], topic: str
-    ) -> tuple[asyncio.Queue[T | None], bool]:
-        queue: asyncio.Queue[T | None] = asyncio.Queue()
+    def add(self, topic: str) -> tuple[asyncio.Queue[Envelope | None], bool]:
+        """A new queue on ``topic``, and whether no one had subscribed to it yet."""
+        queue: asyncio.Queue[Envelope | None] = asyncio.Queue()
         with self._lock:
-            new_topic = topic not in self._frames and topic not in self._envelopes
-            table.setdefault(topic, []).append(queue)
+            new_topic = topic not in self._queues
+            self._queues.setdefault(topic, []).append(queue)
         return queue, new_topic
 
     def topics(self) -> list[str]:
         with self._lock:
-            return sorted({*self._frames, *self._envelopes})
+            return sorted(self._queues)
 
-    def matching(
-        self, wanted: Callable[[str], bool]
-    ) -> tuple[list[asyncio.Queue[Received | None]], list[asyncio.Queue[Envelope | None]]]:
-        """The frame and envelope queues of the topics ``wanted`` picks."""
+    def matching(self, wanted: Callable[[str], bool]) -> list[asyncio.Queue[Envelope | None]]:
+        """The queues of the topics ``wanted`` picks."""
         with self._lock:
-            frames = [q for t, qs in self._frames.items() if wanted(t) for q in qs]
-            envelopes = [q for t, qs in self._envelopes.items() if wanted(t) for q in qs]
-        return frames, envelopes
+            return [q for t, qs in self._queues.items() if wanted(t) for q in qs]
 
     def end(self) -> None:
-        """End every subscription (on the loop): None, whatever its queue carries."""
+        """End every subscription (on the loop)."""
         with self._lock:
-            ended: list[list[asyncio.Queue[Any]]] = [
-                *self._frames.values(),
-                *self._envelopes.values(),
-            ]
-            for queues in ended:
+            for queues in self._queues.values():
                 for subscriber in queues:
                     subscriber.put_nowait(None)
 
@@ -224,7 +151,7 @@ class Handover:
 
 @dataclass(frozen=True, slots=True)
 class LoopSide:
-    """The trio thread's way back to the transport's asyncio loop."""
+    """The trio thread's way back to the node's asyncio loop."""
 
     loop: asyncio.AbstractEventLoop
     handover: Handover
@@ -235,7 +162,7 @@ class LoopSide:
 
 @dataclass(eq=False, slots=True)
 class HostState:
-    """Everything both threads of a transport touch (see the theory of operation)."""
+    """Everything both threads of a node touch (see the theory of operation)."""
 
     settings: HostSettings
     counters: HostCounters = field(default_factory=HostCounters)

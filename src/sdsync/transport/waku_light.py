@@ -7,10 +7,10 @@ A Waku light client joins no gossipsub mesh: it asks *service nodes* (nwaku, go-
 published on its content topics (12/WAKU2-FILTER v2). :class:`WakuLightTransport` is
 such a client behind the :class:`~sdsync.transport.Transport` contract, so a
 ReliableChannel runs over it as over relay (it is a
-:class:`~sdsync.transport.waku_node.WakuClient`, as a relay node is). It runs on a
-:class:`~sdsync.transport.waku_node.WakuHost`, the ``host`` given (a
-:class:`~sdsync.transport.memory_waku.MemoryWakuNode` in tests) or else one it makes: a
-:class:`~sdsync.transport.libp2p.Libp2pTransport` with ``relay=False``, which mounts no
+:class:`~sdsync.waku.node.WakuClient`, as a relay node is). It runs on a
+:class:`~sdsync.waku.node.WakuHost`, the ``host`` given (a
+:class:`~sdsync.testing.memory_waku.MemoryWakuNode` in tests) or else one it makes: a
+:class:`~sdsync.transport.libp2p.Libp2pNode` with ``relay=False``, which mounts no
 gossipsub at all (a relay peer would otherwise queue it every publication, in case it
 subscribed), but names the shards of its content topics in its metadata (go-waku on
 cluster 1 drops a peer that names none). Either way the transport starts and closes it.
@@ -29,7 +29,7 @@ message the service counts as failed and the next one is asked. A message no
 service takes is logged, counted in ``publish_failures`` and dropped, as relay drops one
 nobody hears: SDS resends what is not acknowledged. So a publisher holding a lock across
 ``publish`` (ReliableChannel does) never waits on a slow or dead service.
-:meth:`~WakuLightTransport.push` is the same push, awaited, with typed errors:
+:meth:`~WakuLightTransport.lightpush` is the same push, awaited, with typed errors:
 :class:`ServiceRefusedError` (a status other than 200, with its description) for each
 refusal, :class:`NoServiceError` when no service took it.
 
@@ -52,6 +52,12 @@ restarted, or the link broke: it could no longer push to us); back off, doubling
 ``retry_min_s`` to ``retry_max_s``, from a service that failed, while another one fills its
 place. Pushes go first to services whose last push did not fail.
 
+*Asking.* Each exchange with a service is its protocol's client, below this module:
+:func:`~sdsync.waku.lightpush.client.lightpush_v3` and ``lightpush_v2``,
+:func:`~sdsync.waku.filter.client.filter_request`, and
+:func:`~sdsync.waku.filter.client.pushed_message` for what a service pushes; here is
+only which service, when, and what follows from each answer.
+
 *Catching up* is the store client's (a layer above): :meth:`~WakuLightTransport.request`
 is the host's, so :meth:`sdsync.store.WakuStoreClient.over` asks a service's store over the
 same connection.
@@ -62,11 +68,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import logging
 import math
 import random
 import time
-import uuid
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -74,33 +80,31 @@ from typing import TYPE_CHECKING
 
 import multiaddr
 
-from sdsync.errors import LocalProtocolError, ProtocolNotSupportedError, RemoteProtocolError
+from sdsync.errors import (
+    LocalProtocolError,
+    ProtocolNotSupportedError,
+    RemoteProtocolError,
+)
 from sdsync.lifecycle import AsyncLifecycle
-from sdsync.transport.base import Received, WakuRelayConfig, default_content_topic
-from sdsync.transport.waku_node import WakuClient, WakuHost
-from sdsync.wire.waku import MAX_WAKU_MESSAGE_BYTES, WakuMessage
-from sdsync.wire.waku_protocols import (
-    FILTER_PUSH_PROTOCOL,
-    FILTER_SUBSCRIBE_PROTOCOL,
-    LIGHTPUSH_PROTOCOL,
-    LIGHTPUSH_V2_PROTOCOL,
-    MAX_RPC_BYTES,
+from sdsync.waku.filter.client import Criterion, filter_request, filter_requests, pushed_message
+from sdsync.waku.filter.rpc import FILTER_PUSH_PROTOCOL, FilterSubscribeType
+from sdsync.waku.lightpush.client import lightpush_v2, lightpush_v3
+from sdsync.waku.node import Received, WakuClient, WakuHost
+from sdsync.waku.relay.topics import (
     SHARD_TOPIC_PREFIX,
-    FilterSubscribeRequest,
-    FilterSubscribeResponse,
-    FilterSubscribeType,
-    LightPushRequestV3,
-    LightPushResponseV3,
-    MessagePush,
-    PushRequest,
-    PushRpc,
+    WakuRelayConfig,
+    default_content_topic,
     parse_content_topic,
 )
+from sdsync.waku.rpc import (
+    MAX_RPC_BYTES,
+    LightServiceError,
+    ServiceRefusedError,
+)
+from sdsync.wire.waku import MAX_WAKU_MESSAGE_BYTES, WakuMessage
 
 logger = logging.getLogger("sdsync.transport.waku_light")
 
-Criterion = tuple[str, str]
-"""(pubsub topic, content topic): what a Filter subscription asks for."""
 
 _OUTBOX_LIMIT = 256
 _FLUSH_S = 2.0
@@ -109,29 +113,9 @@ _WAIT_POLL_S = 0.05
 _OK = 200
 _NOT_FOUND = 404
 _TOO_MANY_REQUESTS = 429
-# A Filter request names at most this many content topics (nwaku's limit).
-_CONTENT_TOPICS_PER_REQUEST = 100
 
 
 # --- errors ---------------------------------------------------------------------------
-
-
-class LightServiceError(ConnectionError):
-    """A service node did not serve a light client's request: retry later, or elsewhere."""
-
-
-class ServiceRefusedError(LightServiceError):
-    """``service`` answered ``protocol_id`` with ``status`` (not 200) and ``description``."""
-
-    def __init__(
-        self, service: str, protocol_id: str, status: int | None, description: str | None
-    ) -> None:
-        code = "no status" if status is None else f"status {status}"
-        super().__init__(f"{service} refused {protocol_id} with {code}: {description or '-'}")
-        self.service = service
-        self.protocol_id = protocol_id
-        self.status = status
-        self.description = description
 
 
 class NoServiceError(LightServiceError):
@@ -425,9 +409,9 @@ class WakuLightTransport(AsyncLifecycle):
         self.drop_rate = drop_rate
         self.max_message_bytes = max_message_bytes
         if host is None:
-            from sdsync.transport.libp2p import Libp2pTransport  # py-libp2p: a second to load
+            from sdsync.transport.libp2p import Libp2pNode  # py-libp2p: a second to load
 
-            host = Libp2pTransport(
+            host = Libp2pNode(
                 listen=listen,
                 key=key,
                 waku=self.waku,
@@ -496,7 +480,11 @@ class WakuLightTransport(AsyncLifecycle):
         async def leave(index: int) -> None:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(_UNSUBSCRIBE_S):
-                    await self._filter_request(index, FilterSubscribeType.UNSUBSCRIBE_ALL)
+                    await filter_request(
+                        functools.partial(self._request, index),
+                        self._name(index),
+                        FilterSubscribeType.UNSUBSCRIBE_ALL,
+                    )
 
         await asyncio.gather(*(leave(index) for index in self.plan.subscribed()))
 
@@ -509,11 +497,11 @@ class WakuLightTransport(AsyncLifecycle):
         await self._outbox.put((pubsub_topic, message))
         return message.hash(pubsub_topic)
 
-    async def push(self, topic: str, data: bytes) -> bytes:
+    async def lightpush(self, topic: str, data: bytes) -> bytes:
         """LightPush ``data`` on ``topic`` now, to the first service that accepts it;
         returns its Waku message hash, or raises :class:`NoServiceError`."""
         pubsub_topic, message = self._message(topic, data)
-        await self.push_message(pubsub_topic, message)
+        await self.lightpush_message(pubsub_topic, message)
         return message.hash(pubsub_topic)
 
     def _message(self, topic: str, data: bytes) -> tuple[str, WakuMessage]:
@@ -534,7 +522,7 @@ class WakuLightTransport(AsyncLifecycle):
         self._last_timestamp = max(time.time_ns(), self._last_timestamp + 1)
         return self._last_timestamp
 
-    async def push_message(self, pubsub_topic: str, message: WakuMessage) -> None:
+    async def lightpush_message(self, pubsub_topic: str, message: WakuMessage) -> None:
         """LightPush ``message`` as it is to the first service that accepts it."""
         failures: list[tuple[str, Exception]] = []
         for index in self.plan.push_order(self._clock()):
@@ -569,7 +557,7 @@ class WakuLightTransport(AsyncLifecycle):
         while True:
             pubsub_topic, message = await self._outbox.get()
             try:
-                await self.push_message(pubsub_topic, message)
+                await self.lightpush_message(pubsub_topic, message)
             except NoServiceError as exc:
                 self.publish_failures += 1
                 logger.warning("%s: a publication was lost: %s", self.peer_id[-8:], exc)
@@ -577,41 +565,15 @@ class WakuLightTransport(AsyncLifecycle):
                 self._outbox.task_done()
 
     async def _lightpush(self, index: int, pubsub_topic: str, message: WakuMessage) -> None:
+        request = functools.partial(self._request, index)
         if index not in self._v2_only:
             try:
-                await self._lightpush_v3(index, pubsub_topic, message)
+                await lightpush_v3(request, self._name(index), pubsub_topic, message)
                 return
             except ProtocolNotSupportedError:
                 logger.info("%s speaks no LightPush v3: v2 from now on", self._name(index))
                 self._v2_only.add(index)
-        await self._lightpush_v2(index, pubsub_topic, message)
-
-    async def _lightpush_v3(self, index: int, pubsub_topic: str, message: WakuMessage) -> None:
-        request = LightPushRequestV3(uuid.uuid4().hex, pubsub_topic, message)
-        answer = await self._request(index, LIGHTPUSH_PROTOCOL, request.to_bytes())
-        response = LightPushResponseV3.from_bytes(answer)
-        self._check_answer(index, LIGHTPUSH_PROTOCOL, request.request_id, response.request_id)
-        if response.status_code != _OK:
-            raise ServiceRefusedError(
-                self._name(index), LIGHTPUSH_PROTOCOL, response.status_code, response.status_desc
-            )
-
-    async def _lightpush_v2(self, index: int, pubsub_topic: str, message: WakuMessage) -> None:
-        rpc = PushRpc(uuid.uuid4().hex, request=PushRequest(pubsub_topic, message))
-        answer = PushRpc.from_bytes(
-            await self._request(index, LIGHTPUSH_V2_PROTOCOL, rpc.to_bytes())
-        )
-        self._check_answer(index, LIGHTPUSH_V2_PROTOCOL, rpc.request_id, answer.request_id)
-        response = answer.response
-        if response is None:
-            raise RemoteProtocolError(f"{self._name(index)} answered a push without a response")
-        if not response.is_success:
-            raise ServiceRefusedError(
-                self._name(index),
-                LIGHTPUSH_V2_PROTOCOL,
-                response.status_code,
-                response.status_desc or response.info,
-            )
+        await lightpush_v2(request, self._name(index), pubsub_topic, message)
 
     # -------------------------------------------------------------- receiving
 
@@ -639,11 +601,7 @@ class WakuLightTransport(AsyncLifecycle):
             self._reject("not_a_service", f"a push from {peer}, which is none of our services")
             return
         try:
-            push = MessagePush.from_bytes(frame)
-            message = push.waku_message
-            if message is None:
-                raise RemoteProtocolError("a MessagePush without a message")
-            pubsub_topic = push.pubsub_topic or self.waku.pubsub_topic(message.content_topic)
+            pubsub_topic, message = pushed_message(frame, self.waku.pubsub_topic)
         except (RemoteProtocolError, LocalProtocolError) as exc:
             reason = exc.reason if isinstance(exc, RemoteProtocolError) else "bad_topic"
             self._reject(reason, f"a push from {peer}: {exc}")
@@ -700,13 +658,15 @@ class WakuLightTransport(AsyncLifecycle):
             self.plan.disconnected(gone, since)
 
     async def _carry_out(self, action: FilterAction) -> None:
+        request = functools.partial(self._request, action.service)
+        name = self._name(action.service)
         try:
             if isinstance(action, Ping):
-                await self._filter_request(action.service, FilterSubscribeType.SUBSCRIBER_PING)
+                await filter_request(request, name, FilterSubscribeType.SUBSCRIBER_PING)
             else:
-                for pubsub_topic, content_topics in _requests(action.criteria):
-                    await self._filter_request(
-                        action.service, FilterSubscribeType.SUBSCRIBE, pubsub_topic, content_topics
+                for pubsub_topic, content_topics in filter_requests(action.criteria):
+                    await filter_request(
+                        request, name, FilterSubscribeType.SUBSCRIBE, pubsub_topic, content_topics
                     )
             outcome = Outcome.OK
         except ServiceRefusedError as exc:
@@ -727,27 +687,6 @@ class WakuLightTransport(AsyncLifecycle):
         self.plan.done(action, outcome, self._clock())
         self._wake.set()
 
-    async def _filter_request(
-        self,
-        index: int,
-        kind: FilterSubscribeType,
-        pubsub_topic: str | None = None,
-        content_topics: tuple[str, ...] = (),
-    ) -> None:
-        request = FilterSubscribeRequest(uuid.uuid4().hex, kind, pubsub_topic, content_topics)
-        answer = await self._request(index, FILTER_SUBSCRIBE_PROTOCOL, request.to_bytes())
-        response = FilterSubscribeResponse.from_bytes(answer)
-        self._check_answer(
-            index, FILTER_SUBSCRIBE_PROTOCOL, request.request_id, response.request_id
-        )
-        if response.status_code != _OK:
-            raise ServiceRefusedError(
-                self._name(index),
-                FILTER_SUBSCRIBE_PROTOCOL,
-                response.status_code,
-                response.status_desc,
-            )
-
     # -------------------------------------------------------------- requests
 
     async def _request(self, index: int, protocol_id: str, payload: bytes) -> bytes:
@@ -757,12 +696,6 @@ class WakuLightTransport(AsyncLifecycle):
             payload,
             timeout_s=self.timing.request_timeout_s,
         )
-
-    def _check_answer(self, index: int, protocol_id: str, asked: str, answered: str) -> None:
-        if answered != asked:
-            raise RemoteProtocolError(
-                f"{self._name(index)} answered {protocol_id} request {answered[:80]!r}, not {asked}"
-            )
 
     async def request(
         self,
@@ -810,20 +743,6 @@ class WakuLightTransport(AsyncLifecycle):
     def _check_open(self) -> None:
         if self._closed:
             raise LocalProtocolError("transport is closed")
-
-
-def _requests(criteria: Iterable[Criterion]) -> list[tuple[str, tuple[str, ...]]]:
-    """The Filter requests that ask for ``criteria``: one per pubsub topic and hundred
-    content topics."""
-    by_topic: dict[str, list[str]] = {}
-    for pubsub_topic, content_topic in sorted(criteria):
-        by_topic.setdefault(pubsub_topic, []).append(content_topic)
-    step = _CONTENT_TOPICS_PER_REQUEST
-    return [
-        (pubsub_topic, tuple(topics[start : start + step]))
-        for pubsub_topic, topics in by_topic.items()
-        for start in range(0, len(topics), step)
-    ]
 
 
 async def _drain(queue: asyncio.Queue[Received | None]) -> AsyncIterator[Received]:

@@ -9,7 +9,7 @@ satisfies structurally (no base class to inherit), the smaller ones inside the l
 
 * :class:`WakuRequester` — one request frame to a peer, its answer back: what a store
   client asks a store peer through (:meth:`sdsync.store.WakuStoreClient.over`);
-* :class:`WakuClient` — the :class:`~sdsync.transport.base.Transport` contract
+* :class:`WakuClient` — the :class:`~sdsync.waku.node.Transport` contract
   (publish/subscribe SDS bytes), a requester, and its connected and mesh peers: what a
   chat runs on, be it a relay node or a light client
   (:class:`~sdsync.transport.waku_light.WakuLightTransport`, whose "mesh" is the
@@ -24,7 +24,7 @@ satisfies structurally (no base class to inherit), the smaller ones inside the l
   archives from, serves store query, LightPush and Filter on, and exports.
 
 :class:`~sdsync.transport.libp2p.Libp2pTransport` is a WakuNode over py-libp2p;
-:class:`~sdsync.transport.memory_waku.MemoryWakuNode` is one in memory, for tests.
+:class:`~sdsync.testing.memory_waku.MemoryWakuNode` is one in memory, for tests.
 
 What every implementation promises:
 
@@ -32,7 +32,7 @@ What every implementation promises:
   is dialled first; a request or push to a peer id we hold no connection to, or to an
   address that cannot be reached, raises ``ConnectionError``.
 * *Requests* carry one uvarint-length-prefixed frame each way
-  (:func:`~sdsync.wire.waku_protocols.encode_frame`). :meth:`WakuRequester.request`
+  (:func:`~sdsync.waku.rpc.encode_frame`). :meth:`WakuRequester.request`
   raises ``TimeoutError`` past ``timeout_s``,
   :class:`~sdsync.errors.RemoteProtocolError` for an answer above
   ``max_response_bytes``, truncated or missing (a handler that answered None),
@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from sdsync.wire.waku import WakuMessage
+
 
 @dataclass(frozen=True, slots=True)
 class Received:

@@ -40,7 +40,7 @@ from typing import Any, Generic, Self, TypeVar
 
 from google.protobuf.message import Message as ProtoMessage
 
-from sdsync.errors import LocalProtocolError, RejectReason, RemoteProtocolError
+from sdsync.errors import LocalProtocolError, RejectReason, RemoteProtocolError, ServiceUnavailable
 from sdsync.wire.codec import uvarint
 from sdsync.wire.untrusted import parse_untrusted
 from sdsync.wire.waku import HASH_SIZE, MAX_WAKU_MESSAGE_BYTES, WakuMessage, decode_waku_message
@@ -53,6 +53,10 @@ MAX_RPC_BYTES = MAX_WAKU_MESSAGE_BYTES + RPC_OVERHEAD_BYTES
 
 MAX_UVARINT_BYTES = 10
 _M = TypeVar("_M", bound=ProtoMessage)
+
+Request = Callable[[str, bytes], Awaitable[bytes]]
+"""Carry a request body to one peer under a protocol id; its response body (the host
+frames both, and raises ``OSError``/``TimeoutError`` when the peer cannot answer)."""
 Status = TypeVar("Status", bound=int)
 
 
@@ -170,11 +174,9 @@ def message_bytes(message: WakuMessage | None) -> bytes | None:
     return None if message is None else message.to_bytes()
 
 
-def check_hash(name: str, value: bytes | None) -> None:
+def check_hash_size(name: str, value: bytes | None) -> None:
     if value is not None and len(value) != HASH_SIZE:
         raise LocalProtocolError(f"{name} of {len(value)} bytes is not a {HASH_SIZE}-byte hash")
-
-
 
 
 # --- refusals --------------------------------------------------------------------------
@@ -196,3 +198,32 @@ def refusal_reason(exc: RemoteProtocolError) -> str:
     name (``malformed_rpc``...), or the finer word of a subclass
     (:class:`~sdsync.waku.messages.InvalidMessageError`'s ``bad_topic``...)."""
     return exc.reason.name.lower() if isinstance(exc.reason, RejectReason) else exc.reason
+
+
+# --- a service's answers, as its clients read them --------------------------------------
+
+
+class LightServiceError(ServiceUnavailable, ConnectionError):
+    """A service node did not serve a light client's request: retry later, or elsewhere."""
+
+
+class ServiceRefusedError(LightServiceError):
+    """``service`` answered ``protocol_id`` with ``status`` (not 200) and ``description``."""
+
+    def __init__(
+        self, service: str, protocol_id: str, status: int | None, description: str | None
+    ) -> None:
+        code = "no status" if status is None else f"status {status}"
+        super().__init__(f"{service} refused {protocol_id} with {code}: {description or '-'}")
+        self.service = service
+        self.protocol_id = protocol_id
+        self.status = status
+        self.description = description
+
+
+def check_request_id(service: str, protocol_id: str, asked: str, answered: str) -> None:
+    """A peer's answer must name the request it answers: RemoteProtocolError if not."""
+    if answered != asked:
+        raise RemoteProtocolError(
+            f"{service} answered {protocol_id} request {answered[:80]!r}, not {asked}"
+        )

@@ -1,5 +1,6 @@
-"""Wire format: SDS protobuf messages (byte-compatible with @waku/sds), the Waku envelope,
-and the Waku store, LightPush, Filter and metadata RPCs (byte-compatible with @waku/proto)."""
+"""Wire format: SDS protobuf messages (byte-compatible with @waku/sds) and the Waku
+envelope (WakuMessage) every Waku protocol carries; the protocols' own RPCs are in
+:mod:`sdsync.waku`, a folder each."""
 
 from sdsync.wire.codec import (
     DEFAULT_LIMITS,
@@ -14,57 +15,19 @@ from sdsync.wire.codec import (
     message_id_for_sender,
 )
 from sdsync.wire.waku import WakuMessage, decode_waku_message, message_hash
-from sdsync.wire.waku_protocols import (
-    ContentTopic,
-    FilterSubscribeRequest,
-    FilterSubscribeResponse,
-    FilterSubscribeType,
-    LightPushRequestV3,
-    LightPushResponseV3,
-    MessagePush,
-    PushRequest,
-    PushResponse,
-    PushRpc,
-    StoreQueryRequest,
-    StoreQueryResponse,
-    WakuMessageKeyValue,
-    WakuMetadata,
-    encode_frame,
-    parse_content_topic,
-    read_frame,
-    shard_pubsub_topic,
-)
 
 __all__ = [
     "DEFAULT_LIMITS",
-    "ContentTopic",
-    "FilterSubscribeRequest",
-    "FilterSubscribeResponse",
-    "FilterSubscribeType",
     "HistoryEntry",
-    "LightPushRequestV3",
-    "LightPushResponseV3",
     "Message",
     "MessageKind",
-    "MessagePush",
-    "PushRequest",
-    "PushResponse",
-    "PushRpc",
-    "StoreQueryRequest",
-    "StoreQueryResponse",
     "WakuMessage",
-    "WakuMessageKeyValue",
-    "WakuMetadata",
     "WireLimits",
     "classify",
     "decode",
     "decode_waku_message",
     "encode",
-    "encode_frame",
     "message_hash",
     "message_id_for",
     "message_id_for_sender",
-    "parse_content_topic",
-    "read_frame",
-    "shard_pubsub_topic",
 ]

@@ -26,7 +26,7 @@ from test_waku_sync_service import (
     until,
 )
 
-from sdsync.transport import MemoryNetwork
+from sdsync.testing.memory import MemoryNetwork
 from sdsync.waku.sync import RBSR_PROTOCOL, ItemRows, RbsrReconciler, SyncId, Topics
 from sdsync.waku.sync import waku_sync_pb2 as pb
 

@@ -21,7 +21,8 @@ import pytest
 
 from sdsync.errors import ProtocolNotSupportedError
 from sdsync.store import NodeConfig, StoredMessage, StoreNode, open_archive
-from sdsync.transport import MemoryNetwork, MemoryWakuNode
+from sdsync.testing.memory import MemoryNetwork
+from sdsync.testing.memory_waku import MemoryWakuNode
 from sdsync.waku.sync import (
     RECONCILIATION_PROTOCOL,
     TRANSFER_PROTOCOL,

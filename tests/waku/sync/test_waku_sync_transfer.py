@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sdsync.errors import RejectReason, RemoteProtocolError
-from sdsync.transport.base import Envelope
+from sdsync.waku.node import Envelope
 from sdsync.waku.sync import WakuMessageAndTopic
 from sdsync.waku.sync.transfer import Expected, TransferRefused, admit
 from sdsync.wire.waku import WakuMessage

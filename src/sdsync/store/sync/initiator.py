@@ -43,7 +43,6 @@ from sdsync.errors import RemoteProtocolError
 from sdsync.reconcile import Method, ReconcileSession, session_class
 from sdsync.reconcile.codec import MAX_VARINT_BYTES
 from sdsync.reconcile.riblt import UndecodedError
-from sdsync.store.client import StoreUnavailableError
 from sdsync.store.host import SyncHost
 from sdsync.store.sync.host import SOURCE, read_batch, snapshot
 from sdsync.store.sync.wire import (
@@ -61,6 +60,7 @@ from sdsync.store.sync.wire import (
     open_path,
     session_path,
 )
+from sdsync.waku.store.client import StoreUnavailableError
 
 DEFAULT_TIMEOUT_S = 60.0
 """Per request; a responder loads its snapshot before answering the first frame."""

@@ -23,10 +23,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sdsync.errors import RemoteProtocolError
+from sdsync.errors import RemoteProtocolError, ServiceUnavailable
 from sdsync.reconcile import Method
-from sdsync.store.archive import ArchiveUnavailable
-from sdsync.store.client import StoreUnavailableError
 from sdsync.store.host import SyncHost
 from sdsync.store.sync.config import SyncConfig
 from sdsync.store.sync.initiator import SyncReport, SyncUnsupportedError, sync_with_peer
@@ -75,7 +73,7 @@ class PeriodicSync:
                 logger.warning("store sync: %s; not asking it again", exc)
                 self.unsupported.add(peer)
                 continue
-            except (StoreUnavailableError, RemoteProtocolError, ArchiveUnavailable) as exc:
+            except (ServiceUnavailable, RemoteProtocolError) as exc:
                 self._failed(f"{peer}: {exc}", peer)
                 return None
             self.last, self.last_error = report, None

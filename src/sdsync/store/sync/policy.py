@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from sdsync.store.model import StoredMessage
 from sdsync.store.sync.config import NS, SyncConfig
+from sdsync.waku.messages import StoredMessage
 
 
 class SyncRefused(Exception):  # noqa: N818 -- a refusal, not a failure of ours

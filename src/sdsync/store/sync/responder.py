@@ -71,7 +71,6 @@ from sdsync.reconcile import (
 from sdsync.reconcile.session import MethodSession
 from sdsync.store.archive import ArchiveUnavailable
 from sdsync.store.host import SyncHost
-from sdsync.store.model import INT64_MAX, StoredMessage, StoreQuery
 from sdsync.store.server import NODE, bearer_matches, refuse
 from sdsync.store.sync.config import SyncConfig
 from sdsync.store.sync.host import SOURCE, read_batch, snapshot
@@ -88,7 +87,9 @@ from sdsync.store.sync.wire import (
     decode_batch,
     decode_frames,
 )
-from sdsync.transport.ratelimit import PeerBuckets, RateLimit
+from sdsync.waku.messages import StoredMessage
+from sdsync.waku.ratelimit import PeerBuckets, RateLimit
+from sdsync.waku.store.model import INT64_MAX, StoreQuery
 
 RETRY_AFTER_S = 5
 

@@ -30,7 +30,7 @@ from collections.abc import Container, Iterable
 from sdsync.errors import RemoteProtocolError
 from sdsync.reconcile import Method, RbsrSession, varint
 from sdsync.reconcile.codec import Reader
-from sdsync.store.model import StoredMessage
+from sdsync.waku.messages import StoredMessage
 from sdsync.wire.waku import MAX_WAKU_MESSAGE_BYTES, decode_waku_message
 
 PREFIX = "/sync/"

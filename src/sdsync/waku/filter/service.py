@@ -61,15 +61,15 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 
 from sdsync.errors import RemoteProtocolError
-from sdsync.store.model import Refused
-from sdsync.wire.waku_protocols import (
+from sdsync.waku.filter.rpc import (
     FilterSubscribeRequest,
     FilterSubscribeResponse,
     FilterSubscribeType,
-    parse_content_topic,
 )
+from sdsync.waku.relay.topics import parse_content_topic
+from sdsync.waku.rpc import Refused
 
-logger = logging.getLogger("sdsync.store.filter")
+logger = logging.getLogger("sdsync.waku.filter.service")
 
 Criterion = tuple[str, str]
 """(pubsub topic, content topic)."""

@@ -7,19 +7,20 @@ field-for-field as @waku/proto 0.0.15 and nwaku deploy them. Regenerate the Pyth
 with `make proto` after editing.
 """
 
+import builtins as _builtins
+import sys
+import typing as _typing
 from collections import abc as _abc
+
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
-import builtins as _builtins
-import sys
-import typing as _typing
 
 if sys.version_info >= (3, 10):
     from typing import TypeAlias as _TypeAlias
 else:
-    from typing_extensions import TypeAlias as _TypeAlias
+    from typing import TypeAlias as _TypeAlias
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -29,7 +30,7 @@ class FilterSubscribeRequest(_message.Message):
 
     class _FilterSubscribeType:
         ValueType = _typing.NewType("ValueType", _builtins.int)
-        V: _TypeAlias = ValueType  # noqa: Y015
+        V: _TypeAlias = ValueType
 
     class _FilterSubscribeTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[FilterSubscribeRequest._FilterSubscribeType.ValueType], _builtins.type):
         DESCRIPTOR: _descriptor.EnumDescriptor
@@ -61,15 +62,15 @@ class FilterSubscribeRequest(_message.Message):
         pubsub_topic: _builtins.str | None = ...,
         content_topics: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_pubsub_topic", b"_pubsub_topic", "pubsub_topic", b"pubsub_topic"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_pubsub_topic", b"_pubsub_topic", "pubsub_topic", b"pubsub_topic"]
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_pubsub_topic", b"_pubsub_topic", "content_topics", b"content_topics", "filter_subscribe_type", b"filter_subscribe_type", "pubsub_topic", b"pubsub_topic", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_pubsub_topic", b"_pubsub_topic", "content_topics", b"content_topics", "filter_subscribe_type", b"filter_subscribe_type", "pubsub_topic", b"pubsub_topic", "request_id", b"request_id"]
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType__pubsub_topic: _TypeAlias = _typing.Literal["pubsub_topic"]  # noqa: Y015
-    _WhichOneofArgType__pubsub_topic: _TypeAlias = _typing.Literal["_pubsub_topic", b"_pubsub_topic"]  # noqa: Y015
+    _WhichOneofReturnType__pubsub_topic: _TypeAlias = _typing.Literal["pubsub_topic"]
+    _WhichOneofArgType__pubsub_topic: _TypeAlias = _typing.Literal["_pubsub_topic", b"_pubsub_topic"]
     def WhichOneof(self, oneof_group: _WhichOneofArgType__pubsub_topic) -> _WhichOneofReturnType__pubsub_topic | None: ...
 
-Global___FilterSubscribeRequest: _TypeAlias = FilterSubscribeRequest  # noqa: Y015
+Global___FilterSubscribeRequest: _TypeAlias = FilterSubscribeRequest
 
 @_typing.final
 class FilterSubscribeResponse(_message.Message):
@@ -88,15 +89,15 @@ class FilterSubscribeResponse(_message.Message):
         status_code: _builtins.int = ...,
         status_desc: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_status_desc", b"_status_desc", "status_desc", b"status_desc"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_status_desc", b"_status_desc", "status_desc", b"status_desc"]
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_status_desc", b"_status_desc", "request_id", b"request_id", "status_code", b"status_code", "status_desc", b"status_desc"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_status_desc", b"_status_desc", "request_id", b"request_id", "status_code", b"status_code", "status_desc", b"status_desc"]
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType__status_desc: _TypeAlias = _typing.Literal["status_desc"]  # noqa: Y015
-    _WhichOneofArgType__status_desc: _TypeAlias = _typing.Literal["_status_desc", b"_status_desc"]  # noqa: Y015
+    _WhichOneofReturnType__status_desc: _TypeAlias = _typing.Literal["status_desc"]
+    _WhichOneofArgType__status_desc: _TypeAlias = _typing.Literal["_status_desc", b"_status_desc"]
     def WhichOneof(self, oneof_group: _WhichOneofArgType__status_desc) -> _WhichOneofReturnType__status_desc | None: ...
 
-Global___FilterSubscribeResponse: _TypeAlias = FilterSubscribeResponse  # noqa: Y015
+Global___FilterSubscribeResponse: _TypeAlias = FilterSubscribeResponse
 
 @_typing.final
 class MessagePush(_message.Message):
@@ -115,17 +116,17 @@ class MessagePush(_message.Message):
         waku_message: _builtins.bytes | None = ...,
         pubsub_topic: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_pubsub_topic", b"_pubsub_topic", "_waku_message", b"_waku_message", "pubsub_topic", b"pubsub_topic", "waku_message", b"waku_message"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_pubsub_topic", b"_pubsub_topic", "_waku_message", b"_waku_message", "pubsub_topic", b"pubsub_topic", "waku_message", b"waku_message"]
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_pubsub_topic", b"_pubsub_topic", "_waku_message", b"_waku_message", "pubsub_topic", b"pubsub_topic", "waku_message", b"waku_message"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_pubsub_topic", b"_pubsub_topic", "_waku_message", b"_waku_message", "pubsub_topic", b"pubsub_topic", "waku_message", b"waku_message"]
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType__pubsub_topic: _TypeAlias = _typing.Literal["pubsub_topic"]  # noqa: Y015
-    _WhichOneofArgType__pubsub_topic: _TypeAlias = _typing.Literal["_pubsub_topic", b"_pubsub_topic"]  # noqa: Y015
-    _WhichOneofReturnType__waku_message: _TypeAlias = _typing.Literal["waku_message"]  # noqa: Y015
-    _WhichOneofArgType__waku_message: _TypeAlias = _typing.Literal["_waku_message", b"_waku_message"]  # noqa: Y015
+    _WhichOneofReturnType__pubsub_topic: _TypeAlias = _typing.Literal["pubsub_topic"]
+    _WhichOneofArgType__pubsub_topic: _TypeAlias = _typing.Literal["_pubsub_topic", b"_pubsub_topic"]
+    _WhichOneofReturnType__waku_message: _TypeAlias = _typing.Literal["waku_message"]
+    _WhichOneofArgType__waku_message: _TypeAlias = _typing.Literal["_waku_message", b"_waku_message"]
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__pubsub_topic) -> _WhichOneofReturnType__pubsub_topic | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__waku_message) -> _WhichOneofReturnType__waku_message | None: ...
 
-Global___MessagePush: _TypeAlias = MessagePush  # noqa: Y015
+Global___MessagePush: _TypeAlias = MessagePush

@@ -44,24 +44,18 @@ from enum import IntEnum
 from typing import NamedTuple, Protocol, TypeVar
 
 from sdsync.errors import RejectReason, RemoteProtocolError
-from sdsync.store.model import (
-    InvalidMessageError,
-    Refused,
-    check_timestamp,
-    refusal_reason,
-)
-from sdsync.wire.waku import WakuMessage, topic_problem
-from sdsync.wire.waku_protocols import (
-    TWN_CLUSTER_ID,
-    TWN_SHARD_COUNT,
+from sdsync.waku.lightpush.rpc import (
     LightPushRequestV3,
     LightPushResponseV3,
     PushResponse,
     PushRpc,
-    parse_content_topic,
 )
+from sdsync.waku.messages import InvalidMessageError, check_timestamp
+from sdsync.waku.relay.topics import TWN_CLUSTER_ID, TWN_SHARD_COUNT, parse_content_topic
+from sdsync.waku.rpc import Refused, refusal_reason
+from sdsync.wire.waku import WakuMessage, topic_problem
 
-logger = logging.getLogger("sdsync.store.lightpush")
+logger = logging.getLogger("sdsync.waku.lightpush.service")
 
 
 class LightPushStatus(IntEnum):

@@ -10,16 +10,17 @@ message and bytes share one wire encoding, so the codec hands these bytes whole 
 WakuMessage decoder.
 """
 
-from google.protobuf import descriptor as _descriptor
-from google.protobuf import message as _message
 import builtins as _builtins
 import sys
 import typing as _typing
 
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+
 if sys.version_info >= (3, 10):
     from typing import TypeAlias as _TypeAlias
 else:
-    from typing_extensions import TypeAlias as _TypeAlias
+    from typing import TypeAlias as _TypeAlias
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -41,20 +42,20 @@ class LightPushRequestV3(_message.Message):
         pubsub_topic: _builtins.str | None = ...,
         message: _builtins.bytes | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_message", b"_message", "_pubsub_topic", b"_pubsub_topic", "message", b"message", "pubsub_topic", b"pubsub_topic"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_message", b"_message", "_pubsub_topic", b"_pubsub_topic", "message", b"message", "pubsub_topic", b"pubsub_topic"]
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_message", b"_message", "_pubsub_topic", b"_pubsub_topic", "message", b"message", "pubsub_topic", b"pubsub_topic", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_message", b"_message", "_pubsub_topic", b"_pubsub_topic", "message", b"message", "pubsub_topic", b"pubsub_topic", "request_id", b"request_id"]
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType__message: _TypeAlias = _typing.Literal["message"]  # noqa: Y015
-    _WhichOneofArgType__message: _TypeAlias = _typing.Literal["_message", b"_message"]  # noqa: Y015
-    _WhichOneofReturnType__pubsub_topic: _TypeAlias = _typing.Literal["pubsub_topic"]  # noqa: Y015
-    _WhichOneofArgType__pubsub_topic: _TypeAlias = _typing.Literal["_pubsub_topic", b"_pubsub_topic"]  # noqa: Y015
+    _WhichOneofReturnType__message: _TypeAlias = _typing.Literal["message"]
+    _WhichOneofArgType__message: _TypeAlias = _typing.Literal["_message", b"_message"]
+    _WhichOneofReturnType__pubsub_topic: _TypeAlias = _typing.Literal["pubsub_topic"]
+    _WhichOneofArgType__pubsub_topic: _TypeAlias = _typing.Literal["_pubsub_topic", b"_pubsub_topic"]
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__message) -> _WhichOneofReturnType__message | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__pubsub_topic) -> _WhichOneofReturnType__pubsub_topic | None: ...
 
-Global___LightPushRequestV3: _TypeAlias = LightPushRequestV3  # noqa: Y015
+Global___LightPushRequestV3: _TypeAlias = LightPushRequestV3
 
 @_typing.final
 class LightPushResponseV3(_message.Message):
@@ -76,20 +77,20 @@ class LightPushResponseV3(_message.Message):
         status_desc: _builtins.str | None = ...,
         relay_peer_count: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_relay_peer_count", b"_relay_peer_count", "_status_desc", b"_status_desc", "relay_peer_count", b"relay_peer_count", "status_desc", b"status_desc"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_relay_peer_count", b"_relay_peer_count", "_status_desc", b"_status_desc", "relay_peer_count", b"relay_peer_count", "status_desc", b"status_desc"]
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_relay_peer_count", b"_relay_peer_count", "_status_desc", b"_status_desc", "relay_peer_count", b"relay_peer_count", "request_id", b"request_id", "status_code", b"status_code", "status_desc", b"status_desc"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_relay_peer_count", b"_relay_peer_count", "_status_desc", b"_status_desc", "relay_peer_count", b"relay_peer_count", "request_id", b"request_id", "status_code", b"status_code", "status_desc", b"status_desc"]
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType__relay_peer_count: _TypeAlias = _typing.Literal["relay_peer_count"]  # noqa: Y015
-    _WhichOneofArgType__relay_peer_count: _TypeAlias = _typing.Literal["_relay_peer_count", b"_relay_peer_count"]  # noqa: Y015
-    _WhichOneofReturnType__status_desc: _TypeAlias = _typing.Literal["status_desc"]  # noqa: Y015
-    _WhichOneofArgType__status_desc: _TypeAlias = _typing.Literal["_status_desc", b"_status_desc"]  # noqa: Y015
+    _WhichOneofReturnType__relay_peer_count: _TypeAlias = _typing.Literal["relay_peer_count"]
+    _WhichOneofArgType__relay_peer_count: _TypeAlias = _typing.Literal["_relay_peer_count", b"_relay_peer_count"]
+    _WhichOneofReturnType__status_desc: _TypeAlias = _typing.Literal["status_desc"]
+    _WhichOneofArgType__status_desc: _TypeAlias = _typing.Literal["_status_desc", b"_status_desc"]
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__relay_peer_count) -> _WhichOneofReturnType__relay_peer_count | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__status_desc) -> _WhichOneofReturnType__status_desc | None: ...
 
-Global___LightPushResponseV3: _TypeAlias = LightPushResponseV3  # noqa: Y015
+Global___LightPushResponseV3: _TypeAlias = LightPushResponseV3
 
 @_typing.final
 class PushRequest(_message.Message):
@@ -107,15 +108,15 @@ class PushRequest(_message.Message):
         pubsub_topic: _builtins.str = ...,
         message: _builtins.bytes | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_message", b"_message", "message", b"message"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_message", b"_message", "message", b"message"]
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_message", b"_message", "message", b"message", "pubsub_topic", b"pubsub_topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_message", b"_message", "message", b"message", "pubsub_topic", b"pubsub_topic"]
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType__message: _TypeAlias = _typing.Literal["message"]  # noqa: Y015
-    _WhichOneofArgType__message: _TypeAlias = _typing.Literal["_message", b"_message"]  # noqa: Y015
+    _WhichOneofReturnType__message: _TypeAlias = _typing.Literal["message"]
+    _WhichOneofArgType__message: _TypeAlias = _typing.Literal["_message", b"_message"]
     def WhichOneof(self, oneof_group: _WhichOneofArgType__message) -> _WhichOneofReturnType__message | None: ...
 
-Global___PushRequest: _TypeAlias = PushRequest  # noqa: Y015
+Global___PushRequest: _TypeAlias = PushRequest
 
 @_typing.final
 class PushResponse(_message.Message):
@@ -140,18 +141,18 @@ class PushResponse(_message.Message):
         status_desc: _builtins.str | None = ...,
         relay_peer_count: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_info", b"_info", "_relay_peer_count", b"_relay_peer_count", "_status_code", b"_status_code", "_status_desc", b"_status_desc", "info", b"info", "relay_peer_count", b"relay_peer_count", "status_code", b"status_code", "status_desc", b"status_desc"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_info", b"_info", "_relay_peer_count", b"_relay_peer_count", "_status_code", b"_status_code", "_status_desc", b"_status_desc", "info", b"info", "relay_peer_count", b"relay_peer_count", "status_code", b"status_code", "status_desc", b"status_desc"]
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_info", b"_info", "_relay_peer_count", b"_relay_peer_count", "_status_code", b"_status_code", "_status_desc", b"_status_desc", "info", b"info", "is_success", b"is_success", "relay_peer_count", b"relay_peer_count", "status_code", b"status_code", "status_desc", b"status_desc"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_info", b"_info", "_relay_peer_count", b"_relay_peer_count", "_status_code", b"_status_code", "_status_desc", b"_status_desc", "info", b"info", "is_success", b"is_success", "relay_peer_count", b"relay_peer_count", "status_code", b"status_code", "status_desc", b"status_desc"]
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType__info: _TypeAlias = _typing.Literal["info"]  # noqa: Y015
-    _WhichOneofArgType__info: _TypeAlias = _typing.Literal["_info", b"_info"]  # noqa: Y015
-    _WhichOneofReturnType__relay_peer_count: _TypeAlias = _typing.Literal["relay_peer_count"]  # noqa: Y015
-    _WhichOneofArgType__relay_peer_count: _TypeAlias = _typing.Literal["_relay_peer_count", b"_relay_peer_count"]  # noqa: Y015
-    _WhichOneofReturnType__status_code: _TypeAlias = _typing.Literal["status_code"]  # noqa: Y015
-    _WhichOneofArgType__status_code: _TypeAlias = _typing.Literal["_status_code", b"_status_code"]  # noqa: Y015
-    _WhichOneofReturnType__status_desc: _TypeAlias = _typing.Literal["status_desc"]  # noqa: Y015
-    _WhichOneofArgType__status_desc: _TypeAlias = _typing.Literal["_status_desc", b"_status_desc"]  # noqa: Y015
+    _WhichOneofReturnType__info: _TypeAlias = _typing.Literal["info"]
+    _WhichOneofArgType__info: _TypeAlias = _typing.Literal["_info", b"_info"]
+    _WhichOneofReturnType__relay_peer_count: _TypeAlias = _typing.Literal["relay_peer_count"]
+    _WhichOneofArgType__relay_peer_count: _TypeAlias = _typing.Literal["_relay_peer_count", b"_relay_peer_count"]
+    _WhichOneofReturnType__status_code: _TypeAlias = _typing.Literal["status_code"]
+    _WhichOneofArgType__status_code: _TypeAlias = _typing.Literal["_status_code", b"_status_code"]
+    _WhichOneofReturnType__status_desc: _TypeAlias = _typing.Literal["status_desc"]
+    _WhichOneofArgType__status_desc: _TypeAlias = _typing.Literal["_status_desc", b"_status_desc"]
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__info) -> _WhichOneofReturnType__info | None: ...
     @_typing.overload
@@ -161,7 +162,7 @@ class PushResponse(_message.Message):
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__status_desc) -> _WhichOneofReturnType__status_desc | None: ...
 
-Global___PushResponse: _TypeAlias = PushResponse  # noqa: Y015
+Global___PushResponse: _TypeAlias = PushResponse
 
 @_typing.final
 class PushRpc(_message.Message):
@@ -182,17 +183,17 @@ class PushRpc(_message.Message):
         request: Global___PushRequest | None = ...,
         response: Global___PushResponse | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_request", b"_request", "_response", b"_response", "request", b"request", "response", b"response"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_request", b"_request", "_response", b"_response", "request", b"request", "response", b"response"]
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_request", b"_request", "_response", b"_response", "request", b"request", "request_id", b"request_id", "response", b"response"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_request", b"_request", "_response", b"_response", "request", b"request", "request_id", b"request_id", "response", b"response"]
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType__request: _TypeAlias = _typing.Literal["request"]  # noqa: Y015
-    _WhichOneofArgType__request: _TypeAlias = _typing.Literal["_request", b"_request"]  # noqa: Y015
-    _WhichOneofReturnType__response: _TypeAlias = _typing.Literal["response"]  # noqa: Y015
-    _WhichOneofArgType__response: _TypeAlias = _typing.Literal["_response", b"_response"]  # noqa: Y015
+    _WhichOneofReturnType__request: _TypeAlias = _typing.Literal["request"]
+    _WhichOneofArgType__request: _TypeAlias = _typing.Literal["_request", b"_request"]
+    _WhichOneofReturnType__response: _TypeAlias = _typing.Literal["response"]
+    _WhichOneofArgType__response: _TypeAlias = _typing.Literal["_response", b"_response"]
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__request) -> _WhichOneofReturnType__request | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__response) -> _WhichOneofReturnType__response | None: ...
 
-Global___PushRpc: _TypeAlias = PushRpc  # noqa: Y015
+Global___PushRpc: _TypeAlias = PushRpc

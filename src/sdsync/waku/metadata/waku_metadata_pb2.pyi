@@ -6,18 +6,19 @@ isort:skip_file
 `make proto` after editing.
 """
 
-from collections import abc as _abc
-from google.protobuf import descriptor as _descriptor
-from google.protobuf import message as _message
-from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
 import typing as _typing
+from collections import abc as _abc
+
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 
 if sys.version_info >= (3, 10):
     from typing import TypeAlias as _TypeAlias
 else:
-    from typing_extensions import TypeAlias as _TypeAlias
+    from typing import TypeAlias as _TypeAlias
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -53,12 +54,12 @@ class WakuMetadata(_message.Message):
         shards: _abc.Iterable[_builtins.int] | None = ...,
         shards_packed: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_cluster_id", b"_cluster_id", "cluster_id", b"cluster_id"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cluster_id", b"_cluster_id", "cluster_id", b"cluster_id"]
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cluster_id", b"_cluster_id", "cluster_id", b"cluster_id", "shards", b"shards", "shards_packed", b"shards_packed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cluster_id", b"_cluster_id", "cluster_id", b"cluster_id", "shards", b"shards", "shards_packed", b"shards_packed"]
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType__cluster_id: _TypeAlias = _typing.Literal["cluster_id"]  # noqa: Y015
-    _WhichOneofArgType__cluster_id: _TypeAlias = _typing.Literal["_cluster_id", b"_cluster_id"]  # noqa: Y015
+    _WhichOneofReturnType__cluster_id: _TypeAlias = _typing.Literal["cluster_id"]
+    _WhichOneofArgType__cluster_id: _TypeAlias = _typing.Literal["_cluster_id", b"_cluster_id"]
     def WhichOneof(self, oneof_group: _WhichOneofArgType__cluster_id) -> _WhichOneofReturnType__cluster_id | None: ...
 
-Global___WakuMetadata: _TypeAlias = WakuMetadata  # noqa: Y015
+Global___WakuMetadata: _TypeAlias = WakuMetadata

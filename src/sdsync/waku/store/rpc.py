@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from sdsync.waku.rpc import (
     RPC_OVERHEAD_BYTES,
     Rpc,
-    check_hash,
+    check_hash_size,
     embedded_message,
     message_bytes,
     optional_field,
@@ -43,8 +43,8 @@ class StoreQueryRequest(Rpc[store_pb.StoreQueryRequest]):
 
     def __post_init__(self) -> None:
         for message_hash in self.message_hashes:
-            check_hash("a message hash", message_hash)
-        check_hash("pagination_cursor", self.pagination_cursor)
+            check_hash_size("a message hash", message_hash)
+        check_hash_size("pagination_cursor", self.pagination_cursor)
 
     def _to_pb(self) -> store_pb.StoreQueryRequest:
         return store_pb.StoreQueryRequest(
@@ -86,7 +86,7 @@ class WakuMessageKeyValue:
     pubsub_topic: str | None = None
 
     def __post_init__(self) -> None:
-        check_hash("message_hash", self.message_hash)
+        check_hash_size("message_hash", self.message_hash)
 
     def _to_pb(self) -> store_pb.WakuMessageKeyValue:
         return store_pb.WakuMessageKeyValue(
@@ -117,7 +117,7 @@ class StoreQueryResponse(Rpc[store_pb.StoreQueryResponse]):
     pagination_cursor: bytes | None = None
 
     def __post_init__(self) -> None:
-        check_hash("pagination_cursor", self.pagination_cursor)
+        check_hash_size("pagination_cursor", self.pagination_cursor)
 
     def _to_pb(self) -> store_pb.StoreQueryResponse:
         return store_pb.StoreQueryResponse(

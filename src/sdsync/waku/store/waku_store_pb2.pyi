@@ -5,18 +5,19 @@ isort:skip_file
 nwaku deploy it. Regenerate the Python module with `make proto` after editing.
 """
 
-from collections import abc as _abc
-from google.protobuf import descriptor as _descriptor
-from google.protobuf import message as _message
-from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
 import typing as _typing
+from collections import abc as _abc
+
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 
 if sys.version_info >= (3, 10):
     from typing import TypeAlias as _TypeAlias
 else:
-    from typing_extensions import TypeAlias as _TypeAlias
+    from typing import TypeAlias as _TypeAlias
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -65,20 +66,20 @@ class StoreQueryRequest(_message.Message):
         pagination_forward: _builtins.bool = ...,
         pagination_limit: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_pagination_cursor", b"_pagination_cursor", "_pagination_limit", b"_pagination_limit", "_pubsub_topic", b"_pubsub_topic", "_time_end", b"_time_end", "_time_start", b"_time_start", "pagination_cursor", b"pagination_cursor", "pagination_limit", b"pagination_limit", "pubsub_topic", b"pubsub_topic", "time_end", b"time_end", "time_start", b"time_start"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_pagination_cursor", b"_pagination_cursor", "_pagination_limit", b"_pagination_limit", "_pubsub_topic", b"_pubsub_topic", "_time_end", b"_time_end", "_time_start", b"_time_start", "pagination_cursor", b"pagination_cursor", "pagination_limit", b"pagination_limit", "pubsub_topic", b"pubsub_topic", "time_end", b"time_end", "time_start", b"time_start"]
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_pagination_cursor", b"_pagination_cursor", "_pagination_limit", b"_pagination_limit", "_pubsub_topic", b"_pubsub_topic", "_time_end", b"_time_end", "_time_start", b"_time_start", "content_topics", b"content_topics", "include_data", b"include_data", "message_hashes", b"message_hashes", "pagination_cursor", b"pagination_cursor", "pagination_forward", b"pagination_forward", "pagination_limit", b"pagination_limit", "pubsub_topic", b"pubsub_topic", "request_id", b"request_id", "time_end", b"time_end", "time_start", b"time_start"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_pagination_cursor", b"_pagination_cursor", "_pagination_limit", b"_pagination_limit", "_pubsub_topic", b"_pubsub_topic", "_time_end", b"_time_end", "_time_start", b"_time_start", "content_topics", b"content_topics", "include_data", b"include_data", "message_hashes", b"message_hashes", "pagination_cursor", b"pagination_cursor", "pagination_forward", b"pagination_forward", "pagination_limit", b"pagination_limit", "pubsub_topic", b"pubsub_topic", "request_id", b"request_id", "time_end", b"time_end", "time_start", b"time_start"]
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType__pagination_cursor: _TypeAlias = _typing.Literal["pagination_cursor"]  # noqa: Y015
-    _WhichOneofArgType__pagination_cursor: _TypeAlias = _typing.Literal["_pagination_cursor", b"_pagination_cursor"]  # noqa: Y015
-    _WhichOneofReturnType__pagination_limit: _TypeAlias = _typing.Literal["pagination_limit"]  # noqa: Y015
-    _WhichOneofArgType__pagination_limit: _TypeAlias = _typing.Literal["_pagination_limit", b"_pagination_limit"]  # noqa: Y015
-    _WhichOneofReturnType__pubsub_topic: _TypeAlias = _typing.Literal["pubsub_topic"]  # noqa: Y015
-    _WhichOneofArgType__pubsub_topic: _TypeAlias = _typing.Literal["_pubsub_topic", b"_pubsub_topic"]  # noqa: Y015
-    _WhichOneofReturnType__time_end: _TypeAlias = _typing.Literal["time_end"]  # noqa: Y015
-    _WhichOneofArgType__time_end: _TypeAlias = _typing.Literal["_time_end", b"_time_end"]  # noqa: Y015
-    _WhichOneofReturnType__time_start: _TypeAlias = _typing.Literal["time_start"]  # noqa: Y015
-    _WhichOneofArgType__time_start: _TypeAlias = _typing.Literal["_time_start", b"_time_start"]  # noqa: Y015
+    _WhichOneofReturnType__pagination_cursor: _TypeAlias = _typing.Literal["pagination_cursor"]
+    _WhichOneofArgType__pagination_cursor: _TypeAlias = _typing.Literal["_pagination_cursor", b"_pagination_cursor"]
+    _WhichOneofReturnType__pagination_limit: _TypeAlias = _typing.Literal["pagination_limit"]
+    _WhichOneofArgType__pagination_limit: _TypeAlias = _typing.Literal["_pagination_limit", b"_pagination_limit"]
+    _WhichOneofReturnType__pubsub_topic: _TypeAlias = _typing.Literal["pubsub_topic"]
+    _WhichOneofArgType__pubsub_topic: _TypeAlias = _typing.Literal["_pubsub_topic", b"_pubsub_topic"]
+    _WhichOneofReturnType__time_end: _TypeAlias = _typing.Literal["time_end"]
+    _WhichOneofArgType__time_end: _TypeAlias = _typing.Literal["_time_end", b"_time_end"]
+    _WhichOneofReturnType__time_start: _TypeAlias = _typing.Literal["time_start"]
+    _WhichOneofArgType__time_start: _TypeAlias = _typing.Literal["_time_start", b"_time_start"]
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__pagination_cursor) -> _WhichOneofReturnType__pagination_cursor | None: ...
     @_typing.overload
@@ -90,7 +91,7 @@ class StoreQueryRequest(_message.Message):
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__time_start) -> _WhichOneofReturnType__time_start | None: ...
 
-Global___StoreQueryRequest: _TypeAlias = StoreQueryRequest  # noqa: Y015
+Global___StoreQueryRequest: _TypeAlias = StoreQueryRequest
 
 @_typing.final
 class WakuMessageKeyValue(_message.Message):
@@ -112,16 +113,16 @@ class WakuMessageKeyValue(_message.Message):
         message: _builtins.bytes | None = ...,
         pubsub_topic: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_message", b"_message", "_message_hash", b"_message_hash", "_pubsub_topic", b"_pubsub_topic", "message", b"message", "message_hash", b"message_hash", "pubsub_topic", b"pubsub_topic"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_message", b"_message", "_message_hash", b"_message_hash", "_pubsub_topic", b"_pubsub_topic", "message", b"message", "message_hash", b"message_hash", "pubsub_topic", b"pubsub_topic"]
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_message", b"_message", "_message_hash", b"_message_hash", "_pubsub_topic", b"_pubsub_topic", "message", b"message", "message_hash", b"message_hash", "pubsub_topic", b"pubsub_topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_message", b"_message", "_message_hash", b"_message_hash", "_pubsub_topic", b"_pubsub_topic", "message", b"message", "message_hash", b"message_hash", "pubsub_topic", b"pubsub_topic"]
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType__message: _TypeAlias = _typing.Literal["message"]  # noqa: Y015
-    _WhichOneofArgType__message: _TypeAlias = _typing.Literal["_message", b"_message"]  # noqa: Y015
-    _WhichOneofReturnType__message_hash: _TypeAlias = _typing.Literal["message_hash"]  # noqa: Y015
-    _WhichOneofArgType__message_hash: _TypeAlias = _typing.Literal["_message_hash", b"_message_hash"]  # noqa: Y015
-    _WhichOneofReturnType__pubsub_topic: _TypeAlias = _typing.Literal["pubsub_topic"]  # noqa: Y015
-    _WhichOneofArgType__pubsub_topic: _TypeAlias = _typing.Literal["_pubsub_topic", b"_pubsub_topic"]  # noqa: Y015
+    _WhichOneofReturnType__message: _TypeAlias = _typing.Literal["message"]
+    _WhichOneofArgType__message: _TypeAlias = _typing.Literal["_message", b"_message"]
+    _WhichOneofReturnType__message_hash: _TypeAlias = _typing.Literal["message_hash"]
+    _WhichOneofArgType__message_hash: _TypeAlias = _typing.Literal["_message_hash", b"_message_hash"]
+    _WhichOneofReturnType__pubsub_topic: _TypeAlias = _typing.Literal["pubsub_topic"]
+    _WhichOneofArgType__pubsub_topic: _TypeAlias = _typing.Literal["_pubsub_topic", b"_pubsub_topic"]
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__message) -> _WhichOneofReturnType__message | None: ...
     @_typing.overload
@@ -129,7 +130,7 @@ class WakuMessageKeyValue(_message.Message):
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__pubsub_topic) -> _WhichOneofReturnType__pubsub_topic | None: ...
 
-Global___WakuMessageKeyValue: _TypeAlias = WakuMessageKeyValue  # noqa: Y015
+Global___WakuMessageKeyValue: _TypeAlias = WakuMessageKeyValue
 
 @_typing.final
 class StoreQueryResponse(_message.Message):
@@ -155,16 +156,16 @@ class StoreQueryResponse(_message.Message):
         messages: _abc.Iterable[Global___WakuMessageKeyValue] | None = ...,
         pagination_cursor: _builtins.bytes | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_pagination_cursor", b"_pagination_cursor", "_status_code", b"_status_code", "_status_desc", b"_status_desc", "pagination_cursor", b"pagination_cursor", "status_code", b"status_code", "status_desc", b"status_desc"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_pagination_cursor", b"_pagination_cursor", "_status_code", b"_status_code", "_status_desc", b"_status_desc", "pagination_cursor", b"pagination_cursor", "status_code", b"status_code", "status_desc", b"status_desc"]
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_pagination_cursor", b"_pagination_cursor", "_status_code", b"_status_code", "_status_desc", b"_status_desc", "messages", b"messages", "pagination_cursor", b"pagination_cursor", "request_id", b"request_id", "status_code", b"status_code", "status_desc", b"status_desc"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_pagination_cursor", b"_pagination_cursor", "_status_code", b"_status_code", "_status_desc", b"_status_desc", "messages", b"messages", "pagination_cursor", b"pagination_cursor", "request_id", b"request_id", "status_code", b"status_code", "status_desc", b"status_desc"]
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType__pagination_cursor: _TypeAlias = _typing.Literal["pagination_cursor"]  # noqa: Y015
-    _WhichOneofArgType__pagination_cursor: _TypeAlias = _typing.Literal["_pagination_cursor", b"_pagination_cursor"]  # noqa: Y015
-    _WhichOneofReturnType__status_code: _TypeAlias = _typing.Literal["status_code"]  # noqa: Y015
-    _WhichOneofArgType__status_code: _TypeAlias = _typing.Literal["_status_code", b"_status_code"]  # noqa: Y015
-    _WhichOneofReturnType__status_desc: _TypeAlias = _typing.Literal["status_desc"]  # noqa: Y015
-    _WhichOneofArgType__status_desc: _TypeAlias = _typing.Literal["_status_desc", b"_status_desc"]  # noqa: Y015
+    _WhichOneofReturnType__pagination_cursor: _TypeAlias = _typing.Literal["pagination_cursor"]
+    _WhichOneofArgType__pagination_cursor: _TypeAlias = _typing.Literal["_pagination_cursor", b"_pagination_cursor"]
+    _WhichOneofReturnType__status_code: _TypeAlias = _typing.Literal["status_code"]
+    _WhichOneofArgType__status_code: _TypeAlias = _typing.Literal["_status_code", b"_status_code"]
+    _WhichOneofReturnType__status_desc: _TypeAlias = _typing.Literal["status_desc"]
+    _WhichOneofArgType__status_desc: _TypeAlias = _typing.Literal["_status_desc", b"_status_desc"]
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__pagination_cursor) -> _WhichOneofReturnType__pagination_cursor | None: ...
     @_typing.overload
@@ -172,4 +173,4 @@ class StoreQueryResponse(_message.Message):
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__status_desc) -> _WhichOneofReturnType__status_desc | None: ...
 
-Global___StoreQueryResponse: _TypeAlias = StoreQueryResponse  # noqa: Y015
+Global___StoreQueryResponse: _TypeAlias = StoreQueryResponse

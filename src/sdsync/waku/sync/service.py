@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 :class:`WakuSync` mounts ``/vac/waku/reconciliation/1.0.0`` and
 ``/vac/waku/transfer/1.0.0`` on a Waku host (the
-:class:`~sdsync.transport.waku_node.WakuHost` contract) and reaches the node's archive
+:class:`~sdsync.waku.node.WakuHost` contract) and reaches the node's archive
 through :class:`SyncArchive`, a port the store node implements — so this folder knows
 no database, and the store imports it, not the other way.
 
@@ -21,7 +21,7 @@ no database, and the store imports it, not the other way.
   margin for another node's settings and clock) before the snapshot is loaded.
 * **Transfers.** Whatever a session found the peer lacks is read from the archive a
   few hundred at a time and pushed on the peer's transfer lane
-  (:meth:`~sdsync.transport.waku_node.WakuHost.push`), one frame per message. Whatever
+  (:meth:`~sdsync.waku.node.WakuHost.push`), one frame per message. Whatever
   it found we lack is *expected* from that peer (:mod:`~sdsync.waku.sync.transfer`);
   what the peer pushes is admitted by the same rules as a relayed message plus that
   expectation, and archived in batches through one queue (its bound is the
@@ -52,9 +52,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from sdsync.errors import LocalProtocolError, RejectReason, RemoteProtocolError
-from sdsync.transport.base import Envelope
-from sdsync.transport.ratelimit import PeerBuckets, RateLimit
-from sdsync.transport.waku_node import Conversation, WakuHost
+from sdsync.waku.node import Conversation, Envelope, WakuHost
+from sdsync.waku.ratelimit import PeerBuckets, RateLimit
 from sdsync.waku.sync.codec import (
     RECONCILIATION_PROTOCOL,
     TRANSFER_PROTOCOL,

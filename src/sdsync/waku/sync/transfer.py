@@ -28,7 +28,7 @@ from collections import OrderedDict
 from collections.abc import Collection, Mapping
 
 from sdsync.errors import RemoteProtocolError
-from sdsync.transport.base import Envelope
+from sdsync.waku.node import Envelope
 from sdsync.waku.sync.codec import WakuMessageAndTopic
 from sdsync.wire.waku import MAX_WAKU_MESSAGE_BYTES, check_relayable
 
