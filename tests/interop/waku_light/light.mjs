@@ -105,13 +105,18 @@ async function startNode({ peer, networkConfig, required, timeoutMs }) {
   const protocols = await waitFor(
     async () => {
       const have = await offered();
-      const ready = have.length > 0 && required.every((name) => have.includes(CODECS[name]));
+      // The peer store may hold the identify protocols themselves (their streams are
+      // negotiated) before identify has answered with the rest.
+      const identified = have.some((codec) => !codec.startsWith("/ipfs/id/"));
+      const ready = identified && required.every((name) => have.includes(CODECS[name]));
       return ready ? have : undefined;
     },
     timeoutMs,
     async () => {
       const have = await offered();
-      if (have.length === 0) return `service node ${servicePeer} never identified itself`;
+      if (!have.some((codec) => !codec.startsWith("/ipfs/id/"))) {
+        return `service node ${servicePeer} never identified itself`;
+      }
       const missing = required.filter((name) => !have.includes(CODECS[name]));
       const lacks = missing.map((name) => `${name} (${CODECS[name]})`).join(", ");
       return `service node ${servicePeer} lacks ${lacks}; it offers ${have.join(", ")}`;
