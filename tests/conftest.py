@@ -14,6 +14,10 @@ from typing import Any
 
 import pytest
 
+# make check's selection: the processes and slow markers, --no-processes and --max-examples
+# (tests/noprocess.py, tests/quickcheck.py).
+pytest_plugins = ["noprocess", "quickcheck"]
+
 _collected = pytest.StashKey[list[str]]()
 _OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
 
