@@ -5,7 +5,7 @@ Theory of operation
 A Waku light client joins no gossipsub mesh: it asks *service nodes* (nwaku, go-waku,
 ``sdsync store serve``) to publish for it (19/WAKU2-LIGHTPUSH) and to push it what is
 published on its content topics (12/WAKU2-FILTER v2). :class:`WakuLightTransport` is
-such a client behind the :class:`~sdsync.transport.Transport` contract, so a
+such a client behind the :class:`~sdsync.waku.node.Transport` contract, so a
 ReliableChannel runs over it as over relay (it is a
 :class:`~sdsync.waku.node.WakuClient`, as a relay node is). It runs on a
 :class:`~sdsync.waku.node.WakuHost`, the ``host`` given (a
@@ -378,7 +378,7 @@ def announced_shards(
 
 
 class WakuLightTransport(AsyncLifecycle):
-    """A :class:`~sdsync.transport.Transport` through Waku service nodes (see the module)."""
+    """A :class:`~sdsync.waku.node.Transport` through Waku service nodes (see the module)."""
 
     def __init__(
         self,

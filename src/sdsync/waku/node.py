@@ -7,6 +7,10 @@ Waku request/response protocols (store query, LightPush, Filter) on protocol ids
 its users need of it comes in parts, each a :class:`typing.Protocol` that the node
 satisfies structurally (no base class to inherit), the smaller ones inside the larger:
 
+* :class:`Transport` — what an SDS channel needs: bytes published on a topic, bytes
+  received with a retrieval hint (:class:`Received`); kept over any node's relay by
+  :class:`~sdsync.waku.relay.transport.RelayTransport`, over LightPush and Filter by a
+  light client;
 * :class:`WakuRequester` — one request frame to a peer, its answer back: what a store
   client asks a store peer through (:meth:`sdsync.store.WakuStoreClient.over`);
 * :class:`WakuClient` — the :class:`~sdsync.waku.node.Transport` contract
@@ -16,14 +20,15 @@ satisfies structurally (no base class to inherit), the smaller ones inside the l
   services holding its Filter subscription);
 * :class:`WakuHost` — the streams side of a host, relaying or not: it serves protocol
   ids, takes and sends pushes, knows its connections and where each comes from; what
-  a light client runs on (a :class:`~sdsync.transport.libp2p.Libp2pTransport` made with
+  a light client runs on (a :class:`~sdsync.transport.libp2p.Libp2pNode` made with
   ``relay=False``);
 * :class:`WakuCounters` — what the host counts of its peers' misbehaviour, which a
   store node exports on ``/metrics``;
 * :class:`WakuNode` — all of them and relay envelopes in and out: what a store node
   archives from, serves store query, LightPush and Filter on, and exports.
 
-:class:`~sdsync.transport.libp2p.Libp2pTransport` is a WakuNode over py-libp2p;
+:class:`~sdsync.transport.libp2p.Libp2pNode` is a WakuNode over py-libp2p (and
+:class:`~sdsync.transport.libp2p.Libp2pTransport` one with its relay's Transport);
 :class:`~sdsync.testing.memory_waku.MemoryWakuNode` is one in memory, for tests.
 
 What every implementation promises:
