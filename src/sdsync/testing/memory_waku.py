@@ -129,7 +129,8 @@ class MemoryWakuNode(AsyncLifecycle):
         self._push_served: dict[str, tuple[PushHandler, int]] = {}
         self._conversed: dict[str, tuple[Opener, int]] = {}
         self._lanes: set[tuple[str, str]] = set()
-        self._envelopes: dict[str, list[asyncio.Queue[Envelope | None]]] = {}
+        # By (pubsub topic, content topic): None takes every content topic.
+        self._envelopes: dict[tuple[str, str | None], list[asyncio.Queue[Envelope | None]]] = {}
         # What a libp2p host counts (WakuCounters): the first four happen here; the rest
         # (connection limits, stream slots, lane retries) are the libp2p host's own.
         self.rejected: Counter[str] = Counter()
@@ -186,7 +187,7 @@ class MemoryWakuNode(AsyncLifecycle):
 
     def subscribe_envelopes(self, topic: str) -> AsyncIterator[Envelope]:
         self._relaying("subscribe")
-        return _drain(self._envelopes, topic)
+        return _drain(self._envelopes, self.waku.route(topic, self.content_topic))
 
     async def mesh_peers(self, topic: str) -> list[str]:
         self._relaying("mesh_peers")
@@ -201,11 +202,13 @@ class MemoryWakuNode(AsyncLifecycle):
         ]
 
     def _relays(self, pubsub_topic: str) -> bool:
-        return pubsub_topic in self._envelopes
+        return any(topic == pubsub_topic for topic, _ in self._envelopes)
 
     def _deliver(self, pubsub_topic: str, message: WakuMessage, message_hash: bytes) -> None:
-        for queue in self._envelopes.get(pubsub_topic, []):
-            queue.put_nowait(Envelope(pubsub_topic, message, message_hash))
+        envelope = Envelope(pubsub_topic, message, message_hash)
+        for content_topic in (None, message.content_topic):
+            for queue in self._envelopes.get((pubsub_topic, content_topic), []):
+                queue.put_nowait(envelope)
 
     def _relaying(self, what: str) -> None:
         self._check_open()

@@ -264,7 +264,8 @@ class WakuNode(WakuClient, WakuHost, WakuCounters, Protocol):
     """A Waku relay node: what a store node runs on."""
 
     def subscribe_envelopes(self, topic: str) -> AsyncIterator[Envelope]:
-        """Whole WakuMessages published on the pubsub topic ``topic`` by other peers."""
+        """Whole WakuMessages published on ``topic`` by other peers: a pubsub topic, or
+        a channel's topic, routed by its content topic (those of that content topic)."""
         ...
 
     async def publish_message(self, pubsub_topic: str, message: WakuMessage) -> bytes:

@@ -26,11 +26,12 @@ message hash on the pubsub topic is the retrieval hint; a resend — same SDS by
 timestamp — is a new gossipsub message and is not swallowed by the seen cache.
 
 A subscriber gets the messages of its content topic only, since other applications
-share the shard: the node hands over every envelope of the pubsub topic, the others are
-left out here. Subscribing to a ``/waku/2/rs/...`` topic itself gets every message on
-it. The subscription is attached when :meth:`RelayTransport.subscribe` returns, not at
-the first iteration, so nothing published meanwhile is missed; it ends when the node
-closes.
+share the shard: the channel's topic goes to the node's ``subscribe_envelopes`` as it
+is, and the node leaves out the others where it receives them (a libp2p node on its
+trio thread, before they cross to the event loop). Subscribing to a ``/waku/2/rs/...``
+topic itself gets every message on it. The subscription is attached when
+:meth:`RelayTransport.subscribe` returns, not at the first iteration, so nothing
+published meanwhile is missed; it ends when the node closes.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ class RelayNode(Protocol):
         ...
 
     def subscribe_envelopes(self, topic: str) -> AsyncIterator[Envelope]:
-        """Whole WakuMessages published on the pubsub topic ``topic`` by other peers."""
+        """Whole WakuMessages published on ``topic`` by other peers: a pubsub topic, or
+        a channel's topic, routed by its content topic (those of that content topic)."""
         ...
 
 
@@ -104,9 +106,7 @@ class RelayTransport(AsyncLifecycle):
 
     def subscribe(self, topic: str) -> AsyncIterator[Received]:
         """SDS bytes published on ``topic`` by other peers, with their Waku hash as hint."""
-        node = self.node
-        pubsub_topic, content_topic = node.waku.route(topic, node.content_topic)
-        return _Payloads(node.subscribe_envelopes(pubsub_topic), content_topic)
+        return _Payloads(self.node.subscribe_envelopes(topic))
 
     def _timestamp(self) -> int:
         self._last_timestamp = max(self._clock_ns(), self._last_timestamp + 1)
@@ -114,27 +114,23 @@ class RelayTransport(AsyncLifecycle):
 
 
 class _Payloads(AsyncIterator[Received]):
-    """The payloads of ``envelopes`` on ``content_topic`` (None: all of them).
+    """The payloads of ``envelopes``, with their Waku hashes as hints.
 
     An iterator class rather than an async generator: a reader that gives up waiting
     (a timeout around ``anext``) cancels only that wait, where a generator would be
     closed for good by the cancellation thrown into it."""
 
-    __slots__ = ("_content_topic", "_envelopes")
+    __slots__ = ("_envelopes",)
 
-    def __init__(self, envelopes: AsyncIterator[Envelope], content_topic: str | None) -> None:
+    def __init__(self, envelopes: AsyncIterator[Envelope]) -> None:
         self._envelopes = envelopes
-        self._content_topic = content_topic
 
     def __aiter__(self) -> _Payloads:
         return self
 
     async def __anext__(self) -> Received:
-        while True:
-            envelope = await anext(self._envelopes)
-            message = envelope.message
-            if self._content_topic is None or message.content_topic == self._content_topic:
-                return Received(message.payload, envelope.message_hash)
+        envelope = await anext(self._envelopes)
+        return Received(envelope.message.payload, envelope.message_hash)
 
 
 if TYPE_CHECKING:  # mypy holds the adapter to the contract an SDS channel is typed with
