@@ -45,8 +45,8 @@ import aiohttp
 
 from sdsync.reconcile import METHODS, MemoryItemStore
 from sdsync.store import HttpStoreClient, SqlArchive, StoredMessage, StoreQuery, open_archive
-from sdsync.store.sync import ArchiveHost, sync_with_peer
-from sdsync.store.sync.host import snapshot
+from sdsync.store.sync import ArchiveKeeper, sync_with_peer
+from sdsync.store.sync.snapshot import snapshot
 from sdsync.testing.pgcluster import TempCluster, free_port, start_cluster
 from sdsync.waku.store.model import MAX_PAGE_SIZE
 from sdsync.wire.waku import WakuMessage
@@ -161,7 +161,7 @@ async def store_sync(run: Run, ours: str, peer: str, twin: str | None = None) ->
     twin and the peer and a snapshot of ours, which fill both sides' RIBLT symbol caches
     as a node's earlier rounds would."""
     archive = open_archive(ours)
-    host = ArchiveHost(archive)
+    host = ArchiveKeeper(archive)
     try:
         if twin is not None:
             await prime(host, peer, twin)
@@ -180,10 +180,10 @@ async def store_sync(run: Run, ours: str, peer: str, twin: str | None = None) ->
         archive.close()
 
 
-async def prime(host: ArchiveHost, peer: str, twin: str) -> None:
+async def prime(host: ArchiveKeeper, peer: str, twin: str) -> None:
     archive = open_archive(twin)
     try:
-        report = await sync_with_peer(ArchiveHost(archive), peer, WINDOW, method="riblt")
+        report = await sync_with_peer(ArchiveKeeper(archive), peer, WINDOW, method="riblt")
     finally:
         archive.close()
     assert report.have == report.need == 0

@@ -13,7 +13,7 @@ from sdsync.errors import (
     ServiceUnavailable,
 )
 from sdsync.store.archive import ArchiveUnavailable
-from sdsync.store.host import QueriesBusy
+from sdsync.store.served import QueriesBusy
 from sdsync.transport.waku_light import NoServiceError
 from sdsync.waku.rpc import LightServiceError, ServiceRefusedError
 from sdsync.waku.store.client import StoreUnavailableError

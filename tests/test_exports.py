@@ -233,12 +233,12 @@ EXPORTS: dict[str, frozenset[str]] = {
     ),
     "sdsync.store.sync": frozenset(
         {
-            "ArchiveHost",
+            "ArchiveKeeper",
             "PREFIX",
             "PeriodicSync",
             "SessionTable",
             "SyncConfig",
-            "SyncHost",
+            "ArchiveNode",
             "SyncReport",
             "SyncUnsupportedError",
             "responder_app",

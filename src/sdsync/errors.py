@@ -15,7 +15,7 @@ A third family is nobody's fault and not an :class:`SdsError`: something we depe
 *unavailable*, and every such error is a :class:`ServiceUnavailable`, so a caller that
 means "try again later" catches that one class — a store that cannot be reached or is
 busy (:class:`sdsync.waku.store.client.StoreUnavailableError`, an ``OSError`` too), a
-store node with too many queries in flight (:class:`sdsync.store.host.QueriesBusy`), a
+store node with too many queries in flight (:class:`sdsync.store.served.QueriesBusy`), a
 database that fails (:class:`sdsync.store.archive.ArchiveUnavailable`, the driver's
 error as its cause), a light client's service nodes that took no request
 (:class:`sdsync.waku.rpc.LightServiceError`, a ``ConnectionError`` too).

@@ -73,7 +73,7 @@ async def running(
     ``waku``, serving light clients there if ``serve_light``."""
     settings: dict[str, Any] = {"token": TOKEN, "retention": ()} | config
     node_config = NodeConfig(data_dir=tmp, port=0, **settings)
-    node = StoreNode(archive, node_config, clock_ns=clock_ns, waku=waku, light=serve_light)
+    node = StoreNode(archive, node_config, clock_ns=clock_ns, waku=waku, light_clients=serve_light)
     await node.start()
     try:
         yield node

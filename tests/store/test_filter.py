@@ -1,5 +1,5 @@
 """The Filter v2 subscription table, alone: who gets what, the limits, expiry, drops, the
-fair share between hosts and liveness; and how LightServices drops a subscriber its
+fair share between hosts and liveness; and how LightClientServices drops a subscriber its
 pushes cannot reach."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from storetest import running
 
 from sdsync.store import SqlArchive
-from sdsync.store.light import LightConfig
+from sdsync.store.light_clients import LightClientConfig
 from sdsync.testing.memory import MemoryNetwork
 from sdsync.waku.filter.rpc import (
     FILTER_PUSH_PROTOCOL,
@@ -175,7 +175,7 @@ def test_light_services_drop_a_subscriber_that_takes_no_pushes_and_count_it(
     store = net.waku_node("store")
     deaf, gone, slow = (net.waku_node(name) for name in ("deaf", "gone", "slow"))
     opened, pushed = asyncio.Event(), []  # the payloads slow took
-    config = LightConfig(served=ServedTopics(((SHARD, None),)), push_queue=8)
+    config = LightClientConfig(served=ServedTopics(((SHARD, None),)), push_queue=8)
 
     async def take(peer: str, frame: bytes) -> None:
         await opened.wait()
@@ -184,9 +184,9 @@ def test_light_services_drop_a_subscriber_that_takes_no_pushes_and_count_it(
 
     async def scenario() -> None:
         async with running(
-            sqlite_archive, tmp_path, waku=store, serve_light=True, light=config
+            sqlite_archive, tmp_path, waku=store, serve_light=True, light_clients=config
         ) as node:
-            services = node.light
+            services = node.light_clients
             assert services is not None
             await slow.serve_pushes(FILTER_PUSH_PROTOCOL, take)
             for subscriber in (deaf, gone, slow):

@@ -20,7 +20,7 @@ from pathlib import Path
 from storetest import running
 
 from sdsync.store import SqlArchive
-from sdsync.store.light import LightConfig
+from sdsync.store.light_clients import LightClientConfig
 from sdsync.store.node import StoreNode
 from sdsync.testing.memory import MemoryNetwork
 from sdsync.testing.memory_waku import MemoryWakuNode, memory_peer_id
@@ -58,10 +58,10 @@ class HostileNet(MemoryNetwork):
         return FilterSubscribeResponse.from_bytes(answer).status_code
 
     def serving(
-        self, archive: SqlArchive, tmp: Path, config: LightConfig
+        self, archive: SqlArchive, tmp: Path, config: LightClientConfig
     ) -> contextlib.AbstractAsyncContextManager[StoreNode]:
         """The store node, serving light clients on ``store``."""
-        return running(archive, tmp, waku=self.store, serve_light=True, light=config)
+        return running(archive, tmp, waku=self.store, serve_light=True, light_clients=config)
 
 
 def sample(node: StoreNode, name: str, labels: dict[str, str]) -> float:
@@ -77,8 +77,8 @@ def dropped(node: StoreNode, reason: str) -> float:
     return sample(node, "sdsync_store_filter_subscriptions_dropped_total", {"reason": reason})
 
 
-def light(**limits: float) -> LightConfig:
-    return LightConfig(
+def light(**limits: float) -> LightClientConfig:
+    return LightClientConfig(
         served=ServedTopics(((SHARD, None),)),
         filter=FilterLimits(**limits),  # type: ignore[arg-type]
         liveness_interval_s=0.2,
@@ -92,13 +92,13 @@ def test_fresh_identities_from_one_host_do_not_lock_out_an_honest_subscriber(
 
     async def scenario() -> None:
         async with running(
-            sqlite_archive, tmp_path, waku=net.store, serve_light=True, light=light()
+            sqlite_archive, tmp_path, waku=net.store, serve_light=True, light_clients=light()
         ) as node:
             answers = [await net.subscribe(f"evil-{i}", "10.6.6.6") for i in range(ATTACKERS)]
             assert answers.count(200) == 100  # max_peers_per_host
             assert refused(node, "too_many_subscribers_per_host") == ATTACKERS - 100
             assert await net.subscribe("honest", "192.0.2.7") == 200
-            assert node.light is not None and len(node.light.filters) == 101
+            assert node.light_clients is not None and len(node.light_clients.filters) == 101
 
     asyncio.run(scenario())
 
@@ -108,16 +108,19 @@ def test_a_full_table_makes_room_for_a_new_host(sqlite_archive: SqlArchive, tmp_
 
     async def scenario() -> None:
         async with running(
-            sqlite_archive, tmp_path, waku=net.store, serve_light=True, light=light()
+            sqlite_archive, tmp_path, waku=net.store, serve_light=True, light_clients=light()
         ) as node:
             # Ten attacking hosts, a hundred identities each: the table is full.
             for i in range(ATTACKERS):
                 assert await net.subscribe(f"evil-{i}", f"10.6.6.{i % 10}") == 200
             assert await net.subscribe("honest", "192.0.2.7") == 200
             assert dropped(node, "fair_share") == 1
-            assert node.light is not None and memory_peer_id("honest") in node.light.filters
+            assert (
+                node.light_clients is not None
+                and memory_peer_id("honest") in node.light_clients.filters
+            )
             # The stalest of the largest host made room.
-            assert memory_peer_id("evil-0") not in node.light.filters
+            assert memory_peer_id("evil-0") not in node.light_clients.filters
 
     asyncio.run(scenario())
 
@@ -132,7 +135,7 @@ def test_an_honest_subscriber_on_the_attackers_host_gets_in_once_they_left(
     async def scenario() -> None:
         config = light(disconnect_grace_s=grace_s)
         async with running(
-            sqlite_archive, tmp_path, waku=net.store, serve_light=True, light=config
+            sqlite_archive, tmp_path, waku=net.store, serve_light=True, light_clients=config
         ) as node:
             for i in range(ATTACKERS):
                 await net.subscribe(f"evil-{i}", "127.0.0.1")
@@ -146,6 +149,6 @@ def test_an_honest_subscriber_on_the_attackers_host_gets_in_once_they_left(
             assert time.monotonic() - left >= grace_s  # not before the grace
             assert dropped(node, "disconnected") == 100
             assert refused(node, "too_many_subscribers_per_host") >= ATTACKERS - 100 + 1
-            assert node.light is not None and len(node.light.filters) == 1
+            assert node.light_clients is not None and len(node.light_clients.filters) == 1
 
     asyncio.run(scenario())

@@ -20,7 +20,7 @@ from storetest import running
 from testdeps import require
 
 from sdsync.store import SqlArchive
-from sdsync.store.light import LightConfig
+from sdsync.store.light_clients import LightClientConfig
 from sdsync.waku.lightpush.service import ServedTopics
 from sdsync.waku.node import Received
 
@@ -60,7 +60,7 @@ def test_a_store_node_pushes_every_message_to_100_light_clients(
 ) -> None:
     # A hundred hosts connecting at once: py-libp2p's churn is not the news here.
     logging.getLogger("libp2p").setLevel(logging.ERROR)
-    light = LightConfig(served=ServedTopics(((SHARD, None),)))
+    light = LightClientConfig(served=ServedTopics(((SHARD, None),)))
     pushes: dict[str, float | None] = {}
 
     async def scenario() -> None:
@@ -72,7 +72,7 @@ def test_a_store_node_pushes_every_message_to_100_light_clients(
                 waku=host,
                 serve_light=True,
                 relay_topics=(SHARD,),
-                light=light,
+                light_clients=light,
             ) as node,
             clients(host.listen_addrs[0], CLIENTS) as group,
         ):
@@ -80,7 +80,7 @@ def test_a_store_node_pushes_every_message_to_100_light_clients(
                 frames = [c.subscribe(TOPIC) for c in group]
                 for client in group:
                     assert await client.wait_for_mesh(TOPIC, 1, PATIENCE_S)
-                assert node.light is not None and len(node.light.filters) == CLIENTS
+                assert node.light_clients is not None and len(node.light_clients.filters) == CLIENTS
                 sender = group[0]
                 started = time.monotonic()
                 payloads = [f"message {i}".encode() for i in range(MESSAGES)]

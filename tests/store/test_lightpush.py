@@ -1,5 +1,5 @@
 """LightPush, the service side: what check_push accepts and refuses with which status,
-the answer bytes of both protocol versions, and LightServices (relay, archive, Filter) on
+the answer bytes of both protocol versions, and LightClientServices (relay, archive, Filter) on
 an in-memory Waku node."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from storetest import running
 
 from sdsync.store import SqlArchive
-from sdsync.store.light import LightConfig
+from sdsync.store.light_clients import LightClientConfig
 from sdsync.testing.memory import MemoryNetwork
 from sdsync.testing.memory_waku import MemoryWakuNode, memory_peer_id
 from sdsync.waku.filter.rpc import (
@@ -186,7 +186,7 @@ def test_light_services_relay_archive_and_push_to_filter_subscribers(
 ) -> None:
     net = MemoryNetwork()
     store, pusher, relay = net.waku_node("store"), net.waku_node("pusher"), net.waku_node("relay")
-    config = LightConfig(served=SERVED)
+    config = LightClientConfig(served=SERVED)
 
     async def scenario() -> None:
         async with running(
@@ -195,7 +195,7 @@ def test_light_services_relay_archive_and_push_to_filter_subscribers(
             clock_ns=lambda: NOW,
             waku=store,
             serve_light=True,
-            light=config,
+            light_clients=config,
         ) as node:
             sub = await filter_subscriber(net, "sub", store)
             await filter_subscriber(net, "gone", store)
@@ -206,9 +206,9 @@ def test_light_services_relay_archive_and_push_to_filter_subscribers(
                 push = LightPushRequestV3(f"p{i}", SHARD, message(payload=bytes([i])))
                 answer = await lightpush(pusher, store, push)
                 assert (answer.status_code, answer.relay_peer_count) == (200, 1)
-            assert node.light is not None
+            assert node.light_clients is not None
             async with asyncio.timeout(10):
-                while len(sub) < 3 or node.light.filters.criteria(gone):
+                while len(sub) < 3 or node.light_clients.filters.criteria(gone):
                     await asyncio.sleep(0.01)
             assert [p.waku_message.payload for p in sub] == [b"\0", b"\1", b"\2"]  # type: ignore[union-attr]
             assert [(await anext(relayed)).message.payload for _ in range(3)] == [

@@ -15,7 +15,7 @@ from storetest import PUBSUB, T0, running
 from test_lightpush import NOW, SERVED, SHARD, lightpush, message
 
 from sdsync.store import SqlArchive, StoredMessage
-from sdsync.store.light import LightConfig
+from sdsync.store.light_clients import LightClientConfig
 from sdsync.store.retention import ByteBudget, RetentionPolicy
 from sdsync.testing.hostile import process_rss
 from sdsync.testing.memory import MemoryNetwork
@@ -114,7 +114,7 @@ def test_a_lightpush_flood_from_one_peer_is_answered_429_and_counted(
     429 and counted; another peer's push is still accepted."""
     net = MemoryNetwork()
     store, flooder, honest = (net.waku_node(n) for n in ("store", "flooder", "honest"))
-    config = LightConfig(served=SERVED, lightpush_rate=RateLimit(5, 1.0))
+    config = LightClientConfig(served=SERVED, lightpush_rate=RateLimit(5, 1.0))
 
     async def push(pusher: MemoryWakuNode, i: int) -> int:
         request = LightPushRequestV3(f"p{i}", SHARD, message(payload=i.to_bytes(2, "big")))
@@ -127,7 +127,7 @@ def test_a_lightpush_flood_from_one_peer_is_answered_429_and_counted(
             clock_ns=lambda: NOW,
             waku=store,
             serve_light=True,
-            light=config,
+            light_clients=config,
         ) as node:
             statuses = await asyncio.gather(*(push(flooder, i) for i in range(64)))
             assert statuses.count(200) <= 6  # 5, and what refilled meanwhile

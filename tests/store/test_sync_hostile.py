@@ -20,7 +20,7 @@ from sdsync.errors import RemoteProtocolError
 from sdsync.reconcile import MemoryItemStore, RbsrSession, varint
 from sdsync.reconcile.riblt import RIBLT_VERSION, RibltSession
 from sdsync.store import SqlArchive, StoredMessage, open_archive
-from sdsync.store.sync import ArchiveHost, SyncConfig, responder_app, sync_with_peer
+from sdsync.store.sync import ArchiveKeeper, SyncConfig, responder_app, sync_with_peer
 from sdsync.store.sync.wire import (
     FRAMES_TYPE,
     SESSION_HEADER,
@@ -78,7 +78,7 @@ def test_a_crafted_window_is_refused_and_nothing_is_archived(
     async def scenario() -> None:
         async with running(sqlite_archive, tmp_path / "node", clock_ns=sync_now) as node:
             with pytest.raises(RemoteProtocolError, match="HTTP 403"):
-                await sync_with_peer(ArchiveHost(attacker), node.url, window)
+                await sync_with_peer(ArchiveKeeper(attacker), node.url, window)
             metrics = await _metrics(node.url)
             assert 'reason="window_' in metrics and "sdsync_store_refused_total" in metrics
 
@@ -259,7 +259,7 @@ def test_a_sync_token_is_required_when_set(sqlite_archive: SqlArchive, tmp_path:
             opening = node.url + open_path("rbsr")
             assert (await post(http, opening, first, **params))[0] == 401
             for header in (b"Bearer wrong", b"Bearer \xff\xfe", b"\xc3\x28"):
-                reader, writer = await asyncio.open_connection(node.config.host, node.port)
+                reader, writer = await asyncio.open_connection(node.config.listen_host, node.port)
                 path = f"/sync/v1/rbsr?start={WINDOW[0]}&end={WINDOW[1]}".encode()
                 writer.write(
                     b"POST "
@@ -272,9 +272,9 @@ def test_a_sync_token_is_required_when_set(sqlite_archive: SqlArchive, tmp_path:
                 writer.close()
                 assert b" 401 " in status_line, (header, status_line)
             with pytest.raises(RemoteProtocolError, match="HTTP 401"):
-                await sync_with_peer(ArchiveHost(peer), node.url, WINDOW)
+                await sync_with_peer(ArchiveKeeper(peer), node.url, WINDOW)
             report = await sync_with_peer(
-                ArchiveHost(peer), node.url, WINDOW, token="federation-secret"
+                ArchiveKeeper(peer), node.url, WINDOW, token="federation-secret"
             )
             assert report.stored == 10
 

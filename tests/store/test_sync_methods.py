@@ -21,7 +21,7 @@ from sdsync.errors import LocalProtocolError
 from sdsync.reconcile import METHODS, MemoryItemStore, session_class
 from sdsync.store import SqlArchive
 from sdsync.store.sync import (
-    ArchiveHost,
+    ArchiveKeeper,
     SyncConfig,
     SyncReport,
     SyncUnsupportedError,
@@ -74,7 +74,7 @@ def test_configuration_and_initiator_take_exactly_the_table(sqlite_archive: SqlA
     with pytest.raises(LocalProtocolError, match="unknown sync method"):
         SyncConfig(method=UNKNOWN)
     with pytest.raises(LocalProtocolError, match="unknown reconciliation method"):
-        host = ArchiveHost(sqlite_archive)
+        host = ArchiveKeeper(sqlite_archive)
         asyncio.run(sync_with_peer(host, "http://127.0.0.1:9", WINDOW, method=UNKNOWN))
 
 
@@ -124,7 +124,7 @@ def test_an_initiator_asking_a_method_the_peer_lacks_learns_it_is_unsupported(
     sqlite_archive: SqlArchive, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sqlite_archive.insert(make_messages(10, seed=72, span=HOUR))
-    ours = ArchiveHost(sqlite_archive)
+    ours = ArchiveKeeper(sqlite_archive)
 
     async def scenario() -> None:
         async with running(sqlite_archive, tmp_path, clock_ns=sync_now) as node:

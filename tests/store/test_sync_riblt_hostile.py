@@ -34,7 +34,7 @@ from storetest import HOUR, T0, make_messages, running, sync_now
 from sdsync.reconcile import ReconcileSession, riblt, varint
 from sdsync.reconcile.riblt import RIBLT_VERSION
 from sdsync.store import SqlArchive, StoredMessage, open_archive
-from sdsync.store.sync import ArchiveHost, SyncConfig, responder, responder_app, sync_with_peer
+from sdsync.store.sync import ArchiveKeeper, SyncConfig, responder, responder_app, sync_with_peer
 from sdsync.store.sync.initiator import SyncReport
 from sdsync.store.sync.wire import FRAMES_TYPE, SESSION_HEADER, encode_frames, open_path
 from sdsync.store.sync.wire import session_path as session_url
@@ -70,7 +70,7 @@ async def honest_round(
     peer.insert([*shared, *make_messages(3, seed=99, span=HOUR)])
     connector = aiohttp.TCPConnector(local_addr=("127.0.0.2", 0))
     async with aiohttp.ClientSession(connector=connector) as http:
-        round_ = sync_with_peer(ArchiveHost(peer), base, WINDOW, method="riblt", session=http)
+        round_ = sync_with_peer(ArchiveKeeper(peer), base, WINDOW, method="riblt", session=http)
         return await asyncio.wait_for(round_, HONEST_BOUND_S)
 
 
@@ -127,7 +127,7 @@ def test_an_initiator_the_responder_cannot_cover_is_synced_by_rbsr(
     async def scenario() -> None:
         async with node_with(sqlite_archive, tmp_path, SyncConfig()) as base:
             report = await asyncio.wait_for(
-                sync_with_peer(ArchiveHost(peer), base, WINDOW, method="riblt"), HONEST_BOUND_S
+                sync_with_peer(ArchiveKeeper(peer), base, WINDOW, method="riblt"), HONEST_BOUND_S
             )
             assert report.peer_stored == 3_000 and report.stored == 10
             assert report.method == "rbsr"

@@ -17,7 +17,7 @@ from storetest import HOUR, T0, TOKEN, make_messages, running, sync_now
 import sdsync.store
 from sdsync.store import ArchiveUnavailable, SqlArchive, StoreQuery, open_archive
 from sdsync.store.rest import entry_json
-from sdsync.store.sync import ArchiveHost, PeriodicSync, SyncConfig
+from sdsync.store.sync import ArchiveKeeper, PeriodicSync, SyncConfig
 
 STORE_SOURCES = Path(sdsync.store.__file__).parent
 DRIVERS = {"sqlite3", "psycopg", "psycopg_pool"}
@@ -99,7 +99,7 @@ def test_a_periodic_round_over_a_failing_database_fails_and_is_counted(tmp_path:
     archive = broken(tmp_path)
     peer = "http://127.0.0.1:9"  # never asked: the round fails on reading our own window
     sync = PeriodicSync(
-        ArchiveHost(archive), [peer], SyncConfig(), clock_ns=sync_now, rng=random.Random(1)
+        ArchiveKeeper(archive), [peer], SyncConfig(), clock_ns=sync_now, rng=random.Random(1)
     )
     try:
         assert asyncio.run(sync.round()) is None

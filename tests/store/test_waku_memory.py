@@ -28,7 +28,7 @@ from sdsync.store import (
     StoreUnavailableError,
     WakuStoreClient,
 )
-from sdsync.store.light import LightConfig
+from sdsync.store.light_clients import LightClientConfig
 from sdsync.testing.memory import MemoryNetwork
 from sdsync.testing.memory_waku import MemoryWakuNode
 from sdsync.transport.waku_light import WakuLightTransport
@@ -56,9 +56,9 @@ async def store_on(
 ) -> AsyncIterator[tuple[StoreNode, MemoryWakuNode]]:
     """A store node on the memory node "store", relaying and serving SHARD."""
     waku = net.waku_node("store")
-    config = LightConfig(served=ServedTopics(((SHARD, None),)))
+    config = LightClientConfig(served=ServedTopics(((SHARD, None),)))
     async with running(
-        archive, tmp, waku=waku, serve_light=light, relay_topics=(SHARD,), light=config
+        archive, tmp, waku=waku, serve_light=light, relay_topics=(SHARD,), light_clients=config
     ) as node:
         yield node, waku
 
@@ -173,4 +173,4 @@ def test_a_light_client_publishes_hears_and_reads_the_store_through_its_service(
 
 def test_light_services_need_a_waku_node(sqlite_archive: SqlArchive, tmp_path: Path) -> None:
     with pytest.raises(LocalProtocolError, match="Waku node"):
-        StoreNode(sqlite_archive, NodeConfig(data_dir=tmp_path), light=True)
+        StoreNode(sqlite_archive, NodeConfig(data_dir=tmp_path), light_clients=True)

@@ -332,17 +332,17 @@ def test_streams_beyond_the_per_peer_bound_are_reset_and_counted_and_idle_ones_t
     assert len(summaries) == 2, [r.getMessage() for r in summaries]
 
 
-def test_peer_host_names_the_address_a_connected_peer_comes_from() -> None:
+def test_peer_ip_names_the_address_a_connected_peer_comes_from() -> None:
     async def scenario() -> None:
         sender, receiver, address = await pair()
         try:
-            assert await receiver.peer_host(sender.peer_id) is None  # not connected yet
+            assert await receiver.peer_ip(sender.peer_id) is None  # not connected yet
             await sender.connect(address)
             async with asyncio.timeout(PATIENCE_S):
                 while sender.peer_id not in await receiver.connected_peers():
                     await asyncio.sleep(0.02)
-            assert await receiver.peer_host(sender.peer_id) == "127.0.0.1"
-            assert await sender.peer_host(receiver.peer_id) == "127.0.0.1"
+            assert await receiver.peer_ip(sender.peer_id) == "127.0.0.1"
+            assert await sender.peer_ip(receiver.peer_id) == "127.0.0.1"
         finally:
             await closing(sender, receiver)
 

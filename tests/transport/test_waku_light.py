@@ -29,7 +29,7 @@ from testdeps import require
 from sdsync.errors import RemoteProtocolError
 from sdsync.store import NodeConfig, StoreNode, WakuStoreClient
 from sdsync.store.backend import open_archive
-from sdsync.store.light import DEFAULT_LIGHTPUSH_RATE, LightConfig
+from sdsync.store.light_clients import DEFAULT_LIGHTPUSH_RATE, LightClientConfig
 from sdsync.waku.filter.rpc import (
     FILTER_SUBSCRIBE_PROTOCOL,
     FilterSubscribeRequest,
@@ -106,12 +106,12 @@ class Service:
             port=0,
             retention=(),
             relay_topics=(SHARD,),
-            light=LightConfig(
+            light_clients=LightClientConfig(
                 served=ServedTopics(((SHARD, None),)), lightpush_rate=self.lightpush_rate
             ),
         )
         archive = open_archive(str(self.tmp / "store.sqlite3"))
-        self.node = StoreNode(archive, config, waku=self.relay, light=True)
+        self.node = StoreNode(archive, config, waku=self.relay, light_clients=True)
         await self.node.start()
 
     async def stop(self) -> None:
@@ -225,8 +225,10 @@ def test_publish_and_filter_fail_over_when_a_service_dies(tmp_path: Path) -> Non
                 assert (await next_frame(heard)).retrieval_hint == hint
                 # The first failed its push: the second is asked first from now on.
                 assert alice.plan.push_order(0.0)[0] == 1
-                assert second.node is not None and second.node.light is not None
-                assert second.node.light.filters.criteria(bob.peer_id) == {(SHARD, CONTENT_TOPIC)}
+                assert second.node is not None and second.node.light_clients is not None
+                assert second.node.light_clients.filters.criteria(bob.peer_id) == {
+                    (SHARD, CONTENT_TOPIC)
+                }
 
     asyncio.run(scenario())
 
@@ -237,8 +239,8 @@ def test_a_restarted_service_is_subscribed_to_again(tmp_path: Path) -> None:
             heard = await subscribed(bob)
             await service.stop()
             await service.start()  # same port, same key: the same multiaddr
-            assert service.node is not None and service.node.light is not None
-            filters = service.node.light.filters
+            assert service.node is not None and service.node.light_clients is not None
+            filters = service.node.light_clients.filters
             await until(lambda: bool(filters.criteria(bob.peer_id)), "bob subscribed again")
             async with client(service.address) as alice:
                 hint = await alice.lightpush(TOPIC, b"after the restart")
@@ -253,8 +255,8 @@ def test_a_service_that_forgot_us_answers_a_ping_404_and_is_subscribed_to_again(
     async def scenario() -> None:
         async with services(tmp_path, 1) as [service], client(service.address) as bob:
             heard = await subscribed(bob)
-            assert service.node is not None and service.node.light is not None
-            filters = service.node.light.filters
+            assert service.node is not None and service.node.light_clients is not None
+            filters = service.node.light_clients.filters
             assert filters.expire(math.inf) == [bob.peer_id]  # as if its TTL had passed
             await until(lambda: bool(filters.criteria(bob.peer_id)), "bob subscribed again")
             async with client(service.address) as alice:

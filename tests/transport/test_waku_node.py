@@ -57,7 +57,7 @@ def test_the_contract_nests_and_each_node_keeps_its_part() -> None:
     # A light client is a WakuClient, not a host: it serves nothing (its push is LightPush).
     light = set(dir(WakuLightTransport))
     assert members(WakuClient) <= light
-    assert not {"serve", "serve_pushes", "peer_host", "subscribe_envelopes"} & light
+    assert not {"serve", "serve_pushes", "peer_ip", "subscribe_envelopes"} & light
 
 
 def run(scenario: Callable[[MemoryNetwork], Awaitable[Any]]) -> Any:
@@ -119,10 +119,10 @@ def test_a_request_dials_by_address_and_then_both_ends_are_connected() -> None:
         assert answer == b"from " + client.peer_id.encode()[:8] + b": hi"
         assert await client.request(server.peer_id, ECHO, b"again")  # now by id
         assert await server.connected_peers() == [client.peer_id]
-        assert await server.peer_host(client.peer_id) == "192.0.2.7"
+        assert await server.peer_ip(client.peer_id) == "192.0.2.7"
         client.disconnect(server.peer_id)
         assert await server.connected_peers() == []
-        assert await server.peer_host(client.peer_id) is None
+        assert await server.peer_ip(client.peer_id) is None
 
     run(scenario)
 

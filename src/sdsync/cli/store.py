@@ -346,7 +346,7 @@ def serve(
     from sdsync.errors import LocalProtocolError
     from sdsync.store import NodeConfig, RetentionPolicy, StoreNode
     from sdsync.store.launch import RelayOptions, WebOptions, run_node
-    from sdsync.store.light import LightConfig
+    from sdsync.store.light_clients import LightClientConfig
     from sdsync.store.retention import DEFAULT_POLICY
     from sdsync.store.server import HttpLimits
     from sdsync.store.sync import SyncConfig
@@ -373,7 +373,7 @@ def serve(
     _budget_bytes(archive, policies)
     config = NodeConfig(
         data_dir=data_dir.expanduser(),
-        host=host,
+        listen_host=host,
         port=port,
         token=token,
         retention=policies,
@@ -381,7 +381,7 @@ def serve(
         peers=tuple(peer or ()),
         relay_topics=relay_topics,
         timestamp_variance_s=timestamp_variance,
-        light=LightConfig(
+        light_clients=LightClientConfig(
             served=ServedTopics(served, cluster_id=relay_cluster_id),
             filter=FilterLimits(max_peers_per_host=filter_per_host),
             lightpush_rate=lightpush_rate,
@@ -427,7 +427,7 @@ def serve(
         )
         if config.relay_topics
         else None,
-        light=light,
+        light_clients=light,
         store_sync=config.waku_sync is not None,
     )
 
@@ -651,14 +651,16 @@ def sync(
 ) -> None:
     """Sync the local archive with PEER once (Store Sync: reconcile, then transfer)."""
     from sdsync.errors import RemoteProtocolError, ServiceUnavailable
-    from sdsync.store.sync import ArchiveHost, SyncConfig, sync_with_peer
+    from sdsync.store.sync import ArchiveKeeper, SyncConfig, sync_with_peer
 
     url = _db_url(db, data_dir)
     archive = _open_archive(url)
     span = SyncConfig(window_s=window).window(time.time_ns())
     try:
         report = asyncio.run(
-            sync_with_peer(ArchiveHost(archive), peer, span, method=method.value, token=sync_token)
+            sync_with_peer(
+                ArchiveKeeper(archive), peer, span, method=method.value, token=sync_token
+            )
         )
     except (ServiceUnavailable, RemoteProtocolError) as exc:
         raise fail(f"sync with {peer} failed: {exc}", code=1) from None

@@ -21,13 +21,14 @@ The parts, from the bottom up:
   failing database is :class:`~sdsync.store.archive.ArchiveUnavailable`, whichever the
   backend;
 * :mod:`~sdsync.store.retention` — nwaku's time, capacity and size policies;
-* :mod:`~sdsync.store.host` — the node as the HTTP API and Store Sync see it, and the
+* :mod:`~sdsync.store.served` — the node as the HTTP API and Store Sync see it, and the
   one ingestion path into the archive;
 * :mod:`~sdsync.store.rest`, :mod:`~sdsync.store.server` — the HTTP API (aiohttp);
 * :mod:`~sdsync.waku.store.service` — the same queries over libp2p (sans-I/O: the
   transport carries the bytes), and :class:`~sdsync.waku.store.client.WakuStoreClient`;
 * :mod:`~sdsync.waku.lightpush.service`, :mod:`~sdsync.waku.filter.service` — LightPush
-  and Filter for light clients (sans-I/O), and :mod:`~sdsync.store.light`, their I/O on the host;
+  and Filter for light clients (sans-I/O), and :mod:`~sdsync.store.light_clients`, their
+  I/O on the host;
 * :mod:`~sdsync.store.resume` — Store Resume from a random peer after downtime;
 * :mod:`~sdsync.store.node` — the node that runs all of it, and
   :mod:`~sdsync.store.launch`, which assembles one with its relay host from options

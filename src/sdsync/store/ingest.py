@@ -7,7 +7,7 @@ A LightPush arrives one at a time; archiving each alone costs a hop to
 an archive thread, a transaction and its commit, each more than the insert itself.
 :class:`GroupCommit` keeps one writer per source: a message handed to
 :meth:`GroupCommit.submit` waits in a list; the writer takes the whole list (up to
-``max_batch``) as one :meth:`~sdsync.store.host.SyncHost.ingest`, and when that returns,
+``max_batch``) as one :meth:`~sdsync.store.served.ArchiveNode.ingest`, and when that returns,
 every message in it is committed (or every one failed).  Nothing waits for a batch to
 fill: an idle archive writes the first message at once, and only messages that arrive
 during a write share the next one.  So the batch grows with the load and a lone message
@@ -19,7 +19,7 @@ the message's transaction is committed, with True, or with False when the archiv
 depends on the archive still waits for it.  It pays only under concurrency: with 8 pushes
 in flight the archive's CPU per message falls from about 0.23 ms to 0.07 ms, while a lone
 writer pays about 0.04 ms more for the task and future (the relay archives one message at
-a time, so it keeps :meth:`~sdsync.store.host.SyncHost.ingest`).
+a time, so it keeps :meth:`~sdsync.store.served.ArchiveNode.ingest`).
 """
 
 from __future__ import annotations

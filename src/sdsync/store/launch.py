@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from sdsync.errors import LocalProtocolError
 from sdsync.store.archive import SqlArchive
 from sdsync.store.chat_page import CHAT_PREFIX, chat_app, chat_page
-from sdsync.store.light import LIGHT_PROTOCOLS
+from sdsync.store.light_clients import LIGHT_PROTOCOLS
 from sdsync.store.node import NodeConfig, StoreNode, serve
 from sdsync.waku.ratelimit import DEFAULT_RELAY_RATE, RateLimit
 from sdsync.waku.relay.topics import WakuRelayConfig
@@ -49,7 +49,7 @@ class RelayOptions:
     """Relay bytes one forwarding peer may bring (None: no limit)."""
     limits: ConnectionLimits | None = None
     """Connections per IP, handshakes and the total (None: the host's defaults)."""
-    light: bool = True
+    light_clients: bool = True
     """Serve LightPush and Filter to light clients."""
     store_sync: bool = False
     """Waku Sync is mounted (the node's ``waku_sync`` config)."""
@@ -60,7 +60,7 @@ class RelayOptions:
         sync = (
             (RECONCILIATION_PROTOCOL, TRANSFER_PROTOCOL, RBSR_PROTOCOL) if self.store_sync else ()
         )
-        served = (STORE_QUERY_PROTOCOL, *(LIGHT_PROTOCOLS if self.light else ()), *sync)
+        served = (STORE_QUERY_PROTOCOL, *(LIGHT_PROTOCOLS if self.light_clients else ()), *sync)
         object.__setattr__(self, "protocols", served)
 
 
@@ -85,7 +85,7 @@ async def run_node(
     web: WebOptions | None = None,
 ) -> None:
     """Run the node of ``config`` on ``archive`` until SIGINT or SIGTERM."""
-    if web is not None and not (config.relay_topics and relay.light):
+    if web is not None and not (config.relay_topics and relay.light_clients):
         raise LocalProtocolError("the chat page needs the relay and its light services")
     if not config.relay_topics:
         return await serve(StoreNode(archive, config), on_ready=lambda node: on_ready(node, []))
@@ -99,7 +99,7 @@ async def run_node(
         limits=relay.limits,
     ) as host:
         if web is not None:
-            page = chat_page(host.listen_addrs, config.light.served, web.advertise)
+            page = chat_page(host.listen_addrs, config.light_clients.served, web.advertise)
             config = replace(config, mounts={**config.mounts, CHAT_PREFIX: chat_app(page)})
-        node = StoreNode(archive, config, waku=host, light=relay.light)
+        node = StoreNode(archive, config, waku=host, light_clients=relay.light_clients)
         await serve(node, on_ready=lambda node: on_ready(node, host.listen_addrs))

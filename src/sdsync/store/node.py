@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 A :class:`StoreNode` owns an archive, a thread pool that runs the (blocking) archive
-calls (it is an :class:`~sdsync.store.host.ArchiveHost`), the aiohttp server and its
+calls (it is an :class:`~sdsync.store.served.ArchiveKeeper`), the aiohttp server and its
 background tasks:
 
 * the *heartbeat* writes the last-online time every minute (Store Resume needs it);
@@ -27,12 +27,13 @@ background tasks:
     nwaku and other store nodes over libp2p: rounds with a random peer that announces
     it, sessions answered for peers, messages pushed both ways (source ``waku-sync``);
   - with ``light``, it is a service node for light clients
-    (:class:`~sdsync.store.light.LightServices`): LightPush publishes on the relay and
+    (:class:`~sdsync.store.light_clients.LightClientServices`): LightPush publishes on the relay and
     archives, Filter pushes every message the relay or LightPush brings.
 
 Every path that adds messages — HTTP ingestion, Store Resume, a relay subscription,
-LightPush and Store Sync — goes through :meth:`~sdsync.store.host.ArchiveHost.ingest`, which counts
-what was new per source.  Before that, each checks its messages with
+LightPush and Store Sync — goes through
+:meth:`~sdsync.store.served.ArchiveKeeper.ingest`, which counts what was new per source.
+Before that, each checks its messages with
 :meth:`StoreNode.check_ingestible` (:func:`~sdsync.waku.messages.check_ingestible` at the
 node's clock): a timestamp that is not positive or more than ``timestamp_variance_s``
 (20 s) ahead of the clock is refused, old ones are fine.  HTTP refuses the whole
@@ -40,9 +41,9 @@ request, the relay and Store Resume drop the message; each refusal is counted in
 ``sdsync_store_refused_total{route, reason}``.
 
 The node admits at most ``max_concurrent_queries`` v3 queries at a time
-(:meth:`StoreNode.query`; one more raises :class:`~sdsync.store.host.QueriesBusy`, which
+(:meth:`StoreNode.query`; one more raises :class:`~sdsync.store.served.QueriesBusy`, which
 the API answers with 429) and gives each ``query_timeout_s``.  The HTTP API sees the
-node only as a :class:`~sdsync.store.host.ServedNode`.
+node only as a :class:`~sdsync.store.served.ServedNode`.
 
 :func:`serve` runs a node until SIGINT or SIGTERM and then stops it cleanly: the server
 stops accepting, tasks are cancelled, the last-online time is written a final time, the
@@ -68,10 +69,10 @@ from aiohttp import web
 
 from sdsync.errors import LocalProtocolError, RemoteProtocolError
 from sdsync.store.archive import Archive, ArchiveUnavailable
-from sdsync.store.host import ArchiveHost, NodeQueries, QueriesBusy
-from sdsync.store.light import LightConfig, LightServices
+from sdsync.store.light_clients import LightClientConfig, LightClientServices
 from sdsync.store.resume import LastOnline, ResumeReport, resume, resume_window
 from sdsync.store.retention import DEFAULT_POLICY, RetentionPolicy
+from sdsync.store.served import ArchiveKeeper, NodeQueries, QueriesBusy
 from sdsync.store.server import HttpLimits, HttpServer, create_app
 from sdsync.store.sync import PREFIX as SYNC_PREFIX
 from sdsync.store.sync import PeriodicSync, SyncConfig, responder_app
@@ -89,7 +90,7 @@ logger = logging.getLogger("sdsync.store")
 @dataclass(frozen=True)
 class NodeConfig:
     data_dir: Path
-    host: str = "127.0.0.1"
+    listen_host: str = "127.0.0.1"
     port: int = 8645
     token: str | None = None
     retention: tuple[RetentionPolicy, ...] = (RetentionPolicy.parse(DEFAULT_POLICY),)
@@ -107,7 +108,7 @@ class NodeConfig:
     """Pubsub topics to archive from the relay, when the node runs on a Waku node."""
     timestamp_variance_s: float = DEFAULT_TIMESTAMP_VARIANCE_S
     """How far ahead of the node's clock an ingested message's timestamp may be."""
-    light: LightConfig = field(default_factory=LightConfig)
+    light_clients: LightClientConfig = field(default_factory=LightClientConfig)
     """What LightPush and Filter serve, when the node serves light clients."""
     http: HttpLimits = field(default_factory=HttpLimits)
     """Time bounds of the HTTP API's connections."""
@@ -118,7 +119,7 @@ class NodeConfig:
     Waku node (None: not mounted)."""
 
 
-class StoreNode(ArchiveHost):
+class StoreNode(ArchiveKeeper):
     def __init__(
         self,
         archive: Archive,
@@ -127,19 +128,23 @@ class StoreNode(ArchiveHost):
         clock_ns: Callable[[], int] = time.time_ns,
         rng: random.Random | None = None,
         waku: WakuNode | None = None,
-        light: bool = False,
+        light_clients: bool = False,
     ) -> None:
         """A node on ``archive``; on ``waku`` it also archives relay, answers store query
-        and exports the node's counters, and with ``light`` serves light clients there
-        (``config.light``)."""
-        if light and waku is None:
+        and exports the node's counters, and with ``light_clients`` serves light clients there
+        (``config.light_clients``)."""
+        if light_clients and waku is None:
             raise LocalProtocolError("light-client services need a Waku node to run on")
         self._executor = ThreadPoolExecutor(config.threads, thread_name_prefix="archive")
         super().__init__(archive, executor=self._executor)
         self.waku = waku
         if waku is not None:
             self.metrics.export_libp2p(waku)
-        self.light = LightServices(self, waku, config.light) if waku is not None and light else None
+        self.light_clients = (
+            LightClientServices(self, waku, config.light_clients)
+            if waku is not None and light_clients
+            else None
+        )
         self.store_answers = AnswerBudget(config.store_answers)
         self.queries = NodeQueries(self)
         self.config = config
@@ -174,7 +179,7 @@ class StoreNode(ArchiveHost):
 
     @property
     def url(self) -> str:
-        return f"http://{self.config.host}:{self.port}"
+        return f"http://{self.config.listen_host}:{self.port}"
 
     # -- lifecycle
 
@@ -186,7 +191,7 @@ class StoreNode(ArchiveHost):
         if config.sync.serve:
             mounts.setdefault(SYNC_PREFIX, responder_app(config.sync, wall_clock_ns=self._clock_ns))
         # Bound here, not by aiohttp, so that port 0 tells us which port we got.
-        sock = socket.create_server((config.host, config.port))
+        sock = socket.create_server((config.listen_host, config.port))
         self.port = int(sock.getsockname()[1])
         self._http = await HttpServer.start(create_app(self, mounts=mounts, http=config.http), sock)
         self._tasks = [
@@ -211,8 +216,8 @@ class StoreNode(ArchiveHost):
                 self._answer_store_query,
                 timeout_s=self.store_answers.limits.hold_s,
             )
-        if self.light is not None:
-            await self.light.start()
+        if self.light_clients is not None:
+            await self.light_clients.start()
         if self.waku_sync is not None:
             await self.waku_sync.start()
 
@@ -222,8 +227,8 @@ class StoreNode(ArchiveHost):
             self._http = None
         if self.waku_sync is not None:
             await self.waku_sync.close()
-        if self.light is not None:
-            await self.light.close()
+        if self.light_clients is not None:
+            await self.light_clients.close()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -253,7 +258,7 @@ class StoreNode(ArchiveHost):
                 logger.exception("periodic %s failed", getattr(work, "__name__", work))
             await asyncio.sleep(interval_s)
 
-    # -- the archive (run off the event loop by ArchiveHost): what goes in, what comes out
+    # -- the archive (run off the event loop by ArchiveKeeper): what goes in, what comes out
 
     def now_ns(self) -> int:
         """The node's clock (Unix ns)."""
@@ -286,7 +291,7 @@ class StoreNode(ArchiveHost):
 
     async def query(self, query: StoreQuery) -> Page:
         """One page of ``query``, if the node runs fewer than ``max_concurrent_queries``
-        (else :class:`~sdsync.store.host.QueriesBusy`), within ``query_timeout_s`` (else
+        (else :class:`~sdsync.store.served.QueriesBusy`), within ``query_timeout_s`` (else
         ``TimeoutError``)."""
         if self.queries_in_flight >= self.config.max_concurrent_queries:
             raise QueriesBusy("too many queries in flight")
@@ -315,8 +320,8 @@ class StoreNode(ArchiveHost):
 
     async def _archive_relay(self, envelopes: AsyncIterator[Envelope]) -> None:
         async for envelope in envelopes:
-            if self.light is not None:  # Filter pushes ephemeral messages too
-                self.light.offer(envelope.pubsub_topic, envelope.message)
+            if self.light_clients is not None:  # Filter pushes ephemeral messages too
+                self.light_clients.offer(envelope.pubsub_topic, envelope.message)
             try:
                 stored = StoredMessage.of(envelope.pubsub_topic, envelope.message)
                 self.check_ingestible(stored)
@@ -352,7 +357,9 @@ class StoreNode(ArchiveHost):
     async def refresh_gauges(self) -> None:
         self.metrics.messages.set(await self.in_archive(self.archive.count))
         self.metrics.archive_bytes.set(await self.in_archive(self.archive.size_bytes))
-        self.metrics.filter_subscribers.set(len(self.light.filters) if self.light else 0)
+        self.metrics.filter_subscribers.set(
+            len(self.light_clients.filters) if self.light_clients else 0
+        )
 
     async def info(self) -> dict[str, Any]:
         return {

@@ -51,9 +51,9 @@ Other protocols attach their own routes as sub-applications under a prefix of th
 own (``mounts``), e.g. Store Sync under ``/sync/``: they share the node's archive,
 metrics and token check through ``request.app[NODE]``.
 
-The routes see the node as a :class:`~sdsync.store.host.ServedNode`, never the
+The routes see the node as a :class:`~sdsync.store.served.ServedNode`, never the
 :class:`~sdsync.store.node.StoreNode` that runs them: the node admits the queries
-(:class:`~sdsync.store.host.QueriesBusy` becomes 429) and the archive says when its
+(:class:`~sdsync.store.served.QueriesBusy` becomes 429) and the archive says when its
 database fails (:class:`~sdsync.store.archive.ArchiveUnavailable` becomes 503 on every route, the
 query's in nwaku's JSON), so this
 module knows neither the node nor a database driver.
@@ -75,7 +75,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 from sdsync.errors import RemoteProtocolError
 from sdsync.store import rest, status
 from sdsync.store.archive import ArchiveUnavailable
-from sdsync.store.host import ServedNode, answer_query, one_line, refuse_query
+from sdsync.store.served import ServedNode, answer_query, one_line, refuse_query
 from sdsync.waku.messages import InvalidMessageError, StoredMessage, check_ingestible
 from sdsync.waku.store.model import Page, QueryError, QueryFailure
 

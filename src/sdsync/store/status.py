@@ -9,7 +9,7 @@ Three steps, only the first doing I/O:
    counts of its own), the archive's largest topics
    (:meth:`~sdsync.store.archive.Archive.topic_counts`), the last hour of ingestion per
    minute (:class:`~sdsync.store.metrics.MinuteTraffic`) and, for a caller holding the
-   node's token, :meth:`~sdsync.store.host.ServedNode.info` (backend, retention, Store
+   node's token, :meth:`~sdsync.store.served.ServedNode.info` (backend, retention, Store
    Sync peers and last round, Store Resume), which ``GET /admin/v1/info`` guards alike.
 2. :func:`build_view` turns those figures into a :class:`StatusView`: plain data, no
    HTML, testable without a server.
@@ -38,7 +38,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from sdsync.store.archive import TopicCount
-from sdsync.store.host import ServedNode
+from sdsync.store.served import ServedNode
 
 REFRESH_S = 10
 MAX_TOPICS = 50

@@ -12,7 +12,7 @@ and fast.
 *Identity.* A node's peer id is derived from its name (a sha256 multihash, as a libp2p
 peer id is written) and its address is ``/ip4/<ip>/tcp/<port>/p2p/<peer id>``; ``ip`` is
 the node's own attribute, which a test sets to put nodes on one host or many (what
-:meth:`peer_host` tells a per-host limit).
+:meth:`peer_ip` tells a per-host limit).
 
 *Relay.* The relaying nodes of a network form one full mesh: a publication on a pubsub
 topic is handed at once to every other open relaying node subscribed to it (as an
@@ -232,7 +232,7 @@ class MemoryWakuNode(AsyncLifecycle):
         self._check_open()
         return sorted(self._connections)
 
-    async def peer_host(self, peer: str) -> str | None:
+    async def peer_ip(self, peer: str) -> str | None:
         self._check_open()
         return self._peers[peer].ip if peer in self._connections else None
 

@@ -358,11 +358,11 @@ class Libp2pNode(AsyncLifecycle):
         trio_side = self._running()
         return await self._call(trio_side.connected_peers)
 
-    async def peer_host(self, peer: str) -> str | None:
+    async def peer_ip(self, peer: str) -> str | None:
         """The IP address the peer with id ``peer`` is connected from (what per-host limits
         count); None while it is not connected."""
         trio_side = self._running()
-        return await self._call(lambda: trio_side.peer_host(peer))
+        return await self._call(lambda: trio_side.peer_ip(peer))
 
     async def mesh_peers(self, topic: str) -> list[str]:
         """The peers a publication on ``topic`` goes to now: our gossipsub mesh if we

@@ -240,7 +240,7 @@ class TrioHost:
 
         self.start_soon(push)
 
-    async def peer_host(self, peer: str) -> str | None:
+    async def peer_ip(self, peer: str) -> str | None:
         """The IP address ``peer`` is connected from; None while it is not connected."""
         for conn in self.host.get_network().get_connections(ID.from_base58(peer)):
             if ip := remote_ip(conn.muxed_conn):

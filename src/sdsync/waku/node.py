@@ -228,7 +228,7 @@ class WakuHost(WakuRequester, Protocol):
 
     async def connected_peers(self) -> list[str]: ...
 
-    async def peer_host(self, peer: str) -> str | None:
+    async def peer_ip(self, peer: str) -> str | None:
         """The IP address ``peer`` is connected from (what per-host limits count); None
         if it is not connected."""
         ...

@@ -9,7 +9,7 @@ Prolly-tree sync) — and then *transfers* the differences, the side holding a m
 sending it. Everything runs over the store's HTTP server:
 
 * :mod:`~sdsync.store.sync.wire` — routes, headers, message batches;
-* :mod:`~sdsync.store.sync.host` — bulk snapshots of a window, batches read by hash;
+* :mod:`~sdsync.store.sync.snapshot` — bulk snapshots of a window, batches read by hash;
 * :mod:`~sdsync.store.sync.responder` — sessions answered for peers, bounded, under
   ``/sync/``;
 * :mod:`~sdsync.store.sync.initiator` — one round with a peer
@@ -20,7 +20,7 @@ sending it. Everything runs over the store's HTTP server:
 The protocol is described in ``docs/store.md``.
 """
 
-from sdsync.store.host import ArchiveHost, SyncHost
+from sdsync.store.served import ArchiveKeeper, ArchiveNode
 from sdsync.store.sync.config import SyncConfig
 from sdsync.store.sync.initiator import SyncReport, SyncUnsupportedError, sync_with_peer
 from sdsync.store.sync.periodic import PeriodicSync
@@ -29,11 +29,11 @@ from sdsync.store.sync.wire import PREFIX
 
 __all__ = [
     "PREFIX",
-    "ArchiveHost",
+    "ArchiveKeeper",
+    "ArchiveNode",
     "PeriodicSync",
     "SessionTable",
     "SyncConfig",
-    "SyncHost",
     "SyncReport",
     "SyncUnsupportedError",
     "responder_app",

@@ -43,8 +43,8 @@ from sdsync.errors import RemoteProtocolError
 from sdsync.reconcile import Method, ReconcileSession, session_class
 from sdsync.reconcile.codec import MAX_VARINT_BYTES
 from sdsync.reconcile.riblt import UndecodedError
-from sdsync.store.host import SyncHost
-from sdsync.store.sync.host import SOURCE, read_batch, snapshot
+from sdsync.store.served import ArchiveNode
+from sdsync.store.sync.snapshot import SOURCE, read_batch, snapshot
 from sdsync.store.sync.wire import (
     BASE_METHOD,
     BATCH_TYPE,
@@ -122,7 +122,7 @@ class SyncReport:
 
 
 async def sync_with_peer(
-    host: SyncHost,
+    node: ArchiveNode,
     peer: str,
     window: tuple[int, int],
     *,
@@ -139,14 +139,14 @@ async def sync_with_peer(
     from its own items, not from our count, which it cannot check) is run again by
     :data:`~sdsync.store.sync.wire.BASE_METHOD`."""
     try:
-        return await _round(host, peer, window, method, session, timeout_s, token)
+        return await _round(node, peer, window, method, session, timeout_s, token)
     except UndecodedError:
         logger.info("RIBLT with %s did not decode; reconciling by %s", peer, BASE_METHOD)
-        return await _round(host, peer, window, BASE_METHOD, session, timeout_s, token)
+        return await _round(node, peer, window, BASE_METHOD, session, timeout_s, token)
 
 
 async def _round(
-    host: SyncHost,
+    node: ArchiveNode,
     peer: str,
     window: tuple[int, int],
     method: Method,
@@ -157,7 +157,7 @@ async def _round(
     started = time.perf_counter()
     kind = session_class(method)
     report = SyncReport(peer.rstrip("/"), method, window)
-    store = await snapshot(host, window, method)
+    store = await snapshot(node, window, method)
     report.items = len(store)
     reconcile: ReconcileSession = kind(store, initiator=True, window=window)
     async with _http(session, timeout_s) as client:
@@ -171,19 +171,19 @@ async def _round(
                     await _reconcile_streamed(api, session_id, reconcile, reply, report)
                 else:
                     await _reconcile(api, session_id, reconcile, reply or b"", report)
-                await _push(host, api, session_id, reconcile, report)
-                await _pull(host, api, session_id, reconcile, report)
+                await _push(node, api, session_id, reconcile, report)
+                await _pull(node, api, session_id, reconcile, report)
             except Exception:
                 await api.close(session_id)
                 raise
             # Not when cancelled (the node is stopping): the peer's idle expiry will do.
             await api.close(session_id)
         finally:
-            _count(host, report)
+            _count(node, report)
     report.seconds = time.perf_counter() - started
-    host.metrics.sync_rounds.labels(role="initiator").inc()
-    host.metrics.sync_differences.labels(side="we_lacked").inc(report.need)
-    host.metrics.sync_differences.labels(side="peer_lacked").inc(report.have)
+    node.metrics.sync_rounds.labels(role="initiator").inc()
+    node.metrics.sync_differences.labels(side="we_lacked").inc(report.need)
+    node.metrics.sync_differences.labels(side="peer_lacked").inc(report.have)
     return report
 
 
@@ -333,13 +333,13 @@ def _exchanged(report: SyncReport, frame: bytes, reply: bytes) -> None:
 
 
 async def _push(
-    host: SyncHost, peer: _Peer, session_id: str, reconcile: ReconcileSession, report: SyncReport
+    node: ArchiveNode, peer: _Peer, session_id: str, reconcile: ReconcileSession, report: SyncReport
 ) -> None:
     """Send the peer, in batches, what we hold and it lacks."""
     hashes = [h for _, h in sorted(reconcile.have)]
     position = 0
     while position < len(hashes):
-        batch, count, position = await read_batch(host, hashes, position)
+        batch, count, position = await read_batch(node, hashes, position)
         if not count:
             continue
         answer, _ = await peer.call(
@@ -351,7 +351,7 @@ async def _push(
 
 
 async def _pull(
-    host: SyncHost, peer: _Peer, session_id: str, reconcile: ReconcileSession, report: SyncReport
+    node: ArchiveNode, peer: _Peer, session_id: str, reconcile: ReconcileSession, report: SyncReport
 ) -> None:
     """Fetch, in batches, what the peer holds and we lack."""
     need = frozenset(h for _, h in reconcile.need)
@@ -363,7 +363,7 @@ async def _pull(
         messages = await asyncio.to_thread(decode_batch, batch, need)
         report.transfer_bytes_received += len(batch)
         report.received += len(messages)
-        report.stored += await host.ingest(messages, source=SOURCE)
+        report.stored += await node.ingest(messages, source=SOURCE)
         position = _next(headers.get(NEXT_HEADER), position, report.peer)
 
 
@@ -385,9 +385,9 @@ def _stored(answer: bytes, peer: str) -> int:
     return stored
 
 
-def _count(host: SyncHost, report: SyncReport) -> None:
-    host.metrics.sync_bytes.labels(direction="sent").inc(report.bytes_sent)
-    host.metrics.sync_bytes.labels(direction="received").inc(report.bytes_received)
+def _count(node: ArchiveNode, report: SyncReport) -> None:
+    node.metrics.sync_bytes.labels(direction="sent").inc(report.bytes_sent)
+    node.metrics.sync_bytes.labels(direction="received").inc(report.bytes_received)
 
 
 # -- HTTP

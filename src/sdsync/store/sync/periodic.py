@@ -25,7 +25,7 @@ from typing import Any
 
 from sdsync.errors import RemoteProtocolError, ServiceUnavailable
 from sdsync.reconcile import Method
-from sdsync.store.host import SyncHost
+from sdsync.store.served import ArchiveNode
 from sdsync.store.sync.config import SyncConfig
 from sdsync.store.sync.initiator import SyncReport, SyncUnsupportedError, sync_with_peer
 from sdsync.store.sync.wire import BASE_METHOD
@@ -38,14 +38,14 @@ RECENT_ROUNDS = 10
 class PeriodicSync:
     def __init__(
         self,
-        host: SyncHost,
+        node: ArchiveNode,
         peers: Sequence[str],
         config: SyncConfig,
         *,
         clock_ns: Callable[[], int],
         rng: random.Random,
     ) -> None:
-        self.host = host
+        self.node = node
         self.peers = tuple(peers)
         self.config = config
         self.unsupported: set[str] = set()
@@ -106,7 +106,7 @@ class PeriodicSync:
 
     async def _round_with(self, peer: str, method: Method) -> SyncReport:
         window = self.config.window(self._clock_ns())
-        return await sync_with_peer(self.host, peer, window, method=method, token=self.config.token)
+        return await sync_with_peer(self.node, peer, window, method=method, token=self.config.token)
 
     def _failed(self, error: str, peer: str = "") -> None:
         self.failures += 1

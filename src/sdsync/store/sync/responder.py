@@ -70,11 +70,11 @@ from sdsync.reconcile import (
 )
 from sdsync.reconcile.session import MethodSession
 from sdsync.store.archive import ArchiveUnavailable
-from sdsync.store.host import SyncHost
+from sdsync.store.served import ArchiveNode
 from sdsync.store.server import NODE, bearer_matches, refuse
 from sdsync.store.sync.config import SyncConfig
-from sdsync.store.sync.host import SOURCE, read_batch, snapshot
 from sdsync.store.sync.policy import SyncRefused, check_pushed, check_window
+from sdsync.store.sync.snapshot import SOURCE, read_batch, snapshot
 from sdsync.store.sync.wire import (
     BATCH_TYPE,
     FRAME_TYPE,
@@ -359,7 +359,7 @@ async def _receive(
     return reply
 
 
-def _settle(node: SyncHost, table: SessionTable, session_id: str, session: Session) -> None:
+def _settle(node: ArchiveNode, table: SessionTable, session_id: str, session: Session) -> None:
     """Once reconciled, what the transfer may move; the session moved on."""
     if session.reconcile.done and not session.settled:
         session.finish()
@@ -485,7 +485,7 @@ def _finished(table: SessionTable, session_id: str) -> Session:
 
 
 async def _learn_topics(
-    node: SyncHost, config: SyncConfig, session: Session, messages: list[StoredMessage]
+    node: ArchiveNode, config: SyncConfig, session: Session, messages: list[StoredMessage]
 ) -> None:
     """Whether this node archives each new pubsub topic of a batch (see :mod:`.policy`)."""
     for topic in {m.pubsub_topic for m in messages} - session.archived_topics.keys():
@@ -545,12 +545,12 @@ def _busy(reason: str) -> web.HTTPServiceUnavailable:
     )
 
 
-def _count_bytes(node: SyncHost, *, received: int, sent: int) -> None:
+def _count_bytes(node: ArchiveNode, *, received: int, sent: int) -> None:
     node.metrics.sync_bytes.labels(direction="received").inc(received)
     node.metrics.sync_bytes.labels(direction="sent").inc(sent)
 
 
-def _count_differences(node: SyncHost, reconcile: ReconcileSession) -> None:
+def _count_differences(node: ArchiveNode, reconcile: ReconcileSession) -> None:
     node.metrics.sync_differences.labels(side="we_lacked").inc(len(reconcile.need))
     node.metrics.sync_differences.labels(side="peer_lacked").inc(len(reconcile.have))
 

@@ -7,7 +7,7 @@ FilterSubscribeRequest, one FilterSubscribeResponse — and the service node pus
 matching message to it over ``/vac/waku/filter-push/2.0.0-beta1``.  A
 :class:`FilterSubscriptions` table holds the state and makes every decision; it never
 touches a socket or a clock (the caller passes ``now``, monotonic seconds).  The node
-(:mod:`sdsync.store.light`) does the I/O: it hands each request's bytes to
+(:mod:`sdsync.store.light_clients`) does the I/O: it hands each request's bytes to
 :func:`answer_filter_subscribe` and sends back the bytes it returns, asks
 :meth:`FilterSubscriptions.subscribers` who gets each message, pushes, and reports each
 push's outcome back.

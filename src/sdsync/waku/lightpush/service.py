@@ -9,7 +9,7 @@ here touches a socket: the transport hands the request's bytes to
 :func:`answer_lightpush` (:func:`answer_lightpush_v2`) and sends back the bytes they
 return.  Between the two, :func:`check_push` judges the request and
 :class:`PushService.accept` does what the node does with an accepted message (relay,
-archive, Filter: :mod:`sdsync.store.light`).
+archive, Filter: :mod:`sdsync.store.light_clients`).
 
 :func:`check_push` applies 14/WAKU2-MESSAGE and the node's own limits, the status codes
 as js-waku's ``LightPushStatusCode`` and nwaku name them:

@@ -73,7 +73,7 @@ ROUTE = STORE_QUERY_PROTOCOL
 
 class QueryEngine(Protocol):
     """What answers the queries: the node's one query engine, which admits, times and
-    counts them (the store node's :class:`~sdsync.store.host.NodeQueries`)."""
+    counts them (the store node's :class:`~sdsync.store.served.NodeQueries`)."""
 
     async def answer(self, query: StoreQuery, route: str) -> Page | QueryFailure:
         """One page of ``query`` asked at ``route``, or why not."""

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 A js-waku light node (a browser, ``createLightNode``) relays nothing: it publishes
 through a service node's LightPush and receives through its Filter, and reads history
-from its store.  :class:`LightServices` makes a store node that service node.  It is the
+from its store.  :class:`LightClientServices` makes a store node that service node.  It is the
 I/O around two sans-I/O parts:
 
 * :mod:`sdsync.waku.lightpush.service` judges a pushed message and writes the answer; an
@@ -15,7 +15,7 @@ I/O around two sans-I/O parts:
   pushes that arrive during a write share the next transaction, and each is answered
   once its own is committed: :mod:`sdsync.store.ingest`), and offered to Filter;
 * :mod:`sdsync.waku.filter.service` holds the subscriptions and answers subscribe requests;
-  :meth:`LightServices.offer` asks it who gets a message — heard on relay or pushed —
+  :meth:`LightClientServices.offer` asks it who gets a message — heard on relay or pushed —
   and pushes a MessagePush to each over ``/vac/waku/filter-push/2.0.0-beta1``.
 
 Pushes to one subscriber go out in order, one at a time, each within
@@ -44,7 +44,7 @@ here, which bounds, times out, counts and summarises such streams (docs/network.
 
 Filter is shared between hosts, not peer ids (:mod:`sdsync.waku.filter.service`): each
 subscribe request is judged with the IP address the peer connects from
-(:meth:`~sdsync.waku.node.WakuNode.peer_host`), and every ``liveness_interval_s`` the
+(:meth:`~sdsync.waku.node.WakuNode.peer_ip`), and every ``liveness_interval_s`` the
 services tell the table who is connected
 (:meth:`~sdsync.waku.node.WakuNode.connected_peers`), so a subscriber whose
 connection is gone is dropped within ``disconnect_grace_s`` plus one interval.
@@ -62,8 +62,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sdsync.errors import LocalProtocolError, ProtocolNotSupportedError, RemoteProtocolError
-from sdsync.store.host import ServedNode
 from sdsync.store.ingest import GroupCommit
+from sdsync.store.served import ServedNode
 from sdsync.waku.filter.rpc import FILTER_PUSH_PROTOCOL, FILTER_SUBSCRIBE_PROTOCOL, MessagePush
 from sdsync.waku.filter.service import FilterLimits, FilterSubscriptions, answer_filter_subscribe
 from sdsync.waku.lightpush.rpc import LIGHTPUSH_PROTOCOL, LIGHTPUSH_V2_PROTOCOL
@@ -80,17 +80,17 @@ from sdsync.waku.node import WakuNode
 from sdsync.waku.ratelimit import PeerBuckets, RateLimit
 from sdsync.wire.waku import WakuMessage
 
-logger = logging.getLogger("sdsync.store.light")
+logger = logging.getLogger("sdsync.store.light_clients")
 
 DEFAULT_LIGHTPUSH_RATE = RateLimit(100, 20.0)
 """nwaku's per-peer LightPush rate (``--rate-limit lightpush:5/1s``) on average, over a
 20 s window so that a chat's burst of up to 100 pushes passes."""
 LIGHT_PROTOCOLS = (LIGHTPUSH_PROTOCOL, LIGHTPUSH_V2_PROTOCOL, FILTER_SUBSCRIBE_PROTOCOL)
-"""What :class:`LightServices` serves."""
+"""What :class:`LightClientServices` serves."""
 
 
 @dataclass(frozen=True)
-class LightConfig:
+class LightClientConfig:
     """What the services serve and their bounds."""
 
     served: ServedTopics = field(default_factory=ServedTopics)
@@ -103,14 +103,14 @@ class LightConfig:
     """Pushes one peer may make (None: no limit); more are answered 429."""
 
 
-class LightServices:
+class LightClientServices:
     """LightPush (3.0.0 and 2.0.0-beta1) and Filter v2 for ``node`` on ``host``."""
 
     def __init__(
         self,
         node: ServedNode,
         host: WakuNode,
-        config: LightConfig,
+        config: LightClientConfig,
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -201,7 +201,7 @@ class LightServices:
         def refuse(reason: str) -> None:
             self.refuse(FILTER_SUBSCRIBE_PROTOCOL, reason)
 
-        host = await self.host.peer_host(peer)
+        host = await self.host.peer_ip(peer)
         return answer_filter_subscribe(
             self.filters, peer, request, self._clock(), refuse, host=host
         )

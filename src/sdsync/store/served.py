@@ -6,15 +6,15 @@ The HTTP API (:mod:`~sdsync.store.server`) and Store Sync (:mod:`~sdsync.store.s
 do not import the :class:`~sdsync.store.node.StoreNode` that runs them; each is written
 against what it needs of it:
 
-* :class:`SyncHost` — an archive, the blocking archive calls run off the event loop
-  (:meth:`~SyncHost.in_archive`), ingestion, the metrics, the RIBLT symbol cache;
+* :class:`ArchiveNode` — an archive, the blocking archive calls run off the event loop
+  (:meth:`~ArchiveNode.in_archive`), ingestion, the metrics, the RIBLT symbol cache;
 * :class:`ServedNode` — that, and what the HTTP routes add: the write token, the node's
   clock, v3 queries under the node's admission and time limits, retention, its info.
 
-:class:`ArchiveHost` is the part of the node both need: the archive, its threads and the
-one :meth:`~ArchiveHost.ingest` through which every path that adds messages (HTTP,
+:class:`ArchiveKeeper` is the part of the node both need: the archive, its threads and the
+one :meth:`~ArchiveKeeper.ingest` through which every path that adds messages (HTTP,
 relay, Store Resume, Store Sync) archives them, counted per source.  A
-:class:`~sdsync.store.node.StoreNode` is an ArchiveHost; the one-shot
+:class:`~sdsync.store.node.StoreNode` is an ArchiveKeeper; the one-shot
 ``sdsync store sync``, which serves nothing, uses a bare one.
 
 What fails is said with our own errors, so that no code above the archive knows its
@@ -57,7 +57,7 @@ class QueriesBusy(ServiceUnavailable):
     """
 
 
-class SyncHost(Protocol):
+class ArchiveNode(Protocol):
     """What a sync session needs from the node it runs in."""
 
     @property
@@ -85,7 +85,7 @@ class ServedConfig(Protocol):
         ...
 
 
-class ServedNode(SyncHost, Protocol):
+class ServedNode(ArchiveNode, Protocol):
     """The node the HTTP routes (and the sub-applications mounted beside them) serve."""
 
     @property
@@ -118,7 +118,7 @@ class ServedNode(SyncHost, Protocol):
         ...
 
 
-class ArchiveHost:
+class ArchiveKeeper:
     """An archive whose calls run off the event loop, and the one way into it."""
 
     def __init__(self, archive: Archive, *, executor: Executor | None = None) -> None:
@@ -162,7 +162,7 @@ def one_line(text: str) -> str:
 
 
 def refuse_query(
-    node: SyncHost,
+    node: ArchiveNode,
     route: str,
     reason: str,
     description: str,
@@ -194,7 +194,7 @@ async def answer_query(node: ServedNode, query: StoreQuery, route: str) -> Page 
     return page
 
 
-def _failed(node: SyncHost, status: StatusCode, description: str) -> QueryFailure:
+def _failed(node: ArchiveNode, status: StatusCode, description: str) -> QueryFailure:
     node.metrics.queries.labels(status=str(int(status))).inc()
     return QueryFailure(status, one_line(description))
 
