@@ -253,6 +253,15 @@ def test_nwakus_store_client_reads_our_archive(tmp_path: Path, nwaku_nodes: Star
             assert sorted(by_hash) == sorted(asked[:2])
 
 
+def test_a_node_key_is_the_same_identity_in_nwaku_and_ours(nwaku_nodes: Start) -> None:
+    """``--nodekey`` means what nwaku's means: the same 64 hex characters, the same peer
+    id, so an operator can move a node's identity between the two."""
+    from sdsync.transport.nodekey import NodeKey
+
+    nwaku = nwaku_nodes()
+    assert NodeKey.from_hex(nwaku.nodekey).peer_id == nwaku.peer_id
+
+
 # -- light protocols ---------------------------------------------------------------------
 
 

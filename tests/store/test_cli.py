@@ -93,3 +93,35 @@ def test_serve_refuses_a_chat_page_address_that_is_no_websocket(tmp_path: Path) 
     result = CliRunner().invoke(app, [*argv, "--web-address", "/ip4/127.0.0.1/tcp/443"])
     assert result.exit_code == 2
     assert "is not a WebSocket address" in re.sub(r"[│\s]+", " ", result.output)
+
+
+def test_serve_keeps_its_peer_id_across_a_sigkill_and_takes_a_given_key(tmp_path: Path) -> None:
+    from storeprocess import TOPIC, store_serve
+
+    from sdsync.transport.nodekey import NODEKEY_FILE, NodeKey
+
+    def peer_ids(store_relay_addrs: list[str]) -> set[str]:
+        return {addr.rsplit("/p2p/", 1)[1] for addr in store_relay_addrs}
+
+    with store_serve(tmp_path, TOPIC) as first:
+        first.process.kill()  # SIGKILL: nothing is written at exit
+        first.process.wait()
+    key = NodeKey.from_hex((tmp_path / NODEKEY_FILE).read_text())
+    assert peer_ids(first.relay_addrs) == {key.peer_id}
+    with store_serve(tmp_path, TOPIC) as second:
+        assert peer_ids(second.relay_addrs) == {key.peer_id}
+    given = "0x" + "07" * 32
+    with store_serve(tmp_path, TOPIC, flags=["--nodekey", given]) as third:
+        assert peer_ids(third.relay_addrs) == {NodeKey.from_hex(given).peer_id} != {key.peer_id}
+    assert NodeKey.from_hex((tmp_path / NODEKEY_FILE).read_text()) == key
+
+
+def test_serve_refuses_a_bad_node_key_naming_the_flag(tmp_path: Path) -> None:
+    base = ["store", "serve", "--data-dir", str(tmp_path), "--relay-shard", "7"]
+    bad = CliRunner().invoke(app, [*base, "--nodekey", "12ab"])
+    assert bad.exit_code == 2 and "--nodekey" in bad.output and "64 hex" in bad.output
+    both = CliRunner().invoke(app, [*base, "--nodekey", "07" * 32, "--nodekey-file", "k"])
+    assert both.exit_code == 2 and "not both" in both.output
+    (tmp_path / "nodekey").write_text("not a key")
+    kept = CliRunner().invoke(app, base)
+    assert kept.exit_code == 2 and "--data-dir" in kept.output and "nodekey" in kept.output

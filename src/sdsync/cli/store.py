@@ -26,6 +26,7 @@ from sdsync.waku.relay.topics import SHARD_TOPIC_PREFIX
 
 if TYPE_CHECKING:
     from sdsync.store import RetentionPolicy, SqlArchive
+    from sdsync.transport.nodekey import NodeKeySource
     from sdsync.waku.ratelimit import RateLimit
     from sdsync.waku.store.service import AnswerLimits
 
@@ -177,6 +178,19 @@ def serve(
     relay_peer: Annotated[
         list[str] | None,
         typer.Option(help="libp2p multiaddr (…/p2p/<id>) of a relay peer; repeatable."),
+    ] = None,
+    nodekey: Annotated[
+        str | None,
+        typer.Option(
+            envvar="SDSYNC_NODEKEY",
+            help="The relay host's libp2p private key: 64 hex characters (secp256k1, as"
+            " nwaku's --nodekey), so its peer id stays the same. [default: DATA_DIR/nodekey,"
+            " created at first start]",
+        ),
+    ] = None,
+    nodekey_file: Annotated[
+        Path | None,
+        typer.Option(help="A file holding the relay host's key, as --nodekey takes it."),
     ] = None,
     light: Annotated[
         bool,
@@ -413,7 +427,9 @@ def serve(
         else None,
     )
 
+    identity = _nodekey(data_dir, nodekey, nodekey_file) if config.relay_topics else None
     relay = RelayOptions(
+        key=identity.key if identity is not None else None,
         listen=relay_listen or [DEFAULT_RELAY_LISTEN],
         peers=relay_peer or (),
         cluster_id=relay_cluster_id,
@@ -443,7 +459,7 @@ def serve(
             print(
                 f"sdsync store: relay on {', '.join(relay_addrs)}, "
                 f"archiving {', '.join(config.relay_topics)} (Waku relay, cluster "
-                f"{relay_cluster_id}); serving {', '.join(relay.protocols)}",
+                f"{relay_cluster_id}); serving {', '.join(relay.protocols)}" + _identity(identity),
                 flush=True,
             )
         if web_options is not None:
@@ -458,6 +474,25 @@ def serve(
     except ImportError as exc:  # pragma: no cover - depends on the installation
         raise fail(f"the relay needs the 'p2p' extra ({exc})") from None
     print("sdsync store: stopped", flush=True)
+
+
+def _nodekey(data_dir: Path, hex_key: str | None, key_file: Path | None) -> NodeKeySource:
+    from sdsync.errors import OptionError
+    from sdsync.transport.nodekey import choose_nodekey
+
+    try:
+        return choose_nodekey(data_dir.expanduser(), hex_key=hex_key, key_file=key_file)
+    except OptionError as exc:
+        flag = {"nodekey": "--nodekey", "nodekey_file": "--nodekey-file"}.get(exc.option)
+        raise typer.BadParameter(str(exc), param_hint=flag or "--data-dir") from None
+
+
+def _identity(identity: NodeKeySource | None) -> str:
+    """The end of the relay line: where the node key came from, and any warning on it."""
+    if identity is None:
+        return ""
+    warning = f" (warning: {identity.warning})" if identity.warning else ""
+    return f"; node key {identity.origin}{warning}"
 
 
 def _web_relay(

@@ -33,6 +33,7 @@ from sdsync.waku.store.rpc import STORE_QUERY_PROTOCOL
 from sdsync.waku.sync import RBSR_PROTOCOL, RECONCILIATION_PROTOCOL, TRANSFER_PROTOCOL
 
 if TYPE_CHECKING:
+    from sdsync.transport.nodekey import NodeKey
     from sdsync.transport.settings import ConnectionLimits
 
 __all__ = ["Ready", "RelayOptions", "WebOptions", "run_node"]
@@ -42,6 +43,8 @@ __all__ = ["Ready", "RelayOptions", "WebOptions", "run_node"]
 class RelayOptions:
     """The relay host of a node with relay topics."""
 
+    key: NodeKey | None = None
+    """The host's identity (None: a new one, so a new peer id, at every start)."""
     listen: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",)
     peers: Sequence[str] = ()
     cluster_id: int = 1
@@ -92,6 +95,7 @@ async def run_node(
     from sdsync.transport.libp2p import Libp2pTransport
 
     async with Libp2pTransport(
+        key=relay.key,
         listen=relay.listen,
         peers=relay.peers,
         waku=WakuRelayConfig(cluster_id=relay.cluster_id),

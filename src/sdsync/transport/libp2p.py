@@ -98,6 +98,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast, overload
 import multiaddr
 import trio
 from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.crypto.keys import KeyPair
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 
@@ -105,6 +106,7 @@ from sdsync.errors import LocalProtocolError, ProtocolNotSupportedError, RemoteP
 from sdsync.lifecycle import AsyncLifecycle
 from sdsync.transport.libp2p_host import RelayTrioHost, TrioHost, run_host
 from sdsync.transport.libp2p_shared import Handover, HostState, LoopSide
+from sdsync.transport.nodekey import NodeKey
 from sdsync.transport.relay_outbox import OutboxBound
 from sdsync.transport.settings import ConnectionLimits, GossipParams, HostSettings
 from sdsync.waku.metadata.rpc import WakuMetadata
@@ -133,6 +135,7 @@ __all__ = [
     "GossipParams",
     "Libp2pNode",
     "Libp2pTransport",
+    "NodeKey",
     "WakuRelayConfig",
     "new_identity_key",
 ]
@@ -149,6 +152,16 @@ _CONVERSATION_TIMEOUT_S = 120.0
 def new_identity_key() -> bytes:
     """A fresh Ed25519 secret (32 bytes) for ``Libp2pNode(key=...)``."""
     return random.SystemRandom().randbytes(KEY_SIZE)
+
+
+def _key_pair(key: bytes | NodeKey | None) -> KeyPair:
+    """A node's identity: a service node's kept secp256k1 :class:`NodeKey`, or an Ed25519
+    secret (a chat participant's, or a fresh one)."""
+    if isinstance(key, NodeKey):
+        return key.key_pair()
+    if key is not None and len(key) != KEY_SIZE:
+        raise LocalProtocolError(f"key must be {KEY_SIZE} bytes")
+    return create_new_key_pair(key if key is not None else new_identity_key())
 
 
 _THE_WAKU_NETWORK = WakuRelayConfig()
@@ -221,7 +234,7 @@ class Libp2pNode(AsyncLifecycle):
         *,
         listen: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",),
         peers: Sequence[str] = (),
-        key: bytes | None = None,
+        key: bytes | NodeKey | None = None,
         content_topic: Callable[[str], str] = default_content_topic,
         drop_rate: float = 0.0,
         seed: int | None = None,
@@ -239,9 +252,7 @@ class Libp2pNode(AsyncLifecycle):
             raise LocalProtocolError(f"no shard among {list(announce_shards)}")
         if not 0.0 <= drop_rate <= 1.0:
             raise LocalProtocolError("drop_rate must be a probability")
-        if key is not None and len(key) != KEY_SIZE:
-            raise LocalProtocolError(f"key must be {KEY_SIZE} bytes")
-        key_pair = create_new_key_pair(key if key is not None else new_identity_key())
+        key_pair = _key_pair(key)
         settings = HostSettings(
             key_pair=key_pair,
             peer_id=ID.from_pubkey(key_pair.public_key).to_base58(),
