@@ -10,11 +10,13 @@ import sys
 import urllib.request
 from pathlib import Path
 
+from storeprocess import TOPIC, store_serve
 from storetest import make_messages
 from typer.testing import CliRunner
 
 from sdsync.cli.main import app
 from sdsync.store import open_archive
+from sdsync.transport.nodekey import NODEKEY_FILE, NodeKey
 
 
 def test_serve_prints_where_it_listens_and_stops_on_sigterm(tmp_path: Path) -> None:
@@ -96,10 +98,6 @@ def test_serve_refuses_a_chat_page_address_that_is_no_websocket(tmp_path: Path) 
 
 
 def test_serve_keeps_its_peer_id_across_a_sigkill_and_takes_a_given_key(tmp_path: Path) -> None:
-    from storeprocess import TOPIC, store_serve
-
-    from sdsync.transport.nodekey import NODEKEY_FILE, NodeKey
-
     def peer_ids(store_relay_addrs: list[str]) -> set[str]:
         return {addr.rsplit("/p2p/", 1)[1] for addr in store_relay_addrs}
 
@@ -118,10 +116,12 @@ def test_serve_keeps_its_peer_id_across_a_sigkill_and_takes_a_given_key(tmp_path
 
 def test_serve_refuses_a_bad_node_key_naming_the_flag(tmp_path: Path) -> None:
     base = ["store", "serve", "--data-dir", str(tmp_path), "--relay-shard", "7"]
-    bad = CliRunner().invoke(app, [*base, "--nodekey", "12ab"])
+    runner = CliRunner(env={"COLUMNS": "400"})  # the error on one line, however long its path
+    bad = runner.invoke(app, [*base, "--nodekey", "12ab"])
     assert bad.exit_code == 2 and "--nodekey" in bad.output and "64 hex" in bad.output
-    both = CliRunner().invoke(app, [*base, "--nodekey", "07" * 32, "--nodekey-file", "k"])
+    both = runner.invoke(app, [*base, "--nodekey", "07" * 32, "--nodekey-file", "k"])
     assert both.exit_code == 2 and "not both" in both.output
-    (tmp_path / "nodekey").write_text("not a key")
-    kept = CliRunner().invoke(app, base)
-    assert kept.exit_code == 2 and "--data-dir" in kept.output and "nodekey" in kept.output
+    (tmp_path / NODEKEY_FILE).write_text("not a key")
+    kept = runner.invoke(app, base)
+    assert kept.exit_code == 2 and "--data-dir" in kept.output
+    assert f"{tmp_path / NODEKEY_FILE} is not a node key" in kept.output
