@@ -5,13 +5,14 @@ an in-memory Waku node."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from storetest import running
 
-from sdsync.store import SqlArchive
+from sdsync.store import SqlArchive, open_archive
 from sdsync.store.light_clients import LightClientConfig
 from sdsync.testing.memory import MemoryNetwork
 from sdsync.testing.memory_waku import MemoryWakuNode, memory_peer_id
@@ -231,5 +232,42 @@ def test_light_services_relay_archive_and_push_to_filter_subscribers(
             assert sample("sdsync_store_filter_pushes_total", {"outcome": "sent"}) == 3
             assert sample("sdsync_store_filter_pushes_total", {"outcome": "failed"}) == 3
             assert sample("sdsync_store_lightpush_total", {"status": "505"}) == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_push_the_archive_fails_is_503_even_when_relay_peers_took_it(tmp_path: Path) -> None:
+    """A store node's 200 says the message is kept: with the archive failing, relay peers
+    taking the message do not make it a 200, and no Filter subscriber is pushed a message
+    whose sender will push it again."""
+    archive = open_archive(str(tmp_path / "store.sqlite3"))
+    net = MemoryNetwork()
+    store, pusher, relay = net.waku_node("store"), net.waku_node("pusher"), net.waku_node("relay")
+    relay.subscribe_envelopes(SHARD)
+
+    async def scenario() -> None:
+        async with running(
+            archive,
+            tmp_path,
+            clock_ns=lambda: NOW,
+            waku=store,
+            serve_light=True,
+            light_clients=LightClientConfig(served=SERVED),
+        ) as node:
+            sub = await filter_subscriber(net, "sub", store)
+            assert (
+                await lightpush(pusher, store, LightPushRequestV3("ok", SHARD, message()))
+            ).status_code == 200
+            with sqlite3.connect(tmp_path / "store.sqlite3") as conn:
+                conn.execute("DROP TABLE messages")  # the database fails from now on
+            failed = LightPushRequestV3("lost", SHARD, message(payload=b"q"))
+            answer = await lightpush(pusher, store, failed)
+            assert (answer.status_code, answer.status_desc) == (
+                503,
+                "the archive failed; try again",
+            )
+            assert len(sub) == 1  # only the message that was kept
+            sample = node.metrics.registry.get_sample_value
+            assert sample("sdsync_store_lightpush_total", {"status": "503"}) == 1
 
     asyncio.run(scenario())

@@ -169,18 +169,19 @@ class LightClientServices:
         except LocalProtocolError as exc:  # the host is closing
             logger.warning("could not relay a pushed message: %s", exc)
             peers = 0
-        archived = not push.message.ephemeral and await self._archive.submit(
+        if not push.message.ephemeral and not await self._archive.submit(
             StoredMessage.of(push.pubsub_topic, push.message)
-        )
-        subscribers = self.offer(push.pubsub_topic, push.message)
-        if peers or archived or subscribers:
-            return peers
-        if not push.message.ephemeral:
+        ):
+            # Our 200 says the message is kept, so not even relay peers make up for the
+            # archive: the client tries again, and relay drops the copy by its hash.
             raise LightPushRefused(
                 LightPushStatus.SERVICE_UNAVAILABLE,
                 "archive_unavailable",
-                "the archive failed and no relay peer took the message",
+                "the archive failed; try again",
             )
+        subscribers = self.offer(push.pubsub_topic, push.message)
+        if peers or subscribers or not push.message.ephemeral:
+            return peers
         raise LightPushRefused(LightPushStatus.NO_PEERS, "no_peers", "no relay peers available")
 
     def answered(self, status: LightPushStatus) -> None:

@@ -27,8 +27,10 @@ as js-waku's ``LightPushStatusCode`` and nwaku name them:
 An accepted message answers 200 with ``relay_peer_count``, the relay peers it went to,
 as long as it reached somebody: a relay peer, the archive, or a Filter subscriber (a
 service node with no relay peers still serves the light nodes around it — nwaku would
-answer 505 there).  503 if the archive failed and no relay peer took it, 505 if an
-ephemeral message found nobody.  js-waku counts a push as sent on 200 only.
+answer 505 there).  A message that is not ephemeral is answered only once the archive
+has committed it, and 503 if the archive failed, even when relay peers took it: a store
+node's 200 says the message is kept.  505 if an ephemeral message found nobody.  js-waku
+counts a push as sent on 200 only.
 
 Each answer is counted by the service's ``answered(status)``, each refusal by its
 ``refuse(route, reason)`` under a fixed word (``no_message``, ``oversized``,
