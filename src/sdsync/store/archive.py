@@ -24,10 +24,11 @@ content topics, no ``pubsubTopic``     ``(content_topic, timestamp, message_hash
                                        ordered in memory)
 =====================================  ================================================
 
-in both directions, with or without time bounds and cursor.  The archive opens with
-``CREATE INDEX IF NOT EXISTS``, so an archive made by an older version gains a new
-index on its first open.  ``tests/store/test_query_plans.py`` checks every shape's plan
-on both backends.
+in both directions, with or without time bounds and cursor.  An archive made by an
+earlier release gains the indexes it lacks when it is opened: the layout has a version,
+and :mod:`~sdsync.store.migrations` upgrades it in one transaction (or refuses an archive
+written by a newer release).  ``tests/store/test_query_plans.py`` checks every shape's
+plan on both backends.
 
 Everything both backends can say in the same SQL lives in :class:`SqlArchive`: v3
 queries with keyset pagination (``(timestamp, message_hash) > (cursor row)``, never
@@ -141,6 +142,8 @@ class Archive(Protocol):
     """
 
     backend: str
+    schema_version: int
+    """The layout the archive is at: :data:`~sdsync.store.schema.SCHEMA_VERSION` once open."""
 
     def insert(self, messages: Iterable[StoredMessage]) -> int:
         """Store ``messages``; returns how many were new (inserting twice is harmless)."""
@@ -212,6 +215,7 @@ class SqlArchive(ABC):
     """
 
     backend: str
+    schema_version: int  # set by the constructor, which upgrades the archive
     size_watch: SizeWatch | None = None
 
     # -- backend hooks

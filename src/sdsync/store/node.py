@@ -364,6 +364,7 @@ class StoreNode(ArchiveKeeper):
     async def info(self) -> dict[str, Any]:
         return {
             "backend": self.archive.backend,
+            "schema_version": self.archive.schema_version,
             "messages": await self.in_archive(self.archive.count),
             "archive_bytes": await self.in_archive(self.archive.size_bytes),
             "retention": [str(p) for p in self.config.retention],

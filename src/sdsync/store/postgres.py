@@ -19,6 +19,11 @@ or other processes) never race on the same ``CREATE TABLE``.  Every use of the p
 inside :func:`~sdsync.store.archive.map_driver_errors`: a ``psycopg`` error (the pool's
 timeouts among them) leaves the archive as
 :class:`~sdsync.store.archive.ArchiveUnavailable`.
+
+Opening creates the tables at the current layout, or upgrades an archive written by an
+earlier release, in one transaction under the same advisory lock, so that two processes
+opening one database at once upgrade it once (:mod:`~sdsync.store.migrations`); an
+archive written by a newer release is refused, that transaction rolled back.
 """
 
 from __future__ import annotations
@@ -42,12 +47,14 @@ from sdsync.store.archive import (
     item_arrays,
     map_driver_errors,
 )
+from sdsync.store.migrations import statements, upgrade
 from sdsync.store.schema import create_table
 
 HOUR_NS = 3_600 * 10**9
 _PREFIX = "messages_h"
-_LOCK_ID = 0x5D5_57012  # advisory lock guarding partition DDL
-_SCHEMA = (
+_LOCK_ID = 0x5D5_57012  # advisory lock guarding the archive's DDL (partitions, upgrades)
+# The current layout, which a new archive is created with.
+_SCHEMA = statements(
     create_table(
         "postgresql",
         constraints="PRIMARY KEY (timestamp, message_hash)",
@@ -71,9 +78,14 @@ class PostgresArchive(SqlArchive):
                 url, min_size=1, max_size=pool_size, open=False
             )
             self._pool.open(wait=True, timeout=30)
-        with self._write() as conn:
-            conn.execute(_SCHEMA)
-        self._partitions.update(self._existing_partitions())
+        try:
+            with self._write() as conn:
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK_ID])
+                self.schema_version = upgrade(conn, "postgresql", _SCHEMA)
+            self._partitions.update(self._existing_partitions())
+        except BaseException:
+            self.close()
+            raise
 
     def _sql(self, text: str) -> str:
         return text.replace("?", "%s")

@@ -9,6 +9,10 @@ SQLite and PostgreSQL tables, the column list the archive's statements use, and 
 Parquet schema of an export (which the simulator's store nodes write too and
 ``sdsync pipeline reconcile`` reads) are all built from :data:`ARCHIVE_COLUMNS`. The store
 owns this shape; the simulator and the Spark pipeline import it from here.
+
+The layout an archive is at has a number, :data:`SCHEMA_VERSION`, kept in the database:
+a change to these columns (or to the backends' indexes) is a new number and one step in
+:mod:`sdsync.store.migrations`, which brings archives written by earlier releases to it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from typing import Literal
 import pyarrow as pa
 
 Dialect = Literal["sqlite", "postgresql"]
+#: The archive layout this code reads and writes (the steps to it: store/migrations.py).
+SCHEMA_VERSION = 3
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,10 @@ loss may drop the last transactions, never corrupt the file.  The file is create
 file system, which is what the size retention policy measures.  Every use of a
 connection is inside :func:`~sdsync.store.archive.map_driver_errors`: a ``sqlite3``
 error leaves the archive as :class:`~sdsync.store.archive.ArchiveUnavailable`.
+
+Opening creates the file at the current layout, or upgrades one written by an earlier
+release, in one ``BEGIN IMMEDIATE`` transaction (:mod:`~sdsync.store.migrations`); a file
+written by a newer release is refused, that transaction rolled back with nothing written.
 """
 
 from __future__ import annotations
@@ -22,10 +26,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from sdsync.store.archive import TOPIC_INDEXES, Key, SqlArchive, map_driver_errors
+from sdsync.store.migrations import statements, upgrade
 from sdsync.store.schema import create_table
 
 CACHE_KIB = 64 * 1024  # per connection; pages are allocated as they are used
-_SCHEMA = (
+# The current layout, which a new archive is created with.
+_SCHEMA = statements(
     create_table("sqlite")
     + """
 CREATE UNIQUE INDEX IF NOT EXISTS messages_hash ON messages (message_hash);
@@ -45,17 +51,29 @@ class SqliteArchive(SqlArchive):
         self._local = threading.local()
         self._write_lock = threading.Lock()
         with map_driver_errors(sqlite3.Error):
-            self._writer = self._connect()
-            with self._write_lock:
-                self._writer.executescript(_SCHEMA)
+            self._writer = self._connect(wal=False)
+        try:
+            with self._write() as conn:
+                self.schema_version = upgrade(conn, "sqlite", _SCHEMA)
+            # Only now: WAL is written into the file's header, and a file refused above
+            # (a newer release's archive, another application's database) stays as it was.
+            with map_driver_errors(sqlite3.Error):
+                self._writer.execute("PRAGMA journal_mode = WAL")
+        except BaseException:
+            self.close()
+            raise
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self, *, wal: bool = True) -> sqlite3.Connection:
         # isolation_level=None: we say where transactions begin (BEGIN IMMEDIATE).
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA busy_timeout = 10000")
-        # Before anything writes the file header; on an existing file it changes nothing.
-        conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
-        conn.execute("PRAGMA journal_mode = WAL")
+        # Before anything writes the file header, so on a new file only: on an existing one
+        # it would change nothing but the header's change counter, which is a write (and an
+        # archive this release refuses must be left as it was, byte for byte).
+        if conn.execute("PRAGMA page_count").fetchone()[0] == 0:
+            conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
+        if wal:
+            conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
         # 2 MiB by default: too little to keep the upper index levels of a large archive.
         conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
