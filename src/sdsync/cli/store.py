@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from sdsync.cli.errors import fail
+from sdsync.cli.logs import LogFormat, configure_logging
 from sdsync.reconcile import METHODS
 from sdsync.transport.settings import ConnectionLimits
 from sdsync.waku.relay.topics import SHARD_TOPIC_PREFIX
@@ -355,6 +356,10 @@ def serve(
         ),
     ] = 20.0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO.")] = False,
+    log_format: Annotated[
+        LogFormat,
+        typer.Option(help="Log lines as text, or as one JSON object a line for log shippers."),
+    ] = LogFormat.text,
 ) -> None:
     """Serve the archive over HTTP until SIGINT or SIGTERM."""
     from sdsync.errors import LocalProtocolError
@@ -368,7 +373,7 @@ def serve(
     from sdsync.waku.lightpush.service import ServedTopics
     from sdsync.waku.sync import WakuSyncConfig
 
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
+    configure_logging(logging.INFO if verbose else logging.WARNING, log_format)
     host, port = parse_listen(listen)
     specs = retention if retention else [DEFAULT_POLICY]
     try:
@@ -464,6 +469,16 @@ def serve(
             )
         if web_options is not None:
             _print_chat_help(node.url, relay_addrs)
+        logging.getLogger("sdsync.store").info(
+            "started: peer id %s, HTTP %s, relay %s, %s archive %s (schema %d), topics %s",
+            identity.key.peer_id if identity is not None else "none (no relay)",
+            node.url,
+            " ".join(relay_addrs) or "none",
+            archive.backend,
+            _redacted(url),
+            archive.schema_version,
+            " ".join(config.relay_topics) or "none",
+        )
 
     try:
         asyncio.run(run_node(archive, config, relay, ready, web_options))

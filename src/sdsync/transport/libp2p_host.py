@@ -428,7 +428,8 @@ class TrioHost:
             self._troubles.note(protocol, f"refused: {exc.reason}", peer, str(exc))
         except trio.TooSlowError:
             self.counters.stream_timeouts[protocol] += 1
-            self._troubles.note(protocol, f"no exchange within {timeout_s} s", peer, "")
+            reason = f"reset: the peer's request and our answer took over {timeout_s:g} s"
+            self._troubles.note(protocol, reason, peer, "")
         except Exception as exc:
             self.counters.stream_failures[protocol] += 1
             self._troubles.note(protocol, "failed", peer, repr(exc))
@@ -745,7 +746,7 @@ class _StreamTroubles:
         self._logged[key] = now
         count = self._counts.pop(key)
         logger.warning(
-            "%s: %s streams %s: %d since the last report (the latest from %s%s)",
+            "%s: inbound %s streams %s: %d since the last report (the latest from %s%s)",
             self.who,
             protocol,
             reason,
