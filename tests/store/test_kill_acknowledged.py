@@ -6,7 +6,8 @@ was answered 200 (LightPush) or whose POST was answered 2xx is in the archive.
 The kill lands wherever the load is at that moment — mid-transaction, between a commit and
 its answer, between an answer and the next request — at a moment drawn from the seed, and
 again after each restart: 3 kills of one seed in `make test`, 20 kills of each of 5 seeds
-in `make soak`.  Messages in flight
+in `make soak`.  SIGTERM under the same load is a graceful stop: exit 0, nothing answered
+lost.  Messages in flight
 at the kill are unknown to the test and may or may not be kept; answered ones must be.
 """
 
@@ -18,6 +19,7 @@ import functools
 import json
 import os
 import random
+import signal
 import threading
 import time
 import urllib.request
@@ -109,9 +111,13 @@ async def push_until_refused(
 
 
 def load_then_kill(
-    store: StoreProcess, phase: int, answered: Answered, kill_after_s: float
+    store: StoreProcess,
+    phase: int,
+    answered: Answered,
+    kill_after_s: float,
+    sig: signal.Signals = signal.SIGKILL,
 ) -> None:
-    """Clients push and post until SIGKILL lands ``kill_after_s`` into the load."""
+    """Clients push and post until ``sig`` lands ``kill_after_s`` into the load."""
     stop = threading.Event()
     posters = [
         threading.Thread(
@@ -132,7 +138,7 @@ def load_then_kill(
 
     async def kill() -> None:
         await asyncio.sleep(kill_after_s)
-        store.process.kill()
+        store.process.send_signal(sig)
         await asyncio.to_thread(store.process.wait)
         stop.set()
 
@@ -165,3 +171,19 @@ def test_every_answered_push_and_post_survives_sigkill(tmp_path: Path, seed: int
         f"seed {seed}: {KILLS} kills, {len(answered.lightpush)} answered pushes and "
         f"{len(answered.post)} answered posted messages, all archived"
     )
+
+
+def test_sigterm_under_load_answers_what_is_in_flight_and_exits_0(tmp_path: Path) -> None:
+    """A graceful stop: SIGTERM under the same load ends the node with exit 0, no
+    traceback, the archive closed, and every message it answered ok kept."""
+    answered = Answered()
+    with store_serve(tmp_path, TOPIC, flags=FLAGS) as store:
+        load_then_kill(store, 0, answered, 1.5, signal.SIGTERM)
+        assert store.process.returncode == 0, "".join(store.stderr)
+        assert "Traceback" not in "".join(store.stderr)
+        assert store.process.stdout is not None
+        assert store.process.stdout.read().strip().endswith("sdsync store: stopped")
+    with store_serve(tmp_path, TOPIC, flags=FLAGS) as store:
+        archived = archived_hashes(store.url)
+    assert answered.lightpush and answered.post
+    assert answered.lightpush <= archived and answered.post <= archived
