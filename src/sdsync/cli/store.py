@@ -1,8 +1,10 @@
-"""``sdsync store …``: run a store node, sync it with another once, export its archive.
+"""``sdsync store …``: run a store node, sync it with another once, export or back up its
+archive.
 
 Exit codes: 0 — done (``serve``: stopped by SIGINT/SIGTERM); 1 — ``sync`` failed (the
-peer is unreachable, does not speak Store Sync, or answered badly); 2 — bad options or
-an archive that cannot be opened.
+peer is unreachable, does not speak Store Sync, or answered badly), or ``backup`` could
+not copy or write; 2 — bad options or an archive that cannot be opened (``backup``: or
+cannot be backed up as asked).
 """
 
 from __future__ import annotations
@@ -761,3 +763,44 @@ def export(
     finally:
         archive.close()
     print(f"exported {report.rows} messages in {report.files} files to {parquet}")
+
+
+@store_app.command()
+def backup(
+    path: Annotated[
+        Path,
+        typer.Argument(
+            metavar="PATH", dir_okay=False, help="The backup file to write (a SQLite archive)."
+        ),
+    ],
+    db: Db = None,
+    data_dir: DataDir = DEFAULT_DATA_DIR,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace PATH if it exists.")
+    ] = False,
+) -> None:
+    """Copy the SQLite archive to PATH, while the node serves (see docs/store.md)."""
+    from rich.console import Console
+
+    from sdsync.store.backup import BackupFailed, BackupRefusedError, backup_archive
+
+    url = _db_url(db, data_dir)
+    err = Console(stderr=True)
+    with err.status("backing up…") as status:
+
+        def progress(copied: int, total: int) -> None:
+            if copied < total:
+                status.update(f"backing up: {copied / 1e6:,.1f} of {total / 1e6:,.1f} MB")
+            else:
+                status.update("checking the copy…")
+
+        try:
+            report = backup_archive(url, path, overwrite=overwrite, progress=progress)
+        except BackupRefusedError as exc:
+            raise fail(str(exc), console=err) from None
+        except BackupFailed as exc:
+            raise fail(f"backup failed: {exc}", code=1, console=err) from None
+    print(
+        f"backed up {report.messages} messages ({report.bytes / 1e6:.1f} MB) from "
+        f"{report.source} to {report.path} in {report.seconds:.2f} s"
+    )
