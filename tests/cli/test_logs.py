@@ -86,17 +86,34 @@ def test_json_lines_hold_time_level_logger_message_and_our_traceback() -> None:
     assert second["message"] == "boom 1" and "KeyError" in second["exc"]
 
 
-def test_configure_logging_replaces_the_handlers(capsys: pytest.CaptureFixture[str]) -> None:
-    root = logging.getLogger()
-    saved = root.handlers[:], root.level
+def test_configure_logging_replaces_the_handlers_and_takes_libp2ps_records(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """py-libp2p cuts its loggers off at import (propagate False, no handler): its records
+    reach logging's last resort, which is ours — one line, and only at INFO."""
+    root, libp2p = logging.getLogger(), logging.getLogger("libp2p")
+    saved = root.handlers[:], root.level, logging.lastResort, libp2p.propagate, libp2p.handlers[:]
+    libp2p.propagate, libp2p.handlers[:] = False, []  # as `import libp2p` leaves it
     try:
         configure_logging(logging.INFO, LogFormat.json)
         configure_logging(logging.INFO, LogFormat.json)  # twice: still one handler
+        assert len(root.handlers) == 1
         logging.getLogger("libp2p.x").error(IDENTIFY[0], *IDENTIFY[1])
-        err = capsys.readouterr().err.splitlines()
-        assert len(err) == 1 and json.loads(err[0])["logger"] == "libp2p.x"
+        logging.getLogger("sdsync.y").warning("ours")
+        err = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+        assert [(e["logger"], e["message"].split(":")[0]) for e in err] == [
+            ("libp2p.x", "Error sending identify response to 16Uiu2HAm"),
+            ("sdsync.y", "ours"),
+        ]
+        configure_logging(logging.WARNING, LogFormat.text)  # not verbose: py-libp2p is quiet
+        logging.getLogger("libp2p.x").error(IDENTIFY[0], *IDENTIFY[1])
+        logging.getLogger("sdsync.y").warning("ours")
+        quiet = capsys.readouterr().err.splitlines()
+        assert len(quiet) == 1 and quiet[0].endswith("WARNING sdsync.y: ours")
     finally:
-        root.handlers[:], _ = saved[0], root.setLevel(saved[1])
+        root.handlers[:], logging.lastResort = saved[0], saved[2]
+        root.setLevel(saved[1])
+        libp2p.propagate, libp2p.handlers[:] = saved[3], saved[4]
 
 
 def test_store_serve_logs_json_lines(tmp_path: Path) -> None:

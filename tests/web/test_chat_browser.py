@@ -78,10 +78,21 @@ class Page:
     def __init__(self, browser: Any, base_url: str) -> None:
         self.base_url = base_url
         self.context = browser.new_context(viewport={"width": 1000, "height": 640})
-        self.page = self.context.new_page()
         self.problems: list[str] = []
-        self.page.on("pageerror", lambda error: self.problems.append(f"uncaught: {error}"))
-        self.page.on("console", self._console)
+        self.page = self._new_page()
+
+    def _new_page(self) -> Any:
+        page = self.context.new_page()
+        page.on("pageerror", lambda error: self.problems.append(f"uncaught: {error}"))
+        page.on("console", self._console)
+        return page
+
+    def reopen(self, query: str) -> None:
+        """Closes the tab and opens the page again in a new one (same browser profile, so
+        the same localStorage)."""
+        self.page.close()
+        self.page = self._new_page()
+        self.open(query)
 
     def _console(self, message: Any) -> None:
         if "Content Security Policy" in message.text or "Content-Security-Policy" in message.text:
@@ -128,6 +139,20 @@ class Page:
         )
         lines = [*status, *(f"  {e}" for e in self.entries())]
         return "\n".join(lines)
+
+    def connects(self) -> int:
+        """How many times the page has connected to its node."""
+        return int(self.page.get_attribute("#connection", "data-connects") or 0)
+
+    def badge_of(self, text: str) -> str | None:
+        """How the state of the line ``text`` reads in the page."""
+        badges: list[str] = self.page.eval_on_selector_all(
+            "#log li",
+            "(items, text) => items.filter(li => li.querySelector('.text').textContent === text)"
+            ".map(li => li.querySelector('.state').textContent)",
+            text,
+        )
+        return badges[0] if badges else None
 
     def state_of(self, text: str) -> str | None:
         return next((e["state"] for e in self.entries() if e["text"] == text), None)

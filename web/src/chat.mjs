@@ -19,6 +19,11 @@
 // ReliableChannel's public API goes through the object that returns, and the Node driver
 // of the interop tests mends its channels with the same function.
 //
+// A line typed is kept in the browser (pending.mjs) until it is acknowledged, and sent
+// again after a reload once the page has caught up. It reads "sent" only when the node
+// accepted its LightPush (mends.mjs, push-outcome), "waiting for the node" until then;
+// "caught up" is shown only while connected, and while dialling fails the page says why.
+//
 // What the page shows is a ChatLog (log.mjs), redrawn once per animation frame after any
 // event. Bad input is refused before it reaches the channel, with a visible reason: a
 // channel name that is no content topic segment, a text longer than the node accepts, a
@@ -30,6 +35,7 @@ import { Message as SdsMessage, MessageChannelEvent, isContentMessage } from "@w
 import { Link } from "./link.mjs";
 import { ChatLog, State } from "./log.mjs";
 import { mendReliableChannel } from "./mends.mjs";
+import { PendingLines } from "./pending.mjs";
 import { claimName } from "./tabs.mjs";
 import { View } from "./view.mjs";
 
@@ -80,11 +86,13 @@ class Chat {
     this.config = config;
     this.channelId = channelId;
     this.log = new ChatLog(me);
-    this.link = new Link(config);
+    this.pending = new PendingLines(localStorage, channelId, me);
+    this.link = new Link(config, fetchConfig);
     this.params = params;
     this.contentTopic = `/sds/1/${channelId}/proto`;
     this.routingInfo = utils.createRoutingInfo(this.link.networkConfig, { contentTopic: this.contentTopic });
     this.lastCatchUp = undefined;
+    this.restored = new Set(); // our messages of an earlier visit, put back from the store
     this.catchingUp = false;
     this.drawPending = false;
   }
@@ -126,9 +134,12 @@ class Chat {
         this.view.setStatus("catchUp", "failed", `fetching missing messages failed: ${err.message}`),
       resendMs: millis(this.params, "retry_ms"),
       isConnected: () => this.link.isConnected(),
+      onPush: (payload, accepted) => this.pushed(payload, accepted),
     });
     for (const warning of this.mends.report.warnings) console.warn(warning);
     this.listen();
+    for (const { messageId, text } of this.pending.all()) this.log.sending(messageId, text);
+    this.draw();
     this.view.onSend((text) => this.send(text));
     if (this.link.state === "connected") await this.connected();
     return true;
@@ -141,11 +152,13 @@ class Chat {
         this.draw();
       });
     on(ReliableChannelEvent.SendingMessage, (id) => this.log.advance(id, State.SENDING));
-    on(ReliableChannelEvent.MessageSent, (id) => this.log.advance(id, State.SENT));
     on(ReliableChannelEvent.MessagePossiblyAcknowledged, ({ messageId, possibleAckCount }) =>
       this.log.possiblyAcknowledged(messageId, possibleAckCount)
     );
-    on(ReliableChannelEvent.MessageAcknowledged, (id) => this.log.advance(id, State.ACKNOWLEDGED));
+    on(ReliableChannelEvent.MessageAcknowledged, (id) => {
+      this.log.advance(id, State.ACKNOWLEDGED);
+      this.pending.remove(id);
+    });
     on(ReliableChannelEvent.SendingMessageIrrecoverableError, ({ messageId, error }) =>
       this.log.fail(messageId, error)
     );
@@ -175,17 +188,55 @@ class Chat {
     if (this.log.entries.has(messageId)) {
       return "That exact text is in the channel already: @waku/sds names a message by its text, so it would be the same message.";
     }
+    const unkept = this.pending.add(messageId, text);
     this.log.sending(messageId, text);
     this.channel.send(payload);
     this.draw();
+    // The line went out: the form is cleared first, then the warning shown.
+    if (unkept) queueMicrotask(() => this.view.showError(unkept));
     return undefined;
+  }
+
+  /** A LightPush of the channel's came back: "sent" once a node accepted a line. */
+  pushed(payload, accepted) {
+    if (!accepted) return;
+    const message = SdsMessage.decode(payload);
+    if (message && isContentMessage(message)) {
+      this.log.advance(message.messageId, State.SENT);
+      this.draw();
+    }
+  }
+
+  /**
+   * The lines kept from an earlier visit, once the page has caught up: one the store
+   * holds was accepted by the node (the others get it from there), so it is forgotten;
+   * the others are sent again, once a visit (then the resend policy has them).
+   */
+  sendPending() {
+    this.resent ??= new Set();
+    for (const { messageId, text } of this.pending.all()) {
+      if (this.restored.has(messageId)) {
+        this.pending.remove(messageId);
+        this.log.archived(messageId);
+      } else if (!this.log.entries.has(messageId) && !this.resent.has(messageId)) {
+        this.resent.add(messageId);
+        this.channel.send(encoder.encode(text));
+      }
+    }
+    this.draw();
   }
 
   linkChanged() {
     const { state, lastError, connects } = this.link;
     this.view.countConnects(connects);
-    this.view.setStatus("connection", state, state === "refused" ? `refused: ${lastError}` : undefined);
-    if (state !== "connected" && this.channel?.isStarted) this.view.setStatus("subscription", "waiting", "resubscribing when back");
+    const why = state === "refused" ? `refused: ${lastError}` : state === "connecting" && lastError ? `connecting… (${lastError})` : undefined;
+    this.view.setStatus("connection", state, why);
+    if (state === "connected") return;
+    if (this.channel?.isStarted) this.view.setStatus("subscription", "waiting", "resubscribing when back");
+    if (this.lastCatchUp !== undefined) {
+      const at = new Date(this.lastCatchUp).toLocaleTimeString();
+      this.view.setStatus("catchUp", "waiting", `not connected: caught up at ${at}, again when back`);
+    }
   }
 
   async connected() {
@@ -224,6 +275,7 @@ class Chat {
       this.lastCatchUp = startedAt;
       const at = new Date(startedAt).toLocaleTimeString();
       this.view.setStatus("catchUp", "caught-up", `caught up at ${at} (${found.length} from the store)`);
+      this.sendPending();
     } catch (err) {
       this.view.setStatus("catchUp", "failed", `catch-up failed: ${err.message}; trying again`);
       clearTimeout(this.catchUpRetry);
@@ -244,7 +296,7 @@ class Chat {
   restoreOwn(messages) {
     for (const message of messages) {
       const own = SdsMessage.decode(message.payload);
-      if (own && isContentMessage(own)) this.mends.restoreOwn(own, message.hash);
+      if (own && isContentMessage(own) && this.mends.restoreOwn(own, message.hash)) this.restored.add(own.messageId);
     }
   }
 

@@ -14,7 +14,9 @@
 // delay (0.5 s doubling to 8 s); when the browser says it is offline the link hangs up,
 // and redials at once when it is back online.
 // Every (re)connection runs `onConnected`: the page subscribes again and catches up from
-// the store.
+// the store. Each failed round of dials says why (`lastError`), and reads `config.json`
+// again, at most once per LAST_REDIAL_MS: a node whose key was rotated has a new peer id,
+// which only the node's own config can tell, so the link then dials the new addresses.
 
 import { webSockets } from "@libp2p/websockets";
 import { all as anyWebSocketAddress } from "@libp2p/websockets/filters";
@@ -30,17 +32,37 @@ const IDENTIFY_POLL_MS = 100;
 const NEEDED = [waku.StoreCodec, waku.LightPushCodec, waku.FilterCodecs.SUBSCRIBE];
 
 export class Link extends EventTarget {
-  constructor(config) {
+  constructor(config, fetchConfig = undefined) {
     super();
-    this.config = config;
-    this.addresses = config.peers.map((address) => multiaddr(address));
-    this.servicePeer = this.addresses[0]?.getPeerId();
+    this.fetchConfig = fetchConfig;
+    this._configReadAt = Date.now();
+    this._target(config);
     this.state = "connecting";
     this.connects = 0; // times the service node was connected and identified
     this.node = undefined;
     this._redialMs = FIRST_REDIAL_MS;
     this._timer = undefined;
     this._dialing = false;
+  }
+
+  _target(config) {
+    this.config = config;
+    this.addresses = config.peers.map((address) => multiaddr(address));
+    this.servicePeer = this.addresses[0]?.getPeerId();
+  }
+
+  /** After a failed round: the node's addresses again, if its config says others. */
+  async _reread() {
+    if (!this.fetchConfig || Date.now() - this._configReadAt < LAST_REDIAL_MS) return;
+    this._configReadAt = Date.now();
+    const config = await this.fetchConfig().catch(() => undefined);
+    if (!config?.peers?.length || config.peers.join(" ") === this.config.peers.join(" ")) return;
+    const was = this.servicePeer;
+    this._target({ ...this.config, peers: config.peers });
+    if (this.servicePeer !== was) {
+      this._error(`the node's identity changed (was ${was}, now ${this.servicePeer}): dialling it`);
+    }
+    this._redialMs = FIRST_REDIAL_MS;
   }
 
   get networkConfig() {
@@ -91,10 +113,11 @@ export class Link extends EventTarget {
           await this.node.libp2p.dial(address, { signal: AbortSignal.timeout(DIAL_TIMEOUT_MS) });
           return;
         } catch (err) {
-          this.lastError = `cannot reach ${address}: ${err.message}`;
+          this._error(`cannot reach ${address}: ${err.message}`);
         }
       }
       this._set(navigator.onLine ? "connecting" : "offline");
+      await this._reread();
       this._redialSoon(this._redialMs);
       this._redialMs = Math.min(this._redialMs * 2, LAST_REDIAL_MS);
     } finally {
@@ -158,6 +181,12 @@ export class Link extends EventTarget {
   _set(state) {
     if (this.state === state) return;
     this.state = state;
+    this.dispatchEvent(new Event("change"));
+  }
+
+  _error(why) {
+    if (this.lastError === why) return;
+    this.lastError = why;
     this.dispatchEvent(new Event("change"));
   }
 }

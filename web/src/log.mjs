@@ -13,7 +13,8 @@
 // node, say) stays there, marked failed.
 //
 // Each of our messages has a state, moved forward by ReliableChannel's events and never
-// back: sending → sent → possibly acknowledged → acknowledged, or failed. Messages of
+// back: sending → sent → possibly acknowledged → acknowledged, or failed ("sending" reads
+// "waiting for the node": it lasts until a service node accepts the line). Messages of
 // others are "received"; ours of an earlier visit are "archived" (the store holds them, so
 // they were sent; who has them is unknown to this visit). Who is in the group is every
 // sender id heard from, content or sync. What is missing is the set of message ids the
@@ -91,6 +92,12 @@ export class ChatLog {
     const now = this.states.get(messageId);
     if (now !== undefined && RANK.get(now) >= RANK.get(state)) return;
     this.states.set(messageId, state);
+  }
+
+  /** One of our lines of an earlier visit, still waiting here, that the store turned out
+   * to hold: the node accepted it then. */
+  archived(messageId) {
+    if (this.states.get(messageId) === State.SENDING) this.states.set(messageId, State.ARCHIVED);
   }
 
   fail(messageId, why) {

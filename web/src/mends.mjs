@@ -9,7 +9,10 @@
 // change the channel once, when it is mended: its encoder keeps the first timestamp it
 // stamps (stamp-once), a text is never wrapped again once it is settled (wrap-once),
 // missing messages are fetched in bounded queries (retrieve-in-chunks), and the resend
-// policy of resends.mjs replaces the sdk's retry manager (resends). Four are operations
+// policy of resends.mjs replaces the sdk's retry manager (resends). One reports what
+// each LightPush of the channel came to (push-outcome): the sdk counts a message as sent
+// when every service refused it or none was connected, so "sent" would mean nothing
+// (a page typed into while its node was down said "sent" and lost the lines). Four are operations
 // the page calls later, through the object mendReliableChannel returns: a Filter
 // subscription made afresh (fresh-subscription), messages from the store handed over and
 // delivered at once (process-now), the page's own messages of an earlier visit put back
@@ -45,6 +48,7 @@ const NEEDS = {
   ],
   "retrieve-in-chunks": ["missingMessageRetriever._retrieve"],
   resends: ["retryManager"],
+  "push-outcome": ["_send"],
   "fresh-subscription": ["decoder", "subscribe", "node.filter.unsubscribe"],
   "process-now": [
     "processIncomingMessages",
@@ -113,6 +117,8 @@ function missingOf(root, paths) {
  *   onRetrieveError(e) a failed query for missing messages
  *   resendMs           the first delay before a resend (default js-waku's 30 s)
  *   isConnected()      whether the service node is connected: nothing is resent while not
+ *   onPush(payload, accepted)  after each LightPush of the channel: its Waku payload (an
+ *                      encoded SDS message) and whether a service node accepted it
  */
 export function mendReliableChannel(channel, options) {
   const { versions, maxHashesPerQuery, queryOptions = () => ({}), onRetrieveError = () => {} } = options;
@@ -138,6 +144,7 @@ export function mendReliableChannel(channel, options) {
   }
   const resends = new Resends(options.resendMs ?? DEFAULT_RESEND_MS, options.isConnected ?? (() => true));
   if (has("resends")) channel.retryManager = resends;
+  if (has("push-outcome") && options.onPush) pushOutcome(channel, options.onPush);
   const report = { written_for: { ...WRITTEN_FOR }, installed: { ...versions }, applied, skipped, warnings };
   return new MendedChannel(channel, report, resends);
 }
@@ -195,6 +202,21 @@ function retrieveInChunks(retriever, maxHashes, moreOptions, onError) {
     } catch (err) {
       onError(err);
     }
+  };
+}
+
+/**
+ * ReliableChannel sends each Waku message through `_send`, whose result lists the
+ * services that took it and those that did not, and then reports the message as sent
+ * whatever the result (only an "irrecoverable" error counts). Here each result goes to
+ * `onPush(payload, accepted)` as well: accepted when at least one service took it.
+ */
+function pushOutcome(channel, onPush) {
+  const send = channel._send.bind(channel);
+  channel._send = async (encoder, message) => {
+    const result = await send(encoder, message);
+    onPush(message.payload, (result?.successes?.length ?? 0) > 0);
+    return result;
   };
 }
 

@@ -9,6 +9,9 @@ const LINK_TEXT = {
   stopped: "not connected",
 };
 
+// How a state of our lines reads, where the word alone would mislead.
+const STATE_TEXT = { sending: "waiting for the node" };
+
 export class View {
   constructor(doc) {
     this.doc = doc;
@@ -130,7 +133,7 @@ export class View {
     item.dataset.state = state;
     const badge = item.querySelector(".state");
     const count = log.acks.get(entry.messageId);
-    badge.textContent = state === "possibly acknowledged" && count ? `${state} (${count})` : state;
+    badge.textContent = state === "possibly acknowledged" && count ? `${state} (${count})` : (STATE_TEXT[state] ?? state);
     badge.title = log.errors.get(entry.messageId) ?? "";
   }
 

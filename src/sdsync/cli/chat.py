@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -17,6 +16,7 @@ import typer
 from rich.console import Console
 
 from sdsync.chat import DEFAULT_LISTEN, ChatOptions, run_chat
+from sdsync.cli import logs
 from sdsync.cli.errors import fail
 from sdsync.cli.options import DEFAULT_PROFILE, ProfileOption, chosen_profile, given
 from sdsync.core import ChannelConfig
@@ -26,9 +26,7 @@ from sdsync.waku.relay.topics import TWN_CLUSTER_ID
 
 
 def configure_logging() -> None:
-    logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="%(name)s: %(message)s")
-    # py-libp2p reports routine connection churn as warnings.
-    logging.getLogger("libp2p").setLevel(logging.ERROR)
+    logs.configure_logging(logging.WARNING, text_format="%(name)s: %(message)s")
 
 
 #: The flag that sets each ChatOptions field an OptionError can name.

@@ -7,7 +7,10 @@ or sends garbage, py-libp2p and aiohttp log an error with a traceback (py-libp2p
 writes the traceback into the message), dozens of lines for an event that is nobody's
 bug here.  :class:`OneLine` cuts every record from a logger outside ``sdsync`` to its
 first line, with the exception's type and message in place of its traceback.  Our own
-loggers keep theirs: a traceback from sdsync is a bug worth the lines.
+loggers keep theirs: a traceback from sdsync is a bug worth the lines.  And py-libp2p's
+records, which call every departed peer and failed redial an error, show only at INFO
+(``--verbose``): what matters of them is said once by our own loggers.  (py-libp2p cuts
+its loggers off at import; their records go to logging's last resort, which is ours.)
 """
 
 from __future__ import annotations
@@ -60,15 +63,29 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
-def configure_logging(level: int, log_format: LogFormat = LogFormat.text) -> None:
+def configure_logging(
+    level: int, log_format: LogFormat = LogFormat.text, *, text_format: str = TEXT_FORMAT
+) -> None:
     """Log to stderr at ``level`` in ``log_format``, other libraries' records on one line."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.addFilter(OneLine())
-    handler.setFormatter(
-        JsonFormatter() if log_format is LogFormat.json else logging.Formatter(TEXT_FORMAT)
-    )
     root = logging.getLogger()
     for old in root.handlers[:]:
         root.removeHandler(old)
-    root.addHandler(handler)
+    root.addHandler(_handler(log_format, text_format))
     root.setLevel(level)
+    # Importing py-libp2p cuts its loggers off from ours (propagate = False, no handler),
+    # so its records reach logging's last resort, which would print them raw, traceback
+    # and all.  Ours takes its place: one line each, and only at INFO (--verbose), since
+    # py-libp2p logs a peer's departure and each failed redial at ERROR, a line a dial,
+    # and our redial says each change once (transport/redial.py).
+    last_resort = _handler(log_format, text_format)
+    last_resort.setLevel(level if level <= logging.INFO else logging.CRITICAL)
+    logging.lastResort = last_resort
+
+
+def _handler(log_format: LogFormat, text_format: str) -> logging.Handler:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(OneLine())
+    handler.setFormatter(
+        JsonFormatter() if log_format is LogFormat.json else logging.Formatter(text_format)
+    )
+    return handler

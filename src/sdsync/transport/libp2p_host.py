@@ -99,6 +99,7 @@ from sdsync.transport.libp2p_patches import (
 from sdsync.transport.libp2p_shared import HostState, LoopSide
 from sdsync.transport.libp2p_streams import frame_reader, open_stream, reset, write_frame
 from sdsync.transport.push_lanes import PushLanes
+from sdsync.transport.redial import Redial
 from sdsync.transport.relay_outbox import RelayOutbox
 from sdsync.waku.metadata.rpc import METADATA_PROTOCOL, WakuMetadata
 from sdsync.waku.node import Conversation, Envelope, Handler, Opener
@@ -126,6 +127,8 @@ _MAX_WAITING_STREAMS = 256
 _PUSH_ADMIT_S = 10.0
 #: Stream troubles are logged at most this often per (protocol, reason), as a summary.
 _SUMMARY_S = 60.0
+# How often the redial loop looks at the configured peers (each has its own retry time).
+_REDIAL_TICK_S = 0.25
 
 
 def run_host(state: HostState, ready: concurrent.futures.Future[TrioHost]) -> None:
@@ -260,6 +263,12 @@ class TrioHost:
         return self.settings.announce_shards
 
     async def dial(self, info: PeerInfo) -> None:
+        # py-libp2p refuses to dial a peer for 60 s once all its addresses failed; our
+        # callers pace their dials themselves (transport/redial.py), and a node that
+        # restarted must be found in seconds.
+        network = self.host.get_network()
+        if isinstance(network, Swarm):
+            network.unblock_peer(info.peer_id)
         with trio.fail_after(self.settings.gossip.dial_timeout_s):
             await self.host.connect(info)
 
@@ -527,21 +536,33 @@ class TrioHost:
         return WakuMetadata(cluster_id=waku.cluster_id, shards=self.shards()).to_bytes()
 
     async def _redial_forever(self) -> None:
+        gossip = self.settings.gossip
+        redial = Redial(gossip.redial_interval_s, gossip.redial_max_s)
         while True:
             connected = set(self.host.get_connected_peers())
             for peer_id, info in list(self.state.peers.items()):
-                if peer_id not in connected:
+                peer = str(peer_id)
+                if peer_id in connected:
+                    _say(redial.connected(peer, trio.current_time()))
+                elif redial.due(peer, trio.current_time()):
                     try:
                         await self.dial(info)
                     except (Exception, trio.TooSlowError) as exc:
-                        logger.debug("dial %s failed: %s", peer_id, exc)
-            await trio.sleep(self.settings.gossip.redial_interval_s)
+                        _say(redial.failed(peer, trio.current_time(), exc))
+                    else:
+                        _say(redial.connected(peer, trio.current_time()))
+            await trio.sleep(min(_REDIAL_TICK_S, gossip.redial_interval_s))
 
     def _loop_side(self) -> LoopSide:
         """The way back to the asyncio loop (set before the host thread started)."""
         loop_side = self.state.loop_side
         assert loop_side is not None
         return loop_side
+
+
+def _say(line: str | None) -> None:
+    if line is not None:
+        logger.warning("%s", line)
 
 
 class RelayTrioHost(TrioHost):

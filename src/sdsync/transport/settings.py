@@ -43,9 +43,11 @@ class GossipParams:
     # The gossip message cache (what IWANT is answered from) holds this many bytes at
     # most, the oldest going first, counted in Libp2pNode.mcache_evicted.
     message_cache_bytes: int = MESSAGE_CACHE_BYTES
-    # Redial configured peers that are not connected this often (they may start later,
-    # or restart).
+    # Redial configured peers that are not connected (they may start later, or restart):
+    # first after this long, doubling while the dials fail up to redial_max_s
+    # (transport/redial.py).
     redial_interval_s: float = 1.0
+    redial_max_s: float = 8.0
     dial_timeout_s: float = 5.0
 
 

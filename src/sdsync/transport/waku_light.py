@@ -140,7 +140,9 @@ class LightTiming:
     ping_interval_s: float = 60.0
     request_timeout_s: float = 10.0
     retry_min_s: float = 1.0
-    retry_max_s: float = 30.0
+    #: As the relay's redial (transport/redial.py): a restarted service is found again
+    #: within 8 s of its return.
+    retry_max_s: float = 8.0
     #: How often the connections to the services are looked at.
     watch_interval_s: float = 1.0
     #: The pause after a LightPush answered 429, doubling per 429 in a row up to
