@@ -98,13 +98,15 @@ test: $(STAMP) $(JSSTAMP) $(NODESTAMPS) postgres chromium lint typecheck
 # burst of 20 lines from each of two pages and a terminal chat (3 of 4 in make test).
 # Also our store node killed with SIGKILL while 5,000 messages come from nwaku by
 # Waku Sync (600 in make test), and 100 SIGKILLs under LightPush and POST load, every
-# answered message checked after each (3 in make test).
+# answered message checked after each (3 in make test); and a node serving two chat
+# pages and two terminal chats killed and restarted 20 times (once in make test).
 soak: $(STAMP) tests/interop/waku_light/node_modules/.installed-stamp chromium
 	SDSYNC_SOAK=1 $(PY) -m pytest -n 2 --dist load $(PYTEST_ARGS) tests/reliability/test_crash_harness.py
 	SDSYNC_SOAK=1 $(PY) -m pytest $(PYTEST_ARGS) tests/interop/test_js_waku_filter_load.py
 	SDSYNC_SOAK=1 $(PY) -m pytest $(PYTEST_ARGS) tests/transport/test_libp2p_hostile.py
 	SDSYNC_SOAK=1 $(PY) -m pytest -s $(PYTEST_ARGS) tests/store/test_hostile_node.py
 	SDSYNC_SOAK=1 $(PY) -m pytest -s $(PYTEST_ARGS) tests/store/test_kill_acknowledged.py
+	SDSYNC_SOAK=1 $(PY) -m pytest -s $(PYTEST_ARGS) tests/web/test_node_restart.py
 	SDSYNC_SOAK=1 $(PY) -m pytest $(PYTEST_ARGS) tests/store/test_store_budgets_hostile.py \
 		tests/store/test_relay_hostile.py tests/store/test_filter_hostile.py \
 		tests/store/test_sync_riblt_hostile.py tests/store/test_rest_timeouts.py \
