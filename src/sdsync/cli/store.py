@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from sdsync.cli.config import effective_config, load_config
 from sdsync.cli.errors import fail
+from sdsync.cli.help import panelled
 from sdsync.cli.logs import LogFormat, configure_logging
 from sdsync.reconcile import METHODS
 from sdsync.transport.settings import ConnectionLimits
@@ -89,8 +91,99 @@ def parse_listen(listen: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
-@store_app.command()
+# `store serve --help`, a panel per concern; tests/cli checks that every option is in one.
+SERVE_PANELS = (
+    ("Configuration", ("config_file", "print_config")),
+    ("Archive", ("db", "data_dir", "retention", "retention_interval", "timestamp_variance")),
+    (
+        "HTTP API",
+        ("listen", "token", "http_idle_timeout", "http_max_connections_per_ip", "http_exempt_ip"),
+    ),
+    (
+        "Relay",
+        (
+            "pubsub_topic",
+            "relay_shard",
+            "relay_cluster_id",
+            "relay_listen",
+            "relay_peer",
+            "nodekey",
+            "nodekey_file",
+            "relay_rate_limit",
+        ),
+    ),
+    (
+        "Relay connections",
+        (
+            "relay_max_connections_per_ip",
+            "relay_exempt_ip",
+            "relay_pending_handshakes",
+            "relay_handshake_timeout",
+            "relay_max_connections",
+        ),
+    ),
+    ("Light-client services", ("light", "lightpush_rate_limit", "filter_per_host")),
+    ("Store queries over libp2p", ("store_answer_bytes_per_peer", "store_answer_bytes")),
+    (
+        "Store Resume and Store Sync (HTTP, with other sdsync nodes)",
+        (
+            "peer",
+            "sync_interval",
+            "sync_method",
+            "sync_window",
+            "sync_token",
+            "sync_sessions_per_minute",
+            "sync_session_burst",
+        ),
+    ),
+    (
+        "Waku Sync (libp2p, with nwaku)",
+        ("store_sync", "store_sync_interval", "store_sync_range", "store_sync_relay_jitter"),
+    ),
+    ("Chat page", ("web", "web_address")),
+    ("Logs", ("verbose", "log_format")),
+)
+SERVE_SECRETS = ("token", "sync_token", "nodekey")
+
+
+def _retention(specs: list[str] | None) -> tuple[RetentionPolicy, ...]:
+    from sdsync.errors import LocalProtocolError
+    from sdsync.store import RetentionPolicy
+    from sdsync.store.retention import DEFAULT_POLICY
+
+    try:
+        return tuple(RetentionPolicy.parse(s) for s in specs or [DEFAULT_POLICY] if s != "none")
+    except LocalProtocolError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--retention") from None
+
+
+def _config_callback(ctx: typer.Context, value: Path | None) -> Path | None:
+    load_config(ctx, value)
+    return value
+
+
+@store_app.command(cls=panelled(SERVE_PANELS))
 def serve(
+    ctx: typer.Context,
+    config_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            dir_okay=False,
+            is_eager=True,
+            callback=_config_callback,
+            help="A TOML file of options: each key is a flag without '--' (relay-shard = [7]);"
+            " flags and environment variables win over it (docs/store.md).",
+        ),
+    ] = None,
+    print_config: Annotated[
+        bool,
+        typer.Option(
+            "--print-config",
+            help="Print the effective configuration (file, environment and flags applied) as"
+            " TOML, secrets left out, and exit.",
+        ),
+    ] = False,
     db: Db = None,
     data_dir: DataDir = DEFAULT_DATA_DIR,
     listen: Annotated[
@@ -364,11 +457,13 @@ def serve(
     ] = LogFormat.text,
 ) -> None:
     """Serve the archive over HTTP until SIGINT or SIGTERM."""
+    if print_config:
+        print(effective_config(ctx, SERVE_SECRETS), end="")
+        return
     from sdsync.errors import LocalProtocolError
-    from sdsync.store import NodeConfig, RetentionPolicy, StoreNode
+    from sdsync.store import NodeConfig, StoreNode
     from sdsync.store.launch import RelayOptions, WebOptions, run_node
     from sdsync.store.light_clients import LightClientConfig
-    from sdsync.store.retention import DEFAULT_POLICY
     from sdsync.store.server import HttpLimits
     from sdsync.store.sync import SyncConfig
     from sdsync.waku.filter.service import FilterLimits
@@ -377,11 +472,7 @@ def serve(
 
     configure_logging(logging.INFO if verbose else logging.WARNING, log_format)
     host, port = parse_listen(listen)
-    specs = retention if retention else [DEFAULT_POLICY]
-    try:
-        policies = tuple(RetentionPolicy.parse(s) for s in specs if s != "none")
-    except LocalProtocolError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--retention") from None
+    policies = _retention(retention)
     lightpush_rate = _rate_limit(lightpush_rate_limit, "--lightpush-rate-limit")
     relay_rate = _rate_limit(relay_rate_limit, "--relay-rate-limit")
     relay_topics = _relay_topics(pubsub_topic or (), relay_shard or (), relay_cluster_id)
