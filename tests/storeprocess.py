@@ -27,6 +27,7 @@ __all__ = [
     "StoreProcess",
     "archived_hashes",
     "ingest_messages",
+    "post_messages",
     "store_serve",
 ]
 TOPIC = "/waku/2/rs/1/7"
@@ -99,6 +100,14 @@ def ingest_messages(store: StoreProcess, count: int, tag: str) -> set[str]:
         WakuMessage(f"{tag} {i}".encode(), CONTENT_TOPIC, timestamp=now - (count - i) * 10**6)
         for i in range(count)
     ]
+    assert post_messages(store.url, messages) == count
+    return {m.hash(TOPIC).hex() for m in messages}
+
+
+def post_messages(url: str, messages: Sequence[WakuMessage], timeout_s: float = 30.0) -> int:
+    """POST ``messages`` (on :data:`TOPIC`) to the ingestion API of the node at ``url`` (it
+    runs with ``--token SYNC_TOKEN``); how many it stored. Raises OSError (an HTTPError for
+    an answer that is not 2xx) when it does not answer them."""
     entries = [
         {
             "messageHash": "0x" + m.hash(TOPIC).hex(),
@@ -112,14 +121,14 @@ def ingest_messages(store: StoreProcess, count: int, tag: str) -> set[str]:
         for m in messages
     ]
     request = urllib.request.Request(
-        f"{store.url}/store/v3/messages",
+        f"{url}/store/v3/messages",
         data=json.dumps({"messages": entries}).encode(),
         method="POST",
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {SYNC_TOKEN}"},
     )
-    with urllib.request.urlopen(request, timeout=30) as answer:
-        assert json.loads(answer.read())["stored"] == count
-    return {m.hash(TOPIC).hex() for m in messages}
+    with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+        stored: int = json.loads(answer.read())["stored"]
+        return stored
 
 
 def archived_hashes(url: str) -> set[str]:

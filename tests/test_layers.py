@@ -1,7 +1,7 @@
 """Imports point down the layers only (docs/architecture.md, the house rules).
 
 cli / testing → demo → pipeline → sim / chat / peer / reliability → store / runtime →
-transport → waku → reconcile → core → wire → errors / lifecycle.
+transport → waku → reconcile → core → wire → errors / lifecycle / files.
 Every ``sdsync.<component>`` import in the source, including those inside functions and
 ``TYPE_CHECKING`` blocks, must name the importing component itself or one below it;
 components that share a layer do not import each other. Within a component no two files
@@ -27,7 +27,7 @@ LAYERS = (
     ("reconcile",),
     ("core",),
     ("wire",),
-    ("errors", "lifecycle"),
+    ("errors", "lifecycle", "files"),
 )
 RANK = {component: rank for rank, layer in enumerate(LAYERS) for component in layer}
 

@@ -14,19 +14,23 @@ at the kill are unknown to the test and may or may not be kept; answered ones mu
 from __future__ import annotations
 
 import asyncio
-import base64
 import functools
-import json
 import os
 import random
 import signal
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from storeprocess import SYNC_TOKEN, TOPIC, StoreProcess, archived_hashes, store_serve
+from storeprocess import (
+    SYNC_TOKEN,
+    TOPIC,
+    StoreProcess,
+    archived_hashes,
+    post_messages,
+    store_serve,
+)
 from testdeps import require
 
 from sdsync.errors import RemoteProtocolError
@@ -66,27 +70,8 @@ def post_until_refused(url: str, tag: str, answered: Answered, stop: threading.E
     batch = 0
     while not stop.is_set():
         messages = [new_message(f"{tag} {batch} {i}") for i in range(5)]
-        entries = [
-            {
-                "messageHash": "0x" + m.hash(TOPIC).hex(),
-                "pubsubTopic": TOPIC,
-                "message": {
-                    "payload": base64.b64encode(m.payload).decode(),
-                    "contentTopic": m.content_topic,
-                    "timestamp": m.timestamp,
-                },
-            }
-            for m in messages
-        ]
-        request = urllib.request.Request(
-            f"{url}/store/v3/messages",
-            data=json.dumps({"messages": entries}).encode(),
-            method="POST",
-            headers={"Content-Type": "application/json", "Authorization": f"Bearer {SYNC_TOKEN}"},
-        )
         try:
-            with urllib.request.urlopen(request, timeout=10) as answer:
-                assert 200 <= answer.status < 300
+            post_messages(url, messages, timeout_s=10)
         except OSError:
             return  # the node is gone (a 5xx while it dies counts as not answered)
         answered.add("post", {m.hash(TOPIC).hex() for m in messages})

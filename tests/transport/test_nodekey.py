@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from sdsync import files
 from sdsync.errors import OptionError
-from sdsync.transport import nodekey
 from sdsync.transport.nodekey import NODEKEY_FILE, NodeKey, choose_nodekey
 
 # The largest valid secp256k1 key, and the smallest: the order minus one, and one.
@@ -144,7 +144,7 @@ def test_a_crash_while_creating_leaves_no_key_and_the_next_start_makes_one(
 
     target = {"write": "fdopen", "fsync": "fsync", "link": "link"}[step]
     with monkeypatch.context() as patch:
-        patch.setattr(nodekey.os, target, crash)
+        patch.setattr(files.os, target, crash)
         with pytest.raises(OSError, match=f"crash at {step}"):
             choose_nodekey(tmp_path)
     assert list(tmp_path.iterdir()) == []

@@ -5,12 +5,11 @@ name, a refusing browser told in words, and an unreadable entry not fatal."""
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+from nodescript import run_script
 
 PENDING = Path(__file__).resolve().parents[2] / "web" / "src" / "pending.mjs"
 
@@ -35,17 +34,8 @@ console.log(JSON.stringify(out));
 
 
 def run(scenario: str) -> dict[str, Any]:
-    if shutil.which("node") is None:
-        pytest.fail("node is not installed (make test needs it for the web tests)")
     script = HARNESS % {"module": json.dumps(PENDING.as_uri()), "scenario": scenario}
-    result = subprocess.run(
-        ["node", "--input-type=module", "-e", script],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    outcome: dict[str, Any] = json.loads(result.stdout)
+    outcome: dict[str, Any] = run_script(script)
     return outcome
 
 

@@ -9,11 +9,9 @@ schedule in that case. Each test drives that moment directly, with 1-ms delays.
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from pathlib import Path
 
-import pytest
+from nodescript import run_script
 
 RESENDS = Path(__file__).resolve().parents[2] / "web" / "src" / "resends.mjs"
 
@@ -34,17 +32,8 @@ process.exit(0);
 
 
 def _run(scenario: str) -> dict[str, list[str]]:
-    if shutil.which("node") is None:
-        pytest.fail("node is not installed (make test needs it for the web tests)")
     script = HARNESS % {"module": json.dumps(RESENDS.as_uri()), "scenario": scenario}
-    result = subprocess.run(
-        ["node", "--input-type=module", "-e", script],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    outcome: dict[str, list[str]] = json.loads(result.stdout)
+    outcome: dict[str, list[str]] = run_script(script)
     return outcome
 
 

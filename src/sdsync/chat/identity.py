@@ -8,12 +8,12 @@ holds a private key: it is written owner-only, whole or not at all.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
 from sdsync.errors import LocalProtocolError, OptionError
+from sdsync.files import write_whole
 
 CHAT_FILE = "chat.json"
 
@@ -52,18 +52,9 @@ def load_identity(state_dir: Path | None, name: str | None) -> Identity:
 
 
 def save_identity(state_dir: Path, identity: Identity) -> None:
-    state_dir.mkdir(parents=True, exist_ok=True)
-    path = state_dir / CHAT_FILE
-    tmp = path.with_suffix(".tmp")
     record = {
         "participant_id": identity.participant_id,
         "key_hex": identity.key.hex(),
         "listen": identity.listen,
     }
-    # The file holds a private key: owner-only, written whole or not at all.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        json.dump(record, out)
-        out.flush()
-        os.fsync(out.fileno())
-    tmp.replace(path)
+    write_whole(state_dir / CHAT_FILE, json.dumps(record))  # holds a private key: 0600

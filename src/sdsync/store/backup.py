@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sdsync.errors import LocalProtocolError, ServiceUnavailable
+from sdsync.files import fsync_path
 
 __all__ = [
     "STEP_PAGES",
@@ -137,7 +138,7 @@ def backup_archive(
 def _put_in_place(partial: Path, target: Path, *, overwrite: bool) -> int:
     """Make the checked copy durable and put it at ``target``, whole; its size."""
     try:
-        _fsync(partial)
+        fsync_path(partial)
         size = partial.stat().st_size
         try:
             if overwrite:
@@ -146,7 +147,7 @@ def _put_in_place(partial: Path, target: Path, *, overwrite: bool) -> int:
                 os.link(partial, target)  # fails if PATH appeared during the copy
         except FileExistsError:
             raise BackupRefusedError(f"{target} exists (give --overwrite to replace it)") from None
-        _fsync(target.parent)  # the new name survives a power loss too
+        fsync_path(target.parent)  # the new name survives a power loss too
     except OSError as exc:
         raise BackupFailed(f"cannot write the backup {target}: {exc}") from exc
     return size
@@ -261,12 +262,3 @@ def _verify(partial: Path, expected: int) -> None:
 
 def _beside(path: Path, suffixes: tuple[str, ...]) -> list[Path]:
     return [path.with_name(path.name + suffix) for suffix in suffixes]
-
-
-def _fsync(path: Path) -> None:
-    """Flush ``path`` (a file, or a directory after a rename in it) to disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -17,14 +17,13 @@ inserts are idempotent.
 from __future__ import annotations
 
 import logging
-import os
 import random
-import tempfile
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from sdsync.errors import RemoteProtocolError
+from sdsync.files import write_whole
 from sdsync.store.client import HttpStoreClient
 from sdsync.waku.messages import StoredMessage
 from sdsync.waku.store.client import StoreUnavailableError
@@ -48,14 +47,7 @@ class LastOnline:
             return None
 
     def write(self, now_ns: int) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # A name of its own per write: two writers never rename each other's file.
-        fd, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=".last_online.")
-        with os.fdopen(fd, "w") as f:
-            f.write(f"{now_ns}\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, self.path)
+        write_whole(self.path, f"{now_ns}\n")
 
 
 def resume_window(last_online: int | None, now_ns: int) -> tuple[int, int]:

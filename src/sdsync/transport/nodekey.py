@@ -13,10 +13,9 @@ old address, so a store node keeps one.  Its key is, in order of precedence:
 
 The key is a secp256k1 private key, as nwaku's is, so a hex key moved between an nwaku
 node and ours keeps its peer id (``tests/interop`` checks this against nwaku).  A file we
-create is written owner-only (mode 0600), whole or not at all: to a temporary name,
-flushed to disk, then hard-linked into place, which fails if the name exists — so two
-nodes started on the same data dir at once cannot each keep a different key: the second
-reads the first's.
+create is written owner-only (mode 0600), whole or not at all (:mod:`sdsync.files`), and
+hard-linked into place, which fails if the name exists — so two nodes started on the same
+data dir at once cannot each keep a different key: the second reads the first's.
 A key file readable by others still works (an operator may have reasons) but is reported
 in :attr:`NodeKeySource.warning`.
 
@@ -26,7 +25,6 @@ the node then has a new peer id, which every client must be told (docs/store.md)
 
 from __future__ import annotations
 
-import os
 import secrets
 import stat
 from dataclasses import dataclass
@@ -34,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sdsync.errors import OptionError
+from sdsync.files import write_whole
 
 if TYPE_CHECKING:
     from libp2p.crypto.keys import KeyPair
@@ -149,25 +148,6 @@ def _create(path: Path) -> NodeKey:
     """A new key written to ``path``; ``FileExistsError`` if one is there already."""
     if path.exists():
         raise FileExistsError(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     key = NodeKey.generate()
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="ascii") as out:
-            out.write(key.hex() + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.link(tmp, path)  # fails if another node created the key meanwhile
-        _fsync_dir(path.parent)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_whole(path, key.hex() + "\n", replace=False)  # fails if another start made one
     return key
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
