@@ -303,6 +303,11 @@ class ChannelState:
 
     def _open(self, event_limits: EventLimits | None) -> None:
         db = self._db
+        # An existing file is judged before anything is written to it: a newer release's
+        # is refused untouched, an older one upgraded (new tables included) in one step.
+        version = self._stored_version()
+        if version is not None:
+            self._migrate(version)
         db.executescript(_SCHEMA)
         row = db.execute(
             "SELECT schema_version, channel_id, participant_id, lamport, bloom_total,"
@@ -350,13 +355,38 @@ class ChannelState:
         if participants is not None:
             self.driver.set_participant_count(participants)
 
+    def _stored_version(self) -> int | None:
+        """The file's schema version; None for a new file."""
+        db = self._db
+        if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'channel'").fetchone() is None:
+            return None
+        row = db.execute("SELECT schema_version FROM channel").fetchone()
+        return None if row is None else int(row[0])
+
     def _migrate(self, version: int) -> None:
         if version == SCHEMA_VERSION:
             return
         if version not in _MIGRATIONS:
-            raise LocalProtocolError(f"{self.path}: schema version {version} is not supported")
+            # Both versions and what to do: a newer release's file is not ours to change,
+            # and no release wrote any other number.
+            versions = (
+                f"{self.path}: its schema version is {version}"
+                f" and this sdsync's is {SCHEMA_VERSION}"
+            )
+            if version > SCHEMA_VERSION:
+                raise LocalProtocolError(
+                    f"{versions}: it was written by a newer sdsync; upgrade sdsync or use"
+                    " another state directory"
+                )
+            raise LocalProtocolError(
+                f"{versions}: no sdsync writes that version; use another state directory"
+            )
         db = self._db
         db.execute("BEGIN IMMEDIATE")
+        # The tables and indexes later versions added, then each step's changes to the
+        # older ones: all of it commits with the new version, or none.
+        for statement in _SCHEMA.split(";"):
+            db.execute(statement)
         for step in range(version, SCHEMA_VERSION):
             for statement in _MIGRATIONS[step].split(";"):
                 db.execute(statement)
