@@ -133,6 +133,9 @@ class RecordingTransport(MemoryTransport):
         self.mesh_waits.append((count, timeout_s))
         return True
 
+    async def connected_peers(self) -> list[str]:
+        return ["bob"]
+
 
 def run_beside_one_peer(
     monkeypatch: pytest.MonkeyPatch,

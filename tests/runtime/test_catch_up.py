@@ -19,6 +19,7 @@ from sdsync.runtime import (
     ReliableChannel,
     RuntimeConfig,
     Step,
+    Transmit,
 )
 from sdsync.testing.memory import MemoryNetwork
 from sdsync.testing.memory_store import MemoryStore
@@ -261,3 +262,27 @@ def test_the_memory_store_hands_over_only_what_unseen_keeps() -> None:
     assert listed == [hints[:2], hints[2:]]
     # The second page had nothing unseen: nothing yielded for it.
     assert pages == [[Received(wires[1], hints[1])]] and store.fetched == 1
+
+
+def test_back_online_resends_now_what_nobody_heard_and_waits_for_what_someone_did() -> None:
+    """Published while away, a message's resends back off (into minutes after a few);
+    back online, the ones nobody may have heard are due at once, and the clock of one a
+    peer possibly acknowledged is left alone."""
+    d = driver("a", stores=False)
+    unheard = d.publish(b"while away", START).message_id
+    heard = d.publish(b"heard by someone", START).message_id
+    now = START
+    for _ in range(4):  # resends into the void, each later than the one before
+        now = d.next_due()
+        d.tick(now)
+    assert d.resend_at(unheard) - now > 4 * RUNTIME.resend_interval_ms
+    entry = d.channel.outgoing_entry(heard)
+    assert entry is not None
+    entry.possible_ackers = 1  # as a peer's bloom filter would have said
+    planned = d.resend_at(heard)
+    back = now + 1_000
+    d.back_online(back)
+    assert d.resend_at(unheard) == back and d.resend_at(heard) == planned
+    resent = d.tick(back)
+    transmits = [a for a in resent.actions if isinstance(a, Transmit)]
+    assert [(a.message_id, a.kind) for a in transmits] == [(unheard, "resend")]

@@ -143,7 +143,7 @@ async def until(condition: Callable[[], bool]) -> None:
 async def catch_up_now(channel: ReliableChannel) -> None:
     """One more catch-up, run to its end (a success: the counter moves)."""
     done = channel.catch_ups
-    channel.back_online()
+    channel.catch_up_now()
     await until(lambda: channel.catch_ups == done + 1)
 
 

@@ -21,7 +21,8 @@ from sdsync.store.sync import ArchiveKeeper, PeriodicSync, SyncConfig
 
 STORE_SOURCES = Path(sdsync.store.__file__).parent
 DRIVERS = {"sqlite3", "psycopg", "psycopg_pool"}
-BACKENDS = {"sqlite.py", "postgres.py"}
+# backup.py: SQLite's own online backup API, a backend's tool (its errors become its own).
+BACKENDS = {"sqlite.py", "postgres.py", "backup.py"}
 CALLS: dict[str, Callable[[SqlArchive], Any]] = {
     "insert": lambda a: a.insert(make_messages(3)),
     "query": lambda a: a.query(StoreQuery()),

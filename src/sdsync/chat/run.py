@@ -37,9 +37,10 @@ long. Interactive, a
 catch-up is a status line when it starts and ends; a scripted run reports how many
 messages it fetched and how many catch-ups found. A :class:`PeerWatch` polls the
 transport's connected peers: when they come back after all were lost (network down, the
-machine asleep), what was published meanwhile reached us through nobody, so the channel
-catches up at once (:meth:`~sdsync.runtime.ReliableChannel.back_online`) rather than at
-its next interval. (py-libp2p has no connection events we could subscribe to from here;
+machine asleep, the node restarted), what was published meanwhile reached us through
+nobody and ours reached nobody, so the channel catches up and resends at once
+(:meth:`~sdsync.runtime.ReliableChannel.back_online`) rather than at its next interval.
+(py-libp2p has no connection events we could subscribe to from here;
 a poll a second costs one hand-over to its thread.)
 """
 
@@ -241,9 +242,11 @@ async def run_chat(options: ChatOptions, console: Console) -> int:
         if channel.state is not None:
             session.resume()
         await channel.start()
-        background = [asyncio.create_task(session.pump(channel.events()))]
-        if stores is not None:  # only a catch-up has anything to do with reconnecting
-            background.append(asyncio.create_task(PeerWatch(transport, channel).run()))
+        background = [
+            asyncio.create_task(session.pump(channel.events())),
+            # Back from losing every peer: resend now, and catch up now (with a store).
+            asyncio.create_task(PeerWatch(transport, channel).run()),
+        ]
         try:
             if options.scripted:
                 return await _script(session, transport, stores, options)

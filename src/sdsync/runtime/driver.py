@@ -257,7 +257,17 @@ class ChannelDriver:
         return self._with_status(Step())
 
     def back_online(self, now_ms: int) -> None:
-        """Back from being away (offline, disconnected): catch up now, not an interval on."""
+        """Back from being away (offline, disconnected): catch up now, not an interval on,
+        and resend now what nobody may have heard: what we published while away reached
+        nobody, and its resends were backing off meanwhile (a minute, after a few)."""
+        for message_id in list(self._resend_at):
+            entry = self.channel.outgoing_entry(message_id)
+            if entry is not None and not entry.possible_ackers:
+                self._plan(message_id, now_ms)
+        self.catch_up_now(now_ms)
+
+    def catch_up_now(self, now_ms: int) -> None:
+        """Catch up from the stores now (again as soon as a running one ends)."""
         if self._next_catch_up is None:
             return
         self._next_catch_up = now_ms

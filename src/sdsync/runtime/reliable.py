@@ -25,7 +25,8 @@ receive path), and the driver hears that the window is done — or, when the sto
 unavailable or answered nonsense, that it failed and is asked again an interval later
 (what earlier pages brought stays, and is seen, so not fetched again). A transport that
 regained its peers after losing them all says so with :meth:`back_online`: the next
-catch-up is due at once. Application events arrive on :meth:`numbered_events` (or
+catch-up is due at once, and so are the resends of what nobody may have heard.
+Application events arrive on :meth:`numbered_events` (or
 :meth:`events`): those it must act on are numbered and stored with their step, and
 reported until acknowledged — at least once, under the same number, even across a
 kill -9 (:mod:`sdsync.runtime.event_log`). Data flows one way: transport → wire decode →
@@ -180,8 +181,15 @@ class ReliableChannel(AsyncLifecycle):
 
     def back_online(self) -> None:
         """The transport is connected again after losing every peer: what was published
-        meanwhile reached us through nobody, so the next store catch-up is due now."""
+        meanwhile reached us through nobody, so the next store catch-up is due now, and
+        what we published reached nobody, so its resends are due now."""
         self.driver.back_online(self._clock())
+        self._wake.set()
+
+    def catch_up_now(self) -> None:
+        """Catch up from the stores now, not an interval on (the application knows it
+        missed something: its user asked, the device woke)."""
+        self.driver.catch_up_now(self._clock())
         self._wake.set()
 
     def history(self, limit: int | None = None) -> list[LogRecord]:
