@@ -46,6 +46,7 @@ const PAGE_SIZE = 100;
 const MAX_CATCH_UP = 10_000; // newest first: a long channel's oldest messages stay in the store
 const CATCH_UP_OVERLAP_MS = 60_000; // clocks of page and node may differ this much
 const CATCH_UP_RETRY_MS = 2_000;
+const SUBSCRIBE_RETRY_MS = 2_000;
 const encoder = new TextEncoder();
 // The installed @waku/sdk and @waku/sds, put here by web/build.mjs (esbuild's define).
 const WAKU_VERSIONS = JSON.parse(__WAKU_VERSIONS__);
@@ -242,13 +243,31 @@ class Chat {
   async connected() {
     if (!this.channel) return;
     this.mends.resends.resume();
+    await this.subscribe();
+  }
+
+  /**
+   * A fresh Filter subscription, then a catch-up. A refusal right after a reconnection
+   * happens (the sdk's Filter client may not list the node yet): it is tried again while
+   * connected, for a page that stopped trying would stay deaf until a reload.
+   */
+  async subscribe() {
+    clearTimeout(this.subscribeRetry);
     this.view.setStatus("subscription", "subscribing", "subscribing…");
-    if (!(await this.mends.subscribeAfresh())) {
-      this.view.setStatus("subscription", "refused", "the node refused the subscription");
-      return;
+    let why;
+    try {
+      if (await this.mends.subscribeAfresh()) {
+        this.view.setStatus("subscription", "subscribed", "subscribed");
+        return this.catchUp();
+      }
+      why = "the node refused the subscription";
+    } catch (err) {
+      why = `subscribing failed: ${err.message}`;
     }
-    this.view.setStatus("subscription", "subscribed", "subscribed");
-    await this.catchUp();
+    this.view.setStatus("subscription", "refused", `${why}; trying again`);
+    this.subscribeRetry = setTimeout(() => {
+      if (this.link.isConnected()) void this.subscribe();
+    }, SUBSCRIBE_RETRY_MS);
   }
 
   /** Everything the store has for the channel since the last catch-up, newest first. */
