@@ -139,6 +139,24 @@ class MessageTooLargeError(LocalProtocolError):
     (``WireLimits.max_message_bytes``); nothing was sent or changed."""
 
 
+class SchemaVersionError(LocalProtocolError):
+    """Stored data (an archive, a state file) at a schema version this release does not
+    know; nothing was written.  The operator's to settle — retrying cannot help, and no
+    peer sent it — so the message names both versions and what to do instead."""
+
+    def __init__(self, whose: str, found: int, supported: int, instead: str) -> None:
+        """``whose``: what the data is, as the message begins (``"the archive's"``);
+        ``instead``: what else to use (``"use another --db"``)."""
+        if found > supported:
+            why = f"it was written by a newer sdsync; upgrade sdsync or {instead}"
+        else:
+            why = f"no sdsync writes that version; {instead}"
+        versions = f"schema version is {found} and this sdsync's is {supported}"
+        super().__init__(f"{whose} {versions}: {why}")
+        self.found = found
+        self.supported = supported
+
+
 class OptionError(LocalProtocolError):
     """An option of a run (``option``: the field's name, as the library spells it) is
     wrong; the message is about its value and names no command-line flag, so a command

@@ -62,7 +62,7 @@ from sdsync.core import (
     StoredIncoming,
     StoredOutgoing,
 )
-from sdsync.errors import LocalProtocolError
+from sdsync.errors import LocalProtocolError, SchemaVersionError
 from sdsync.runtime.driver import ChannelDriver
 from sdsync.runtime.event_log import (
     Delivery,
@@ -366,20 +366,9 @@ class ChannelState:
     def _migrate(self, version: int) -> None:
         if version == SCHEMA_VERSION:
             return
-        if version not in _MIGRATIONS:
-            # Both versions and what to do: a newer release's file is not ours to change,
-            # and no release wrote any other number.
-            versions = (
-                f"{self.path}: its schema version is {version}"
-                f" and this sdsync's is {SCHEMA_VERSION}"
-            )
-            if version > SCHEMA_VERSION:
-                raise LocalProtocolError(
-                    f"{versions}: it was written by a newer sdsync; upgrade sdsync or use"
-                    " another state directory"
-                )
-            raise LocalProtocolError(
-                f"{versions}: no sdsync writes that version; use another state directory"
+        if version not in _MIGRATIONS:  # a newer release's file is not ours to change
+            raise SchemaVersionError(
+                f"{self.path}: its", version, SCHEMA_VERSION, "use another state directory"
             )
         db = self._db
         db.execute("BEGIN IMMEDIATE")

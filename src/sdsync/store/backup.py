@@ -48,6 +48,7 @@ from pathlib import Path
 
 from sdsync.errors import LocalProtocolError, ServiceUnavailable
 from sdsync.files import fsync_path
+from sdsync.store.backend import sqlite_path
 
 __all__ = [
     "STEP_PAGES",
@@ -61,8 +62,6 @@ __all__ = [
 STEP_PAGES = 1024
 """Pages copied per step (4 MiB at SQLite's default page size): a progress report and a
 chance to stop between any two."""
-# The archive module's URL schemes (store/backend.py): they are PostgreSQL's.
-_POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 # Files SQLite reads beside a database when it opens it: a leftover one would be applied
 # to (or rolled back into) a new file put at that name.
 _HOT_SUFFIXES = ("-wal", "-journal")
@@ -165,9 +164,10 @@ def postgres_advice(path: Path) -> str:
 
 
 def _sqlite_source(db: str, target: Path) -> Path:
-    if db.startswith(_POSTGRES_SCHEMES):
+    path = sqlite_path(db)
+    if path is None:
         raise BackupRefusedError(postgres_advice(target))
-    source = Path(db.removeprefix("sqlite://")).expanduser().absolute()
+    source = Path(path).expanduser().absolute()
     if not source.is_file():
         raise BackupRefusedError(f"no archive at {source} (give --db or --data-dir)")
     return source

@@ -55,7 +55,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sdsync.errors import LocalProtocolError
+from sdsync.errors import LocalProtocolError, SchemaVersionError
 from sdsync.store.schema import SCHEMA_VERSION, Dialect
 
 __all__ = [
@@ -88,23 +88,11 @@ class Connection(Protocol):
     def execute(self, sql: str, /) -> Any: ...
 
 
-class ArchiveVersionError(LocalProtocolError):
-    """The archive is at a layout this release does not know; nothing was written.
-
-    The operator's to settle (upgrade sdsync, or point it at another database), so a
-    :class:`~sdsync.errors.LocalProtocolError`: retrying cannot help, and no peer sent it.
-    """
+class ArchiveVersionError(SchemaVersionError):
+    """The archive is at a layout this release does not know; nothing was written."""
 
     def __init__(self, found: int, supported: int) -> None:
-        if found > supported:
-            why = "it was written by a newer sdsync; upgrade sdsync or use another --db"
-        else:
-            why = "no sdsync release writes that version; use another --db"
-        super().__init__(
-            f"the archive's schema version is {found} and this sdsync's is {supported}: {why}"
-        )
-        self.found = found
-        self.supported = supported
+        super().__init__("the archive's", found, supported, "use another --db")
 
 
 class NotAnArchiveError(LocalProtocolError):

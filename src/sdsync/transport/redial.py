@@ -105,8 +105,5 @@ class Redial:
         self._peers[peer] = _Peer(self.min_s)
         return line
 
-    def forget(self, peer: str) -> None:
-        self._peers.pop(peer, None)
-
     def _peer(self, peer: str) -> _Peer:
         return self._peers.setdefault(peer, _Peer(self.min_s))
