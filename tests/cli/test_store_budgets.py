@@ -5,7 +5,6 @@ store-query answers in flight over libp2p, AnswerLimits; sizes as --retention's)
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 from typing import Any
 
@@ -14,19 +13,8 @@ from typer.testing import CliRunner
 
 import sdsync.store.launch
 from sdsync.cli.main import app
-from sdsync.cli.store import _size, serve
 from sdsync.store import NodeConfig
-from sdsync.store.sync import SyncConfig
 from sdsync.waku.store.service import AnswerLimits
-
-
-def test_the_flags_default_to_the_limits_own_defaults() -> None:
-    defaults = {name: p.default for name, p in inspect.signature(serve).parameters.items()}
-    sync, answers = SyncConfig(), AnswerLimits()
-    assert defaults["sync_sessions_per_minute"] == sync.sessions_per_minute
-    assert defaults["sync_session_burst"] == sync.session_burst
-    assert _size(defaults["store_answer_bytes_per_peer"], "") == answers.per_peer_bytes
-    assert _size(defaults["store_answer_bytes"], "") == answers.total_bytes
 
 
 def served_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *options: str) -> NodeConfig:

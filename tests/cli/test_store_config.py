@@ -74,6 +74,16 @@ def test_the_file_sets_options_flags_and_environment_win(tmp_path: Path) -> None
     assert over["listen"] == '"127.0.0.1:9001"' and over["light"] == "true"
 
 
+def test_print_config_refuses_what_a_start_would_refuse(tmp_path: Path) -> None:
+    config = tmp_path / "node.toml"
+    config.write_text("web = true\nlight = false\n")
+    data = tmp_path / "data"
+    code, out = run(["--config", str(config), "--data-dir", str(data), "--print-config"])
+    assert code == 2 and "--light" in out and "the chat page uses the light services" in out
+    ok, _ = run(["--relay-shard", "0", "--data-dir", str(data), "--print-config"])
+    assert ok == 0 and not data.exists()  # checked, not started: no node key written
+
+
 def test_secrets_are_never_printed(tmp_path: Path) -> None:
     config = tmp_path / "node.toml"
     config.write_text('token = "file-secret"\nsync-token = "sync-secret"\n')

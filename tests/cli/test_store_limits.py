@@ -5,7 +5,6 @@ HTTP API's (``--http-max-connections-per-ip``, ``--http-exempt-ip``) its server.
 
 from __future__ import annotations
 
-import inspect
 import re
 import signal
 import socket
@@ -20,25 +19,11 @@ from testdeps import require
 from typer.testing import CliRunner
 
 from sdsync.cli.main import app
-from sdsync.cli.store import RELAY_EXEMPT_IPS, serve
-from sdsync.store.server import HttpLimits
-from sdsync.transport.settings import ConnectionLimits
 
 require("sdsync.transport.libp2p", "needs the 'p2p' extra")
 
 PATIENCE_S = 30.0  # a liveness bound
 ATTACKER_IP = "127.0.0.2"  # local on Linux; the test scrapes /metrics from 127.0.0.1
-
-
-def test_the_flags_default_to_the_limits_own_defaults() -> None:
-    defaults = {name: p.default for name, p in inspect.signature(serve).parameters.items()}
-    relay, http = ConnectionLimits(), HttpLimits()
-    assert defaults["relay_max_connections_per_ip"] == relay.per_ip
-    assert defaults["relay_pending_handshakes"] == relay.pending
-    assert defaults["relay_handshake_timeout"] == relay.handshake_timeout_s
-    assert defaults["relay_max_connections"] == relay.max_connections
-    assert relay.exempt_ips == RELAY_EXEMPT_IPS
-    assert defaults["http_max_connections_per_ip"] == http.max_connections_per_ip
 
 
 @pytest.mark.parametrize(

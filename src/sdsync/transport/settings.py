@@ -51,6 +51,10 @@ class GossipParams:
     dial_timeout_s: float = 5.0
 
 
+OUTBOUND_RESERVE = 50
+"""Connections py-libp2p keeps for outbound dials, out of ``max_connections``."""
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectionLimits:
     """Bounds on a host's inbound connections (threat model: one unauthenticated remote
@@ -62,7 +66,7 @@ class ConnectionLimits:
     clients and tests may open many. ``pending``: handshakes (security and muxer
     negotiation) in progress at once, from all addresses. ``handshake_timeout_s``: a
     connection not upgraded by then is closed. ``max_connections``: py-libp2p's total,
-    of which all but its 50 reserved for outbound dials may be inbound.
+    of which all but the :data:`OUTBOUND_RESERVE` kept for outbound dials may be inbound.
     """
 
     per_ip: int = 5
