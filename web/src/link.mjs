@@ -17,6 +17,8 @@
 // the store. Each failed round of dials says why (`lastError`), and reads `config.json`
 // again, at most once per LAST_REDIAL_MS: a node whose key was rotated has a new peer id,
 // which only the node's own config can tell, so the link then dials the new addresses.
+// A dial that another identity answers (the rotated node, at the same address) reads it
+// at once, and keeps that connection if the config names the identity that answered.
 
 import { webSockets } from "@libp2p/websockets";
 import { all as anyWebSocketAddress } from "@libp2p/websockets/filters";
@@ -52,8 +54,8 @@ export class Link extends EventTarget {
   }
 
   /** After a failed round: the node's addresses again, if its config says others. */
-  async _reread() {
-    if (!this.fetchConfig || Date.now() - this._configReadAt < LAST_REDIAL_MS) return;
+  async _reread({ now = false } = {}) {
+    if (!this.fetchConfig || (!now && Date.now() - this._configReadAt < LAST_REDIAL_MS)) return;
     this._configReadAt = Date.now();
     const config = await this.fetchConfig().catch(() => undefined);
     if (!config?.peers?.length || config.peers.join(" ") === this.config.peers.join(" ")) return;
@@ -110,8 +112,13 @@ export class Link extends EventTarget {
     try {
       for (const address of this.addresses) {
         try {
-          await this.node.libp2p.dial(address, { signal: AbortSignal.timeout(DIAL_TIMEOUT_MS) });
-          return;
+          const connection = await this.node.libp2p.dial(address, { signal: AbortSignal.timeout(DIAL_TIMEOUT_MS) });
+          if (connection.remotePeer.toString() === this.servicePeer) return;
+          // Another identity answered at the node's address: a rotated key. Only the
+          // node's config can say whether it is our node under its new peer id.
+          this._error(`expected ${this.servicePeer} at ${address}, but ${connection.remotePeer} answered`);
+          await this._reread({ now: true });
+          if (this.isConnected()) return void this._identified(connection.remotePeer);
         } catch (err) {
           this._error(`cannot reach ${address}: ${err.message}`);
         }
