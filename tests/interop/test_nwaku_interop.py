@@ -5,7 +5,9 @@ Each test runs real processes on 127.0.0.1 only: nwaku (``wakunode2`` from the
 `sdsync store serve --relay-shard 7`.
 
 * relay: two chats whose only peer is nwaku converge (identical logs), and nwaku's own
-  archive holds every message of theirs, under the hash we compute;
+  archive holds every message of theirs, under the hash we compute; when nwaku is killed
+  and started again (same key and ports), the chats find it again by themselves and what
+  they typed meanwhile reaches the other;
 * store, nwaku serving: a chat whose only link is ``--store <nwaku>`` catches up the SDS
   messages published into nwaku (a time-range listing, then the messages by hash, over
   ``/vac/waku/store-query/3.0.0``);
@@ -34,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chatprocess import ChatProcess, assert_same_logs, sends, wait_for
+from chatprocess import ChatProcess, TypedChat, assert_same_logs, sends, wait_for
 from go_waku_steps import archived
 from storeprocess import StoreProcess, store_serve
 from testdeps import require
@@ -159,6 +161,45 @@ def test_two_chats_converge_through_nwaku_which_archives_every_message(
             "every message of the chats in its archive",
             WAIT_S,
         )
+
+
+def test_chats_find_nwaku_again_after_it_is_killed_and_restarted(
+    tmp_path: Path, nwaku_nodes: Start
+) -> None:
+    channel = "nwaku-restart"
+    nwaku = nwaku_nodes()
+    flags = ["--peer", nwaku.address, "--store", nwaku.address, *FAST[:4]]
+    typed = [TypedChat(tmp_path, name, channel, flags, patience_s=WAIT_S) for name in ("ka", "kb")]
+    try:
+        with showing_logs(nwaku):
+            for chat in typed:
+                wait_for(chat.has_mesh, f"nwaku in {chat.name}'s mesh", WAIT_S)
+            talk(typed, "before")
+            address = nwaku.address
+            nwaku.kill()
+            for chat in typed:
+                chat.type(f"{chat.name} during")
+                down = f"cannot reach peer {nwaku.peer_id}"
+                wait_for(lambda c=chat: down in c.text(), f"{chat.name} saw the outage", WAIT_S)
+            assert nwaku.restart() == address
+            reached = f"reached peer {nwaku.peer_id} again"
+            for chat in typed:
+                wait_for(lambda c=chat: reached in c.text(), f"{chat.name} reconnected", WAIT_S)
+                assert chat.text().count(reached) == 1
+            for chat, other in zip(typed, typed[::-1], strict=True):
+                chat.shows(rf"{other.name}: {other.name} during$", f"{other.name}'s outage line")
+            talk(typed, "after")
+    finally:
+        for chat in typed:
+            chat.stop()
+
+
+def talk(typed: list[TypedChat], when: str) -> None:
+    """Each chat types a line; the other shows it."""
+    for chat in typed:
+        chat.type(f"{chat.name} {when}")
+    for chat, other in zip(typed, typed[::-1], strict=True):
+        chat.shows(rf"{other.name}: {other.name} {when}$", f"{other.name}'s {when!r}")
 
 
 # -- store ------------------------------------------------------------------------------
