@@ -177,9 +177,9 @@ def test_chats_find_nwaku_again_after_it_is_killed_and_restarted(
             talk(typed, "before")
             address = nwaku.address
             nwaku.kill()
+            down = f"cannot reach peer {nwaku.peer_id}"
             for chat in typed:
                 chat.type(f"{chat.name} during")
-                down = f"cannot reach peer {nwaku.peer_id}"
                 wait_for(lambda c=chat: down in c.text(), f"{chat.name} saw the outage", WAIT_S)
             assert nwaku.restart() == address
             reached = f"reached peer {nwaku.peer_id} again"
