@@ -489,6 +489,53 @@ def test_row5_a_lightpush_flood_from_one_peer_is_answered_429_and_counted(
         assert result.rss_growth < PUSH_RSS_BUDGET, result
 
 
+IDENTITIES = soak_scale(32, 128)
+#: --lightpush-rate-limit-per-ip's default, twice the per-peer 100/20s.
+IP_BURST, IP_RATE = 200, 10.0
+
+
+def test_row5b_fresh_identities_from_one_address_share_its_lightpush_budget(
+    tmp_path: Path,
+) -> None:
+    """Row 5b (issue 38, attack 1): a client that takes a new libp2p key each time it is
+    answered 429 pushes 140 kB messages from one address, 4 identities at a time. The
+    identities seen from one IP share its bucket (``--lightpush-rate-limit-per-ip``), so
+    what the address archives is bounded by that rate, however many keys it makes.
+    Before: 32 identities had 4,038 pushes accepted in 60 s, 182 answered 429."""
+    with node(tmp_path) as store:
+        attackers = Attackers(store)
+        statuses: list[int] = []
+
+        async def until_refused(host: IHost) -> None:
+            for i in range(PUSHES):
+                message = WakuMessage(os.urandom(BIG), CONTENT_TOPIC, timestamp=time.time_ns())
+                request = LightPushRequestV3(f"f{i}", SHARD, message).to_bytes()
+                answer = await attackers.ask(host, LIGHTPUSH_PROTOCOL, request)
+                statuses.append(LightPushResponseV3.from_bytes(answer).status_code)
+                if statuses[-1] == 429:
+                    return
+
+        started = time.monotonic()
+        result = attack(store, lambda: attackers.run(IDENTITIES, 4, until_refused))
+        elapsed = time.monotonic() - started
+        accepted = statuses.count(200)
+        by_ip = refused(store, LIGHTPUSH_PROTOCOL, "rate_limited_ip")
+        archived = store.metric("sdsync_store_ingested_messages_total", source="lightpush")
+        report(
+            "5b",
+            result,
+            f"{by_ip:.0f} answered 429 for the address; {accepted} accepted from"
+            f" {attackers.connected} identities, {archived * BIG / _MB:.0f} MB archived"
+            f" in {elapsed:.0f} s",
+        )
+        assert attackers.connected == IDENTITIES, attackers.failed
+        assert accepted <= IP_BURST + IP_RATE * elapsed + 1
+        assert by_ip >= IDENTITIES - 4  # all but the first few were refused for the address
+        assert archived == accepted
+        assert_served(result)
+        assert result.rss_growth < PUSH_RSS_BUDGET, result
+
+
 RELAYED = soak_scale(600, 1_500)
 #: --relay-rate-limit's default, 32MiB/16s: a burst of 32 MiB, then 2 MiB a second.
 RELAY_BURST, RELAY_RATE = 32 * _MB, 2 * _MB

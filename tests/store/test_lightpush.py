@@ -106,8 +106,8 @@ class Service:
     def answered(self, status: LightPushStatus) -> None:
         self.statuses.append(int(status))
 
-    def admit(self, peer: str) -> bool:
-        return True
+    async def admit(self, peer: str) -> str | None:
+        return None
 
     async def accept(self, push: Push) -> int:
         if isinstance(self.outcome, LightPushRefused):

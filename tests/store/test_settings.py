@@ -63,6 +63,7 @@ def test_defaults_plan_each_components_own_defaults(tmp_path: Path) -> None:
     assert config.sync == SyncConfig(pubsub_topics=("/waku/2/rs/1/0",))
     assert config.light_clients.filter == FilterLimits()
     assert config.light_clients.lightpush_rate == LightClientConfig().lightpush_rate
+    assert config.light_clients.lightpush_rate_per_ip == LightClientConfig().lightpush_rate_per_ip
     assert config.waku_sync == WakuSyncConfig(pubsub_topics=("/waku/2/rs/1/0",))
     assert plan.relay.limits == ConnectionLimits()
     relay = RelayOptions()

@@ -36,8 +36,9 @@ A dropped subscription is logged and counted in
 for it under ``dropped``.  Every push is counted in
 ``sdsync_store_filter_pushes_total{outcome}`` (``sent``, ``failed``, ``dropped``), every
 answered push in ``sdsync_store_lightpush_total{status}`` (a peer over its
-``lightpush_rate``, a token bucket per peer id, gets 429 and reason ``rate_limited``),
-and every refusal in
+``lightpush_rate``, a token bucket per peer id, gets 429 and reason ``rate_limited``; one
+whose IP address is over ``lightpush_rate_per_ip``, which every identity seen from it
+shares, ``rate_limited_ip``), and every refusal in
 ``sdsync_store_refused_total{route, reason}`` with the protocol id as ``route``.  Frames
 that are truncated, too long or never sent are refused by the transport before they get
 here, which bounds, times out, counts and summarises such streams (docs/network.md).
@@ -85,6 +86,12 @@ logger = logging.getLogger("sdsync.store.light_clients")
 DEFAULT_LIGHTPUSH_RATE = RateLimit(100, 20.0)
 """nwaku's per-peer LightPush rate (``--rate-limit lightpush:5/1s``) on average, over a
 20 s window so that a chat's burst of up to 100 pushes passes."""
+DEFAULT_LIGHTPUSH_RATE_PER_IP = RateLimit(200, 20.0)
+"""What all the peers seen from one IP address (one IPv6 /64) may push together: two
+peers' worth, so two light clients behind one NAT both get their rate, while a client that
+takes a new identity at every refusal gains nothing (nwaku has no such bound; its
+colocation limit of 5 connections per IP is the nearest)."""
+_PUSH_REFUSALS = {"peer": "rate_limited", "table": "rate_limited", "address": "rate_limited_ip"}
 LIGHT_PROTOCOLS = (LIGHTPUSH_PROTOCOL, LIGHTPUSH_V2_PROTOCOL, FILTER_SUBSCRIBE_PROTOCOL)
 """What :class:`LightClientServices` serves."""
 
@@ -101,6 +108,14 @@ class LightClientConfig:
     """How often Filter subscribers are checked for a connection."""
     lightpush_rate: RateLimit | None = DEFAULT_LIGHTPUSH_RATE
     """Pushes one peer may make (None: no limit); more are answered 429."""
+    lightpush_rate_per_ip: RateLimit | None = DEFAULT_LIGHTPUSH_RATE_PER_IP
+    """Pushes all the peers of one IP address may make together (None: no such limit)."""
+
+
+def _push_buckets(per_peer: RateLimit | None, per_ip: RateLimit | None) -> PeerBuckets | None:
+    """The LightPush rates; with a per-IP limit alone, one peer may use all its address's."""
+    limit = per_peer or per_ip
+    return None if limit is None else PeerBuckets(limit, per_address=per_ip)
 
 
 class LightClientServices:
@@ -126,8 +141,7 @@ class LightClientServices:
         self._liveness: asyncio.Task[None] | None = None
         self._overflowing: set[str] = set()  # peers whose overflow was logged
         self._archive = GroupCommit(functools.partial(node.ingest, source="lightpush"))
-        rate = config.lightpush_rate
-        self._push_rates = None if rate is None else PeerBuckets(rate)
+        self._push_rates = _push_buckets(config.lightpush_rate, config.lightpush_rate_per_ip)
 
     async def start(self) -> None:
         await self.host.serve(LIGHTPUSH_PROTOCOL, self._answer_lightpush)
@@ -187,8 +201,13 @@ class LightClientServices:
     def answered(self, status: LightPushStatus) -> None:
         self.node.metrics.lightpushes.labels(status=str(int(status))).inc()
 
-    def admit(self, peer: str) -> bool:
-        return self._push_rates is None or self._push_rates.take(peer, self._clock())
+    async def admit(self, peer: str) -> str | None:
+        rates = self._push_rates
+        if rates is None:
+            return None
+        address = await self.host.peer_ip(peer) if rates.per_address is not None else None
+        refusal = rates.refusal(peer, self._clock(), address=address)
+        return None if refusal is None else _PUSH_REFUSALS[refusal]
 
     # -- handlers
 

@@ -337,6 +337,17 @@ SETTINGS: tuple[Setting, ...] = (
         metavar="VOLUME/PERIOD|off",
     ),
     Setting(
+        "lightpush_rate_limit_per_ip",
+        LIGHT,
+        str,
+        None,
+        "LightPushes all the peers seen from one IP address (one IPv6 /64) may make together:"
+        " a client that takes a new identity per refusal gains nothing; more are answered"
+        " 429.",
+        metavar="VOLUME/PERIOD|off",
+        shown_default="twice --lightpush-rate-limit",
+    ),
+    Setting(
         "filter_per_host",
         LIGHT,
         int,
@@ -585,6 +596,7 @@ class _Planner:
     ) -> NodeConfig:
         v = self.values
         host, port = parse_listen(v["listen"])
+        lightpush_rate = _rate(v["lightpush_rate_limit"], "lightpush_rate_limit")
         sync_topics = tuple(dict.fromkeys(pubsub_topic for pubsub_topic, _ in served))
         return NodeConfig(
             data_dir=self.data_dir,
@@ -599,7 +611,8 @@ class _Planner:
             light_clients=LightClientConfig(
                 served=ServedTopics(served, cluster_id=self.cluster_id),
                 filter=FilterLimits(max_peers_per_host=v["filter_per_host"]),
-                lightpush_rate=_rate(v["lightpush_rate_limit"], "lightpush_rate_limit"),
+                lightpush_rate=lightpush_rate,
+                lightpush_rate_per_ip=_per_ip(v, "lightpush_rate_limit_per_ip", lightpush_rate),
             ),
             http=HttpLimits(
                 idle_timeout_s=v["http_idle_timeout"],
@@ -723,6 +736,14 @@ def _rate(spec: str, name: str) -> RateLimit | None:
         return RateLimit.parse(spec)
     except LocalProtocolError as exc:
         raise OptionError(name, str(exc)) from None
+
+
+def _per_ip(values: Mapping[str, Any], name: str, per_peer: RateLimit | None) -> RateLimit | None:
+    """A per-IP rate: as given, else twice the per-peer one (none without one): two
+    clients behind one NAT each get their rate, fresh identities from it nothing more."""
+    if values[name] is not None:
+        return _rate(values[name], name)
+    return None if per_peer is None else RateLimit(2 * per_peer.volume, per_peer.period_s)
 
 
 def _above_zero(values: Mapping[str, Any], name: str) -> float:

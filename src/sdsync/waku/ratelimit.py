@@ -15,12 +15,21 @@ is bounded: when it holds ``max_peers`` buckets, the full ones are forgotten (a 
 bucket is exactly a fresh one, so nothing is lost); if none is full, the new peer is
 refused until one refills — a flood of fresh identities cannot grow the table, nor
 reset its own buckets.
+
+Peer ids cost nothing to make, addresses do.  Given a ``per_address`` limit, the buckets
+also keep one bucket per remote *address* — an IPv4 address, or an IPv6 address's /64,
+the block one subscriber is usually given (:func:`address_key`) — and a cost is spent only
+if both the peer's bucket and its address's hold it: the identities seen from one address
+share its budget, and each one's share is its own bucket inside it.  The address table is
+bounded as the peer table is.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
+from typing import Literal
 
 from sdsync.errors import LocalProtocolError
 
@@ -92,6 +101,10 @@ class TokenBucket:
         self._tokens = tokens - cost
         return True
 
+    def holds(self, now: float, cost: float = 1.0) -> bool:
+        """Whether :meth:`take` would spend ``cost`` now."""
+        return self.tokens(now) >= min(cost, self.limit.volume)
+
     def full(self, now: float) -> bool:
         return self.tokens(now) >= self.limit.volume
 
@@ -101,39 +114,99 @@ class TokenBucket:
         return max(0.0, short / self.limit.per_s)
 
 
-class PeerBuckets:
-    """A :class:`TokenBucket` per peer under one :class:`RateLimit`, at most
-    ``max_peers`` of them (see the module)."""
+Refusal = Literal["peer", "address", "table"]
+"""Why a cost was refused: the peer's bucket, its address's, or a full table."""
 
-    def __init__(self, limit: RateLimit, *, max_peers: int = DEFAULT_MAX_PEERS) -> None:
+
+def address_key(ip: str) -> str:
+    """The budget ``ip`` counts against: an IPv4 address itself (also written as IPv6),
+    an IPv6 address's /64."""
+    try:
+        address = ipaddress.ip_address(ip)
+    except ValueError:
+        return ip
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
+
+
+class PeerBuckets:
+    """A :class:`TokenBucket` per peer under one :class:`RateLimit`, and with
+    ``per_address``, one per remote address too; at most ``max_peers`` of each (see the
+    module)."""
+
+    def __init__(
+        self,
+        limit: RateLimit,
+        *,
+        per_address: RateLimit | None = None,
+        max_peers: int = DEFAULT_MAX_PEERS,
+    ) -> None:
         self.limit = limit
+        self.per_address = per_address
         self.max_peers = max_peers
         self._buckets: dict[str, TokenBucket] = {}
+        self._addresses: dict[str, TokenBucket] = {}
 
-    def take(self, peer: str, now: float, cost: float = 1.0) -> bool:
-        """Spend ``cost`` of ``peer``'s tokens; False if it has not got them."""
-        bucket = self._buckets.get(peer)
-        if bucket is None:
-            if len(self._buckets) >= self.max_peers:
-                self._forget_full(now)
-                if len(self._buckets) >= self.max_peers:
-                    return False
-            bucket = self._buckets[peer] = TokenBucket(self.limit, now)
-        return bucket.take(now, cost)
+    def take(self, peer: str, now: float, cost: float = 1.0, *, address: str | None = None) -> bool:
+        """Spend ``cost`` of ``peer``'s tokens (and its address's); False if not there."""
+        return self.refusal(peer, now, cost, address=address) is None
 
-    def wait_s(self, peer: str, now: float, cost: float = 1.0) -> float:
+    def refusal(
+        self, peer: str, now: float, cost: float = 1.0, *, address: str | None = None
+    ) -> Refusal | None:
+        """Spend ``cost`` of ``peer``'s tokens and of its ``address``'s (its IP, when
+        known); or, spending nothing, say which bucket lacks them."""
+        own = self._bucket(self._buckets, peer, self.limit, now)
+        shared = None
+        if self.per_address is not None and address:
+            shared = self._bucket(self._addresses, address_key(address), self.per_address, now)
+        if own is None or (shared is None and self.per_address is not None and address):
+            return "table"
+        if not own.holds(now, cost):
+            return "peer"
+        if shared is not None and not shared.holds(now, cost):
+            return "address"
+        own.take(now, cost)
+        if shared is not None:
+            shared.take(now, cost)
+        return None
+
+    def wait_s(
+        self, peer: str, now: float, cost: float = 1.0, *, address: str | None = None
+    ) -> float:
         """Seconds until ``peer`` may spend ``cost``: what a refusal's ``Retry-After``
         says.  A peer the full table has no room for waits for the first bucket to fill."""
-        bucket = self._buckets.get(peer)
+        waits = [self._wait_s(self._buckets, peer, self.limit, now, cost)]
+        if self.per_address is not None and address:
+            key = address_key(address)
+            waits.append(self._wait_s(self._addresses, key, self.per_address, now, cost))
+        return max(waits)
+
+    def _bucket(
+        self, table: dict[str, TokenBucket], key: str, limit: RateLimit, now: float
+    ) -> TokenBucket | None:
+        bucket = table.get(key)
+        if bucket is None:
+            if len(table) >= self.max_peers:
+                for full in [k for k, b in table.items() if b.full(now)]:
+                    del table[full]
+                if len(table) >= self.max_peers:
+                    return None
+            bucket = table[key] = TokenBucket(limit, now)
+        return bucket
+
+    def _wait_s(
+        self, table: dict[str, TokenBucket], key: str, limit: RateLimit, now: float, cost: float
+    ) -> float:
+        bucket = table.get(key)
         if bucket is not None:
             return bucket.wait_s(now, cost)
-        if len(self._buckets) < self.max_peers:
+        if len(table) < self.max_peers:
             return 0.0
-        return min(b.wait_s(now, self.limit.volume) for b in self._buckets.values())
-
-    def _forget_full(self, now: float) -> None:
-        for peer in [p for p, b in self._buckets.items() if b.full(now)]:
-            del self._buckets[peer]
+        return min(b.wait_s(now, limit.volume) for b in table.values())
 
     def __len__(self) -> int:
         return len(self._buckets)

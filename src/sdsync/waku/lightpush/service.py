@@ -20,8 +20,9 @@ as js-waku's ``LightPushStatusCode`` and nwaku name them:
   ahead of its clock, a malformed content topic or one no backend can store;
 * 421 — a pubsub topic the node does not relay (an absent one is the content topic's
   autoshard, :meth:`ServedTopics.pubsub_topic`);
-* 429 — the pushing peer is over its rate (:meth:`PushService.admit`: a token bucket per
-  peer, nwaku's ``--rate-limit lightpush:5/1s``), judged once the request parsed (so
+* 429 — the pushing peer is over its rate, or its address is (:meth:`PushService.admit`:
+  a token bucket per peer, nwaku's ``--rate-limit lightpush:5/1s``, inside one per IP
+  address that every identity seen from it shares), judged once the request parsed (so
   its ``request_id`` is echoed) and before anything is relayed or archived.
 
 An accepted message answers 200 with ``relay_peer_count``, the relay peers it went to,
@@ -118,8 +119,9 @@ class PushService(Protocol):
 
     def answered(self, status: LightPushStatus) -> None: ...
 
-    def admit(self, peer: str) -> bool:
-        """May ``peer`` push now (within its rate)?"""
+    async def admit(self, peer: str) -> str | None:
+        """May ``peer`` push now (within its rate and its address's)?  None if so, else
+        the reason to count."""
         ...
 
     async def accept(self, push: Push) -> int:
@@ -199,9 +201,10 @@ async def _push(
             pubsub_topic, message = content(parsed)
         except RemoteProtocolError as exc:
             raise _decode_refused(exc) from None
-        if not service.admit(peer):
+        over = await service.admit(peer)
+        if over is not None:
             raise LightPushRefused(
-                LightPushStatus.TOO_MANY_REQUESTS, "rate_limited", "too many pushes: slow down"
+                LightPushStatus.TOO_MANY_REQUESTS, over, "too many pushes: slow down"
             )
         push = check_push(
             pubsub_topic, message, service.served, service.now_ns(), service.max_future_ns
