@@ -15,11 +15,12 @@ is no later than before.
 
 Durability is what it was: the future :meth:`GroupCommit.submit` returns is done once
 the message's transaction is committed, with True, or with False when the archive failed
-(:class:`ArchiveUnavailable`, logged once per batch here), so a LightPush answer that
-depends on the archive still waits for it.  It pays only under concurrency: with 8 pushes
-in flight the archive's CPU per message falls from about 0.23 ms to 0.07 ms, while a lone
-writer pays about 0.04 ms more for the task and future (the relay archives one message at
-a time, so it keeps :meth:`~sdsync.store.served.ArchiveNode.ingest`).
+(:class:`ArchiveUnavailable`, logged once per batch here), so a LightPush answer, or a
+relay message's forwarding, that depends on the archive still waits for it.  It pays
+only under concurrency: with 8 pushes in flight the archive's CPU per message falls from
+about 0.23 ms to 0.07 ms, while a lone writer pays about 0.04 ms more for the task and
+future.  Relay messages are concurrent too, each held back from forwarding until
+committed (:mod:`sdsync.store.node`), so the relay has a group commit of its own.
 """
 
 from __future__ import annotations

@@ -10,8 +10,27 @@ store-query on it and, if asked, serves LightPush and Filter to light clients on
 host.  With :class:`WebOptions`, the node also serves the chat page
 (:mod:`sdsync.store.chat_page`) at ``/chat/``, which dials the relay host's WebSocket
 listeners or the addresses given.  ``on_ready`` hears of the node once it listens, with
-the relay's addresses and the protocols it serves; on SIGINT or SIGTERM the node stops,
-then the host.
+the relay's addresses and the protocols it serves.
+
+On SIGINT or SIGTERM the node stops gracefully, in this order, each step bounded, so
+that what it answered is kept and every client sees a clean close, not a reset:
+
+1. the relay host takes no new connection (one that comes is closed unserved) and no
+   new stream (one opened now is reset), and dials nobody; the HTTP API still serves;
+2. the exchanges in progress on the host (a LightPush being archived, a store query, a
+   Filter subscription, a sync session) finish, up to 5 s, and what is queued for relay
+   goes out;
+3. each libp2p connection closes cleanly: the muxer's GoAway, then the peer hangs up (py-
+   and js-libp2p do at once) and our socket closes after reading all it sent, with a FIN;
+   a peer still there after 2 s is closed from our side
+   (:meth:`~sdsync.transport.libp2p.Libp2pNode.drain`);
+4. the node stops (:meth:`~sdsync.store.node.StoreNode.stop`): the HTTP API stops
+   accepting and lets its requests in progress finish (aiohttp's shutdown, which closes
+   idle keep-alive connections with a FIN), the background tasks end, what was submitted
+   to the archive is committed, and the archive closes;
+5. the host's thread stops; the command exits 0.
+
+A node without relay topics does step 4 alone.
 
 py-libp2p is an optional extra: it is imported only for a node with relay topics.
 """
@@ -106,4 +125,6 @@ async def run_node(
             page = chat_page(host.listen_addrs, config.light_clients.served, web.advertise)
             config = replace(config, mounts={**config.mounts, CHAT_PREFIX: chat_app(page)})
         node = StoreNode(archive, config, waku=host, light_clients=relay.light_clients)
-        await serve(node, on_ready=lambda node: on_ready(node, host.listen_addrs))
+        await serve(
+            node, on_ready=lambda node: on_ready(node, host.listen_addrs), before_stop=host.drain
+        )

@@ -52,7 +52,10 @@ delivered nor relayed: it must be unsigned, and a WakuMessage no larger than
 all) that an archive would take: the store's rule
 (:func:`~sdsync.wire.waku.check_relayable`), topics it can index, and a positive timestamp
 at most ``timestamp_variance_s`` ahead of ``clock_ns()``. Each rejection is counted by its
-:class:`~sdsync.errors.RejectReason` in :attr:`Libp2pNode.rejected` and logged.
+:class:`~sdsync.errors.RejectReason` in :attr:`Libp2pNode.rejected` and logged. On a
+topic given to :meth:`Libp2pNode.admit_before_relay`, a valid frame from another peer
+then waits for an admission on the loop (a store node's commit) before it is delivered
+or forwarded: whoever hears a message from a store node may acknowledge it.
 ``drop_rate`` then discards a seeded random share of the valid frames (after relaying:
 only this node's application misses them), to exercise SDS under loss.
 
@@ -77,14 +80,21 @@ subscribing or asking for the mesh is a LocalProtocolError there. Listen address
 be TCP or websocket (``/ip4/127.0.0.1/tcp/0/ws``), which is what a browser's js-waku
 can dial.
 
-``close()`` lets the relay outbox drain (briefly), cancels the trio nursery, which tears
-down host, pubsub and router, and joins the thread.
+``drain()`` leaves the network so that every peer sees a clean close, not a reset or a
+hang: the host takes no new connection or stream (a stream opened now is reset) and
+dials nobody, the exchanges in progress finish (bounded), what is queued for relay goes
+out, then every connection gets the muxer's GoAway; the peer hangs up and our socket
+closes after reading all it sent, with a FIN (a socket closed with bytes unread makes
+the kernel send RST), or we close it once the peer has had its time
+(:class:`~sdsync.transport.libp2p_patches.BoundedSwarm`). ``close()`` drains, cancels
+the trio nursery, which tears down host, pubsub and router, and joins the thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import logging
 import random
@@ -104,7 +114,7 @@ from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 
 from sdsync.errors import LocalProtocolError, ProtocolNotSupportedError, RemoteProtocolError
 from sdsync.lifecycle import AsyncLifecycle
-from sdsync.transport.libp2p_host import RelayTrioHost, TrioHost, run_host
+from sdsync.transport.libp2p_host import Admit, RelayTrioHost, TrioHost, run_host
 from sdsync.transport.libp2p_shared import Handover, HostState, LoopSide
 from sdsync.transport.nodekey import NodeKey
 from sdsync.transport.relay_outbox import OutboxBound
@@ -145,6 +155,13 @@ logger = logging.getLogger("sdsync.transport.libp2p")
 T = TypeVar("T")
 KEY_SIZE = 32
 _CLOSE_TIMEOUT_S = 10.0
+#: How long the exchanges in progress at a drain (a peer's request being answered) may
+#: take to finish before the connections close under them.
+_DRAIN_S = 5.0
+_DRAIN_POLL_S = 0.02
+#: How long a peer has to hang up after our GoAway before we close its connection,
+#: and then how long that close may take.
+_HANG_UP_S = 2.0
 _STREAM_TIMEOUT_S = 10.0
 _CONVERSATION_TIMEOUT_S = 120.0
 
@@ -277,6 +294,7 @@ class Libp2pNode(AsyncLifecycle):
         self._trio: TrioHost | None = None
         self._pending: set[asyncio.Future[Any]] = set()
         self._outbox = OutboxBound()
+        self._drained = False  # no connection, stream or dial from now on
         self._closed = False
 
     # -------------------------------------------------------------- lifecycle
@@ -302,13 +320,36 @@ class Libp2pNode(AsyncLifecycle):
         self.listen_addrs = self._trio.addrs()
         logger.info("libp2p host %s listening on %s", self.peer_id, ", ".join(self.listen_addrs))
 
+    async def drain(self) -> None:
+        """Leave the network cleanly: take no new connection or stream and dial nobody;
+        let the exchanges in progress, the peers' and ours, finish (up to ``_DRAIN_S``)
+        and what is queued for relay go out (briefly: :meth:`OutboxBound.drained`); then
+        close every connection so that its peer sees a clean close, never a reset: the
+        muxer's GoAway, the peer hangs up (up to ``_HANG_UP_S``, then we close), our
+        socket closes once all it sent was read. From then on the node serves and asks
+        nothing (LocalProtocolError) but still answers what needs no network. Done once;
+        :meth:`close` does it first."""
+        if self._drained or self._trio is None or self._closed:
+            return
+        trio_side = self._trio
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _DRAIN_S
+        try:
+            await self._call(lambda: trio_side.quiesce(_DRAIN_S))
+            await self._outbox.drained()
+            # Ours too: a Filter push of a message just accepted is on its way already.
+            while self._pending and loop.time() < deadline:
+                await asyncio.sleep(_DRAIN_POLL_S)
+            await self._call(lambda: trio_side.hang_up(_HANG_UP_S))
+        finally:
+            self._drained = True
+
     async def close(self) -> None:
-        """Publish what is queued (briefly: :meth:`OutboxBound.drained`), stop the host
-        and join its thread; subscriptions end."""
+        """:meth:`drain`, stop the host and join its thread; subscriptions end."""
         if self._closed:
             return
-        if self._trio is not None:
-            await self._outbox.drained()
+        with contextlib.suppress(LocalProtocolError):  # its thread is gone: nobody to leave
+            await self.drain()
         self._closed = True
         self._outbox.release()  # wakes publishers, who find the node closed
         self._shared.subscriptions.end()
@@ -355,6 +396,22 @@ class Libp2pNode(AsyncLifecycle):
         if new_topic and self._trio is not None:
             self._relaying("subscribe").join(topic)
         return _QueueIterator(queue)
+
+    async def admit_before_relay(self, topic: str, admit: Admit) -> None:
+        """Have every valid message other peers relay on ``topic`` (what
+        :meth:`subscribe_envelopes` would hand over: a pubsub topic's, or a channel's
+        content topic's; the topic is joined if need be) admitted by ``admit(envelope)``
+        on this loop before the host delivers it to subscribers or forwards it: what a
+        store node needs, whose peers may acknowledge whatever it forwarded.
+
+        ``admit`` returns whether to relay the message, or an awaitable of that; the
+        host waits for it at most 10 s, then relays it anyway (counted in the log's
+        summary). One that raises relays the message, one cancelled drops it. Meanwhile,
+        copies of the message from other peers are dropped, as they are once it is seen.
+        Returns once the host admits this way.
+        """
+        trio_side = self._relaying("admit relay messages")
+        await self._call(lambda: trio_side.admit(topic, admit))
 
     # -------------------------------------------------------------- peers
 
@@ -623,7 +680,7 @@ class Libp2pNode(AsyncLifecycle):
     # -------------------------------------------------------------- thread plumbing
 
     def _running(self) -> TrioHost:
-        if self._trio is None or self._closed:
+        if self._trio is None or self._closed or self._drained:
             raise LocalProtocolError("transport is not running (start() it, or it was closed)")
         return self._trio
 

@@ -39,6 +39,18 @@ cache is bounded in bytes (``GossipParams.message_cache_bytes``; evictions count
 heartbeat does not slow down while the mesh is thin.
 ``/vac/waku/metadata/1.0.0`` is answered with our cluster and shards.
 
+A topic with an *admission* (:meth:`RelayTrioHost.admit`: a store node's archive) has an
+async validator instead: after the same checks, a frame from another peer waits for its
+admission's verdict, asked on the asyncio loop through the handover and answered through
+the trio token, and pubsub delivers and forwards it only then. The wait is bounded by
+``_ADMIT_S``, past which the frame is relayed anyway (a stuck archive must not stop the
+relay; summarised in the log), so pubsub's own validation timeout is off: it would cache
+a late frame as invalid for five minutes. Pubsub marks a message seen only once it is
+validated, so copies of it from other peers arriving meanwhile would be validated,
+delivered and forwarded again; they are dropped while it waits (``_admitting``, until
+:meth:`RelayTrioHost._deliver` sees it marked). Up to ``_ADMITTING`` frames wait at once,
+so that a store commits many in one transaction.
+
 Request/response streams (:meth:`TrioHost.serve`, :meth:`TrioHost.request`) carry one
 uvarint-length-prefixed frame each way (:func:`~sdsync.waku.rpc.read_frame`),
 all within one deadline. A served request goes to its handler on the asyncio loop
@@ -59,6 +71,12 @@ logged as a summary at most once a minute per protocol and reason
 (:class:`_StreamTroubles`): a peer opening streams it never uses is not worth a warning
 a stream. A push stream, the receiving end of a peer's push lane, may carry any number
 of frames, and stays open, idle, between them: it has no deadline.
+
+A host stops in two bounded steps before its nursery is cancelled (the node's drain):
+:meth:`TrioHost.quiesce` takes no new connection or stream and dials nobody, and waits
+for the served exchanges under way (a request received and not yet answered, a
+conversation) to end; :meth:`TrioHost.hang_up` then closes every connection cleanly
+(:meth:`~sdsync.transport.libp2p_patches.BoundedSwarm.hang_up`).
 """
 
 from __future__ import annotations
@@ -69,10 +87,11 @@ import contextlib
 import functools
 import hashlib
 import logging
+import math
 import random
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TypeVar
 
 import trio
@@ -81,7 +100,7 @@ from libp2p.abc import IHost, INetStream
 from libp2p.custom_types import TProtocol
 from libp2p.identity.identify_push.identify_push import push_identify_to_peers
 from libp2p.network.config import ConnectionConfig
-from libp2p.network.stream.exceptions import StreamReset
+from libp2p.network.stream.exceptions import StreamError, StreamReset
 from libp2p.network.swarm import Swarm
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
@@ -118,6 +137,9 @@ Responder = Callable[[str, bytes], Awaitable[bytes | None]]
 #: ``(peer_id, frame) -> None`` on the trio thread: where the frames of served push
 #: streams go (a :data:`~sdsync.waku.node.PushHandler` is the loop's).
 Receiver = Callable[[str, bytes], Awaitable[object]]
+#: ``envelope -> verdict`` on the asyncio loop, called before a relay message from a peer
+#: is delivered or forwarded: whether to relay it, or an awaitable of that verdict.
+Admit = Callable[[Envelope], Awaitable[bool] | bool]
 #: Streams of one protocol one peer may hold open with us at once; more are reset. A
 #: js-waku or go-waku peer holds one or two; our own push lanes one.
 _MAX_INBOUND_STREAMS = 16
@@ -125,8 +147,16 @@ _MAX_INBOUND_STREAMS = 16
 #: long each may wait before it is reset.
 _MAX_WAITING_STREAMS = 256
 _PUSH_ADMIT_S = 10.0
+#: How often a quiescing host looks whether its exchanges in progress are done.
+_DRAIN_POLL_S = 0.02
 #: Stream troubles are logged at most this often per (protocol, reason), as a summary.
 _SUMMARY_S = 60.0
+#: How long a relay message may wait for its admission (a store node's commit); past it,
+#: it is delivered and relayed anyway (a stuck archive must not stop the relay).
+_ADMIT_S = 10.0
+#: Relay messages awaiting admission at once: their commits share transactions, so
+#: py-libp2p's 10 concurrent validators would cap a transaction at 10 messages.
+_ADMITTING = 1024
 # How often the redial loop looks at the configured peers (each has its own retry time).
 _REDIAL_TICK_S = 0.25
 
@@ -164,7 +194,9 @@ class TrioHost:
         )
         swarm = self.host.get_network()
         assert isinstance(swarm, Swarm)
-        BoundedSwarm.adopt(swarm, limits, self.counters.connections_refused)
+        self.swarm = BoundedSwarm.adopt(swarm, limits, self.counters.connections_refused)
+        self.stopping = False  # no new stream, connection or dial (quiesce)
+        self._exchanges: set[INetStream] = set()  # served ones under way (_exchanging)
         self.token: trio.lowlevel.TrioToken | None = None
         self.nursery: trio.Nursery | None = None
         self.lanes = PushLanes(self.host, self.counters, self.start_soon)
@@ -252,6 +284,20 @@ class TrioHost:
 
     # Trio side proper.
 
+    async def quiesce(self, drain_s: float) -> None:
+        """Take no new connection or stream and dial nobody; return once the served
+        exchanges under way are done (:meth:`_exchanging`), or after ``drain_s``."""
+        self.stopping = True
+        self.swarm.stop_accepting()
+        with trio.move_on_after(drain_s):
+            while any(not _given_up(stream) for stream in self._exchanges):
+                await trio.sleep(_DRAIN_POLL_S)
+
+    async def hang_up(self, wait_s: float) -> None:
+        """Close every connection cleanly (:meth:`BoundedSwarm.hang_up`)."""
+        self.lanes.hanging_up = True
+        await self.swarm.hang_up(wait_s)
+
     def start_soon(self, task: Callable[..., Awaitable[object]], *args: object) -> None:
         """Run ``task(*args)`` in the host's nursery, as long as the host runs."""
         assert self.nursery is not None
@@ -319,8 +365,9 @@ class TrioHost:
     ) -> None:
         async with self._guarded(stream, peer, protocol, timeout_s):
             conversation = await self._on_loop(lambda: opener(peer))
-            await self._take_turns(stream, conversation, max_bytes)
-            await stream.close()
+            with self._exchanging(stream):
+                await self._take_turns(stream, conversation, max_bytes)
+                await stream.close()
 
     async def _take_turns(
         self, stream: INetStream, conversation: Conversation, max_bytes: int
@@ -370,6 +417,10 @@ class TrioHost:
         within ``wait_s``."""
         peer = stream.muxed_conn.peer_id.to_base58()
         key = (protocol, peer)
+        if self.stopping:  # begun now, it might not end before we hang up
+            await reset(stream)
+            yield None
+            return
         if self._inbound[key] >= _MAX_INBOUND_STREAMS and not await self._slot(key, wait_s):
             self.counters.streams_refused[protocol] += 1
             self._troubles.note(protocol, "refused: too many open streams", peer, "")
@@ -416,10 +467,11 @@ class TrioHost:
         async with self._guarded(stream, peer, protocol, timeout_s):
             request = await read_frame(frame_reader(stream), max_bytes)
             # None: the peer closed the stream unused (js-waku does, for metadata).
-            answer = None if request is None else await responder(peer, request)
-            if answer is not None:
-                await write_frame(stream, answer)
-            await stream.close()
+            with self._exchanging(stream):
+                answer = None if request is None else await responder(peer, request)
+                if answer is not None:
+                    await write_frame(stream, answer)
+                await stream.close()
 
     @contextlib.asynccontextmanager
     async def _guarded(
@@ -440,9 +492,22 @@ class TrioHost:
             reason = f"reset: the peer's request and our answer took over {timeout_s:g} s"
             self._troubles.note(protocol, reason, peer, "")
         except Exception as exc:
-            self.counters.stream_failures[protocol] += 1
-            self._troubles.note(protocol, "failed", peer, repr(exc))
+            if not (self.stopping and isinstance(exc, StreamError)):  # hung up on at a stop
+                self.counters.stream_failures[protocol] += 1
+                self._troubles.note(protocol, "failed", peer, repr(exc))
         await reset(stream)
+
+    @contextlib.contextmanager
+    def _exchanging(self, stream: INetStream) -> Iterator[None]:
+        """A served exchange under way on ``stream``: its request came, its answer is
+        not written yet (or a conversation not finished). A quiescing host lets it
+        finish; a stream a peer opened and sent nothing on yet (js-waku opens them
+        ahead) it does not wait for, nor one the peer reset (it gave up)."""
+        self._exchanges.add(stream)
+        try:
+            yield
+        finally:
+            self._exchanges.discard(stream)
 
     async def _take_pushes(
         self, stream: INetStream, peer: str, protocol: str, receiver: Receiver, max_bytes: int
@@ -538,7 +603,7 @@ class TrioHost:
     async def _redial_forever(self) -> None:
         gossip = self.settings.gossip
         redial = Redial(gossip.redial_interval_s, gossip.redial_max_s)
-        while True:
+        while not self.stopping:
             connected = set(self.host.get_connected_peers())
             for peer_id, info in list(self.state.peers.items()):
                 peer = str(peer_id)
@@ -558,6 +623,12 @@ class TrioHost:
         loop_side = self.state.loop_side
         assert loop_side is not None
         return loop_side
+
+
+def _given_up(stream: INetStream) -> bool:
+    """Whether the peer reset ``stream`` (yamux notes it as the frame comes in)."""
+    muxed = getattr(stream, "muxed_stream", None)  # a NetStream's; not in INetStream
+    return bool(getattr(muxed, "reset_received", False))
 
 
 def _say(line: str | None) -> None:
@@ -599,8 +670,18 @@ class RelayTrioHost(TrioHost):
             msg_id_constructor=_relay_message_id,
             # Oversized frames must reach the validator to be counted, within reason.
             max_inbound_rpc_size=max(1 << 20, 2 * self.settings.max_message_bytes),
+            max_concurrent_validator_count=_ADMITTING,
+            # Ours is the bound (_ADMIT_S): pubsub's would count the wait for a validator
+            # slot too, and a message past it is cached as invalid for five minutes.
+            validation_timeout=math.inf,
         )
         self._joined: set[str] = set()
+        # By pubsub topic: each admission's content topic (None: all) and admit.
+        self._admits: dict[str, list[tuple[str | None, Admit]]] = {}
+        # Ids of messages in admission, until pubsub marks them seen (see _validate_admitted).
+        self._admitting: set[bytes] = set()
+        self._late = 0  # relayed past _ADMIT_S since the last report
+        self._late_reported = -math.inf
         self._rng = random.Random(self.settings.seed)  # drop_rate's
         rate = self.settings.relay_rate
         self._relay_rates = None if rate is None else PeerBuckets(rate)
@@ -626,6 +707,16 @@ class RelayTrioHost(TrioHost):
 
     def join(self, topic: str) -> None:
         self.spawn(lambda: self._join(topic))
+
+    async def admit(self, topic: str, admit: Admit) -> None:
+        """Have the messages of ``topic`` (routed as a subscription's) admitted by
+        ``admit`` before they are delivered or forwarded, joining it if need be."""
+        pubsub_topic, content_topic = self.settings.route(topic)
+        self._admits.setdefault(pubsub_topic, []).append((content_topic, admit))
+        if pubsub_topic in self._joined:
+            self._set_validator(pubsub_topic)
+        else:
+            await self._join(pubsub_topic)
 
     def relay(self, pubsub_topic: str, frame: bytes) -> None:
         """Queue ``frame`` in the relay outbox, to be published on ``pubsub_topic``."""
@@ -659,24 +750,102 @@ class RelayTrioHost(TrioHost):
         if pubsub_topic in self._joined:
             return
         self._joined.add(pubsub_topic)
-        self.pubsub.set_topic_validator(pubsub_topic, self._validate, is_async_validator=False)
+        self._set_validator(pubsub_topic)
         await self.pubsub.subscribe(pubsub_topic)
+
+    def _set_validator(self, pubsub_topic: str) -> None:
+        if pubsub_topic in self._admits:
+            self.pubsub.set_topic_validator(
+                pubsub_topic, self._validate_admitted, is_async_validator=True
+            )
+        else:
+            self.pubsub.set_topic_validator(pubsub_topic, self._validate, is_async_validator=False)
 
     def _validate(self, forwarder: ID, msg: rpc_pb2.Message) -> bool:
         """Topic validator: is this a frame we would deliver and relay? Unsigned, and a
         valid 14/WAKU2-MESSAGE on any well-formed content topic (other applications share
         the shard; we relay theirs)."""
+        return self._valid(forwarder, msg) is not None
+
+    def _valid(self, forwarder: ID, msg: rpc_pb2.Message) -> WakuMessage | None:
+        """The message of a frame :meth:`_validate` passes; None (counted) otherwise."""
         try:
             settings = self.settings
-            _check_relay_message(
+            message = _check_relay_message(
                 msg, settings.max_message_bytes, settings.clock_ns(), settings.max_future_ns
             )
         except RemoteProtocolError as exc:
             topic = msg.topicIDs[0] if msg.topicIDs else ""
             self.counters.rejected[exc.reason] += 1
             logger.warning("%s: dropped a frame on %s: %s", self.settings.peer_id[-8:], topic, exc)
+            return None
+        return message if self._within_rate(forwarder, len(msg.data)) else None
+
+    async def _validate_admitted(self, forwarder: ID, msg: rpc_pb2.Message) -> bool:
+        """Topic validator of a topic with an admission: :meth:`_validate`, then a frame
+        from another peer waits for its admission (a store node's commit), since pubsub
+        delivers and forwards it as soon as this returns True."""
+        msg_id = _relay_message_id(msg)
+        if msg_id in self._admitting or self.pubsub.seen_messages.has(msg_id):
+            # Its twin from another peer is in admission, or was admitted while this one
+            # waited for a validator slot: pubsub marks a message seen only after
+            # validation, and would deliver and forward both.
             return False
-        return self._within_rate(forwarder, len(msg.data))
+        message = self._valid(forwarder, msg)
+        if message is None:
+            return False
+        if forwarder == self.host.get_id():
+            return True  # our own publication: its publisher saw to it
+        self._admitting.add(msg_id)
+        try:
+            for topic in msg.topicIDs:
+                for content_topic, admit in self._admits.get(topic, ()):
+                    if content_topic not in (None, message.content_topic):
+                        continue
+                    envelope = Envelope(topic, message, message.hash(topic))
+                    if not await self._verdict(admit, envelope):
+                        self._admitting.discard(msg_id)
+                        return False
+        except BaseException:
+            self._admitting.discard(msg_id)
+            raise
+        return True  # _deliver forgets msg_id, once pubsub has marked the message seen
+
+    async def _verdict(self, admit: Admit, envelope: Envelope) -> bool:
+        """``admit``'s verdict on ``envelope``, from the asyncio loop (neither loop
+        waits on the other); True if it takes longer than ``_ADMIT_S``."""
+        assert self.token is not None
+        token = self.token
+        verdict: list[bool] = []
+        done = trio.Event()
+
+        def settle(relay: bool) -> None:  # on the trio thread
+            verdict.append(relay)
+            done.set()
+
+        def answer(relay: bool) -> None:  # on the asyncio thread
+            with contextlib.suppress(trio.RunFinishedError):
+                token.run_sync_soon(settle, relay)
+
+        self._loop_side().handover.post(_admit_on_loop, admit, envelope, answer)
+        with trio.move_on_after(_ADMIT_S):
+            await done.wait()
+            return verdict[0]
+        self._admitted_late()
+        return True
+
+    def _admitted_late(self) -> None:
+        self._late += 1
+        now = time.monotonic()
+        if now - self._late_reported >= _SUMMARY_S:
+            logger.warning(
+                "%s: %d relay messages relayed unadmitted since the last report: their "
+                "admission took over %g s",
+                self.settings.peer_id[-8:],
+                self._late,
+                _ADMIT_S,
+            )
+            self._late, self._late_reported = 0, now
 
     def _within_rate(self, forwarder: ID, size: int) -> bool:
         """Is a valid frame of ``size`` bytes within its forwarder's relay rate? Our own
@@ -695,6 +864,8 @@ class RelayTrioHost(TrioHost):
     def _deliver(self, msg: rpc_pb2.Message, own: bool) -> None:
         """A validated publication: hand it to the asyncio subscribers of its pubsub
         topic (and content topic, where they asked for one)."""
+        if self._admitting:  # pubsub has marked it seen: it drops a twin itself now
+            self._admitting.discard(_relay_message_id(msg))
         if own:
             return
         counters, drop_rate = self.counters, self.settings.drop_rate
@@ -724,10 +895,11 @@ class RelayTrioHost(TrioHost):
 
 def _check_relay_message(
     msg: rpc_pb2.Message, max_bytes: int, now_ns: int, max_future_ns: int
-) -> None:
-    """Raises RemoteProtocolError unless ``msg`` is an unsigned relay message holding a
-    WakuMessage of at most ``max_bytes`` with a well-formed content topic that an archive
-    would take (:func:`~sdsync.wire.waku.check_relayable`: the same rule as the store's)."""
+) -> WakuMessage:
+    """The WakuMessage of ``msg``; raises RemoteProtocolError unless ``msg`` is an
+    unsigned relay message holding a WakuMessage of at most ``max_bytes`` with a
+    well-formed content topic that an archive would take
+    (:func:`~sdsync.wire.waku.check_relayable`: the same rule as the store's)."""
     if msg.from_id or msg.seqno or msg.signature or msg.key:
         raise RemoteProtocolError(
             "a Waku relay message must carry no from, seqno, signature or key (StrictNoSign)",
@@ -737,6 +909,33 @@ def _check_relay_message(
     for pubsub_topic in msg.topicIDs:
         check_relayable(message, pubsub_topic, now_ns, max_future_ns)
     parse_content_topic(message.content_topic, remote=True)
+    return message
+
+
+def _admit_on_loop(admit: Admit, envelope: Envelope, answer: Callable[[bool], None]) -> None:
+    """On the asyncio loop: ``admit(envelope)``, its verdict to ``answer`` when it comes.
+    An admission that fails relays the message: it is a store's bookkeeping, not a
+    judgement of the message, which the validator passed."""
+    try:
+        verdict = admit(envelope)
+    except Exception:
+        logger.exception("admitting a relay message failed; relaying it")
+        answer(True)
+        return
+    if isinstance(verdict, bool):
+        answer(verdict)
+        return
+
+    def done(future: asyncio.Future[bool]) -> None:
+        if future.cancelled():
+            answer(False)  # its admitter is going away
+        elif (error := future.exception()) is not None:
+            logger.error("admitting a relay message failed; relaying it", exc_info=error)
+            answer(True)
+        else:
+            answer(future.result())
+
+    asyncio.ensure_future(verdict).add_done_callback(done)
 
 
 def _relay_message_id(msg: rpc_pb2.Message) -> bytes:

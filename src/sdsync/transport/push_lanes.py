@@ -115,6 +115,9 @@ class PushLanes:
         self._counters = counters
         self._start_soon = start_soon
         self._lanes: dict[tuple[ID, str], _PushLane] = {}
+        # Set when the host hangs up: its peers then end every lane, young or not, and
+        # none of them is a one-frame reader for that.
+        self.hanging_up = False
 
     async def push(self, peer: ID, protocol: str, payload: bytes, timeout_s: float) -> None:
         """Write ``payload`` as one frame on the push lane to ``(peer, protocol)``."""
@@ -201,7 +204,7 @@ class PushLanes:
         with contextlib.suppress(Exception):
             await current.stream.close()
         young = trio.current_time() - current.opened_at < _RECALL_S
-        if current.recall and young:
+        if current.recall and young and not self.hanging_up:
             # A one-frame reader slower to close than the probe: it read the first frame
             # only, and dropped the rest unread (see the theory of operation).
             lane.reader = _Reader.ONE_FRAME
