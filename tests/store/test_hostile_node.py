@@ -334,26 +334,59 @@ SOCKETS = soak_scale(260, 1_000)
 
 def test_row3_sockets_that_never_handshake_are_bounded_per_ip_and_cut(tmp_path: Path) -> None:
     """Row 3: SOCKETS plain TCP connections from one IP that never start a handshake.
-    Past 5 each is closed at once, and those 5 at the handshake deadline (10 s), all
-    counted. With ``--relay-max-connections-per-ip 0 --relay-handshake-timeout 3600``
-    they held the node's 64 pending handshakes: 23 of the 24 honest probes failed."""
+    All but 4 are closed at once (5 connections and 4 handshakes per IP at once), and
+    those 4 at the handshake deadline (10 s), all counted. With ``--relay-max-connections-per-ip
+    0 --relay-handshake-timeout 3600`` they held the node's 64 pending handshakes: 23 of
+    the 24 honest probes failed."""
     with node(tmp_path) as store:
         port = int(store.relay_addrs[0].split("/")[4])
 
-        async def hold() -> None:
-            sockets = [raw_connection(port) for _ in range(SOCKETS)]
-            try:
-                await until_counted(store, lambda s: refused_connections(s, "handshake timeout"), 5)
-            finally:
-                for sock in sockets:
-                    sock.close()
-
-        result = attack(store, hold)
+        sources = [ATTACKER_IP] * SOCKETS
+        result = attack(store, lambda: held_until_timeouts(store, port, sources, 4))
         per_ip = refused_connections(store, "per-IP limit")
+        share = refused_connections(store, "pending handshakes per IP")
         timeouts = refused_connections(store, "handshake timeout")
-        report("3", result, f"{per_ip:.0f} per-IP, {timeouts:.0f} handshake timeouts")
-        assert per_ip == SOCKETS - 5
-        assert timeouts == 5
+        report(
+            "3",
+            result,
+            f"{per_ip:.0f} per-IP, {share:.0f} over the address's handshakes,"
+            f" {timeouts:.0f} handshake timeouts",
+        )
+        assert per_ip + share == SOCKETS - 4  # closed at once, by either bound
+        assert timeouts == 4
+        assert_served(result)
+        assert result.rss_growth < HOLD_RSS_BUDGET, result
+
+
+ADDRESSES = 14  # 127.0.0.2 … 127.0.0.15, each within its per-IP limit of 5
+
+
+async def held_until_timeouts(store: StoreProcess, port: int, sources: list[str], n: int) -> None:
+    """A TCP connection to ``port`` from each of ``sources`` (IP addresses) that never
+    handshakes, all held until the node has cut ``n`` at the handshake deadline."""
+    sockets = [raw_connection(port, ip) for ip in sources]
+    try:
+        await until_counted(store, lambda s: refused_connections(s, "handshake timeout"), n)
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def test_row3b_a_handful_of_addresses_cannot_hold_every_handshake(tmp_path: Path) -> None:
+    """Row 3b (issue 38, attack 2): 5 sockets that never handshake from each of 14
+    addresses, each address within its per-IP connection limit. An address holds at most
+    4 handshakes at once, so 56 of the 64 slots are theirs at most and honest dials go
+    through; a stalled handshake would give its slot to a newcomer after 1 s anyway
+    (``tests/transport/test_handshakes.py``). Before: all 64 held, 0 of 6 honest dials
+    succeeded for 40 s, 153k "pending handshakes" refusals."""
+    with node(tmp_path) as store:
+        port = int(store.relay_addrs[0].split("/")[4])
+        sources = [f"127.0.0.{2 + i}" for i in range(ADDRESSES) for _ in range(5)]
+        result = attack(store, lambda: held_until_timeouts(store, port, sources, 4 * ADDRESSES))
+        share = refused_connections(store, "pending handshakes per IP")
+        full = refused_connections(store, "pending handshakes")
+        report("3b", result, f"{share:.0f} over their address's share, {full:.0f} table full")
+        assert share == ADDRESSES and full == 0
         assert_served(result)
         assert result.rss_growth < HOLD_RSS_BUDGET, result
 

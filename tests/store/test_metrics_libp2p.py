@@ -48,10 +48,10 @@ async def until_scraped(node: StoreNode, name: str, label: str, value: float) ->
             await asyncio.sleep(0.1)
 
 
-def raw_connection(port: int) -> socket.socket:
-    """A TCP connection from :data:`ATTACKER_IP` that never handshakes."""
+def raw_connection(port: int, ip: str = ATTACKER_IP) -> socket.socket:
+    """A TCP connection from ``ip`` that never handshakes."""
     sock = socket.socket()
-    sock.bind((ATTACKER_IP, 0))
+    sock.bind((ip, 0))
     sock.connect(("127.0.0.1", port))
     return sock
 

@@ -18,7 +18,21 @@ background tasks:
   :class:`~sdsync.transport.libp2p.Libp2pTransport` ``sdsync store serve`` starts, or a
   :class:`~sdsync.testing.memory_waku.MemoryWakuNode` in tests):
 
-  - one *relay* task per configured pubsub topic archives every message heard on it;
+  - every message heard on a configured relay topic is archived *before* the node
+    forwards it: whoever hears it from us may acknowledge it (an SDS peer names it in
+    its bloom filter, and its sender stops resending), so our archive must hold it
+    first.  The Waku node hands each to :meth:`StoreNode._admit_relay` before
+    gossipsub delivers or forwards it (``admit_before_relay``,
+    :class:`AdmitsRelay`); the messages that arrive while the archive writes share its
+    next transaction (:class:`~sdsync.store.ingest.GroupCommit`), and each is relayed,
+    and offered to Filter, once its transaction is committed.  If the archive fails, the
+    message is relayed all the same, counted in ``sdsync_store_refused_total{route=
+    "relay", reason="archive_unavailable"}`` and logged once per transaction: a store
+    whose database is down must not silence the relay, and Store Sync repairs the
+    archive later.  The transport relays a message whose admission takes over 10 s too,
+    for the same reason.  Once the node stops, it forwards nothing more.  A Waku node
+    that cannot wait (the one in memory) hands messages over once delivered, and one
+    *relay* task per topic archives them;
   - the node answers ``/vac/waku/store-query/3.0.0`` on it
     (:func:`~sdsync.waku.store.service.answer_store_query`: the query engine of the REST
     API) and exports the node's counters (refused connections, rejected frames, stream
@@ -54,21 +68,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from aiohttp import web
 
 from sdsync.errors import LocalProtocolError, RemoteProtocolError
-from sdsync.store.archive import Archive, ArchiveUnavailable
+from sdsync.store.archive import Archive
+from sdsync.store.ingest import GroupCommit
 from sdsync.store.light_clients import LightClientConfig, LightClientServices
 from sdsync.store.resume import LastOnline, ResumeReport, resume, resume_window
 from sdsync.store.retention import DEFAULT_POLICY, RetentionPolicy
@@ -157,6 +181,8 @@ class StoreNode(ArchiveKeeper):
         self._tasks: list[asyncio.Task[None]] = []
         self.port = config.port
         self._retention_lock = asyncio.Lock()
+        self._relay_commits = GroupCommit(functools.partial(self.ingest, source="relay"))
+        self._relay_closed = False
         self.waku_sync = (
             WakuSync(
                 waku,
@@ -207,8 +233,12 @@ class StoreNode(ArchiveKeeper):
             self._tasks.append(self._spawn(rounds, "sync"))
         if self.waku is not None:
             for topic in config.relay_topics:
-                envelopes = self.waku.subscribe_envelopes(topic)
-                self._tasks.append(self._spawn(self._archive_relay(envelopes), f"relay {topic}"))
+                if isinstance(self.waku, AdmitsRelay):
+                    await self.waku.admit_before_relay(topic, self._admit_relay)
+                else:
+                    envelopes = self.waku.subscribe_envelopes(topic)
+                    archiving = self._archive_relay(envelopes)
+                    self._tasks.append(self._spawn(archiving, f"relay {topic}"))
             # The answer budget refills over the longest an answer can be held: the
             # stream's deadline is that same span.
             await self.waku.serve(
@@ -222,6 +252,7 @@ class StoreNode(ArchiveKeeper):
             await self.waku_sync.start()
 
     async def stop(self) -> None:
+        self._relay_closed = True
         if self._http is not None:
             await self._http.stop()
             self._http = None
@@ -235,6 +266,8 @@ class StoreNode(ArchiveKeeper):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        await self.summary.close()
+        await self._relay_commits.close()
         await self.heartbeat()
         self._executor.shutdown(wait=True)
         self.archive.close()
@@ -318,23 +351,31 @@ class StoreNode(ArchiveKeeper):
         now = self._clock_ns()
         await asyncio.get_running_loop().run_in_executor(None, self.last_online.write, now)
 
+    async def _admit_relay(self, envelope: Envelope) -> bool:
+        """A relay message from a peer, archived before the host delivers or forwards
+        it; whether the host may relay it (see the module)."""
+        if self._relay_closed:
+            return False  # what the node forwards it keeps, and it keeps no more
+        try:
+            stored = StoredMessage.of(envelope.pubsub_topic, envelope.message)
+            self.check_ingestible(stored)
+        except RemoteProtocolError as exc:  # no timestamp, ephemeral, implausible...
+            self.metrics.rejected.labels(source="relay").inc()
+            reason = exc.reason if isinstance(exc, InvalidMessageError) else "malformed"
+            self.metrics.refuse("relay", reason)
+            logger.debug("relay message not archived: %s", exc)
+        else:
+            if not await self._relay_commits.submit(stored):  # logged by the group commit
+                self.metrics.refuse("relay", "archive_unavailable")
+        if self.light_clients is not None:  # Filter pushes ephemeral messages too
+            self.light_clients.offer(envelope.pubsub_topic, envelope.message)
+        return True
+
     async def _archive_relay(self, envelopes: AsyncIterator[Envelope]) -> None:
+        """Relay messages of a Waku node that cannot wait for their admission (one in
+        memory), archived once delivered."""
         async for envelope in envelopes:
-            if self.light_clients is not None:  # Filter pushes ephemeral messages too
-                self.light_clients.offer(envelope.pubsub_topic, envelope.message)
-            try:
-                stored = StoredMessage.of(envelope.pubsub_topic, envelope.message)
-                self.check_ingestible(stored)
-            except RemoteProtocolError as exc:  # no timestamp, ephemeral, implausible...
-                self.metrics.rejected.labels(source="relay").inc()
-                reason = exc.reason if isinstance(exc, InvalidMessageError) else "malformed"
-                self.metrics.refuse("relay", reason)
-                logger.debug("relay message not archived: %s", exc)
-                continue
-            try:
-                await self.ingest([stored], source="relay")
-            except ArchiveUnavailable:  # the message is lost here; Store Sync can repair it
-                logger.exception("archiving a relay message failed")
+            await self._admit_relay(envelope)
 
     async def _answer_store_query(self, peer: str, request: bytes) -> bytes:
         return await answer_store_query(self.queries, request, peer=peer, budget=self.store_answers)
@@ -355,8 +396,9 @@ class StoreNode(ArchiveKeeper):
         )
 
     async def refresh_gauges(self) -> None:
-        self.metrics.messages.set(await self.in_archive(self.archive.count))
-        self.metrics.archive_bytes.set(await self.in_archive(self.archive.size_bytes))
+        summary = await self.archive_summary()
+        self.metrics.messages.set(summary.messages)
+        self.metrics.archive_bytes.set(summary.bytes)
         self.metrics.filter_subscribers.set(
             len(self.light_clients.filters) if self.light_clients else 0
         )
@@ -374,6 +416,16 @@ class StoreNode(ArchiveKeeper):
             "sync": self.sync.info() if self.sync else None,
             "waku_sync": self.waku_sync.info() if self.waku_sync else None,
         }
+
+
+@runtime_checkable
+class AdmitsRelay(Protocol):
+    """A Waku node that lets its user admit each relay message before it forwards it
+    (:meth:`~sdsync.transport.libp2p.Libp2pNode.admit_before_relay`)."""
+
+    async def admit_before_relay(
+        self, topic: str, admit: Callable[[Envelope], Awaitable[bool] | bool]
+    ) -> None: ...
 
 
 class _SyncArchive:
@@ -397,8 +449,15 @@ class _SyncArchive:
         )
 
 
-async def serve(node: StoreNode, *, on_ready: Callable[[StoreNode], None] | None = None) -> None:
-    """Run ``node`` until SIGINT or SIGTERM, then stop it cleanly."""
+async def serve(
+    node: StoreNode,
+    *,
+    on_ready: Callable[[StoreNode], None] | None = None,
+    before_stop: Callable[[], Coroutine[Any, Any, None]] | None = None,
+) -> None:
+    """Run ``node`` until SIGINT or SIGTERM, then stop it cleanly; ``before_stop`` runs
+    first, while the node still serves (its Waku host's drain: the exchanges in
+    progress need the archive)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -408,6 +467,8 @@ async def serve(node: StoreNode, *, on_ready: Callable[[StoreNode], None] | None
         if on_ready is not None:
             on_ready(node)
         await stop.wait()
+        if before_stop is not None:
+            await before_stop()
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)

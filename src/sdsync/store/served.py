@@ -39,8 +39,9 @@ from typing import Any, ParamSpec, Protocol, TypeVar
 
 from sdsync.errors import ServiceUnavailable
 from sdsync.reconcile import SymbolCache
-from sdsync.store.archive import Archive, ArchiveUnavailable
+from sdsync.store.archive import Archive, ArchiveUnavailable, TopicCount
 from sdsync.store.metrics import StoreMetrics
+from sdsync.store.summary import SUMMARY_TOPICS, ArchiveSummary, SummaryCache
 from sdsync.waku.messages import StoredMessage
 from sdsync.waku.store.model import Page, QueryError, QueryFailure, StatusCode, StoreQuery
 
@@ -114,7 +115,12 @@ class ServedNode(ArchiveNode, Protocol):
         ...
 
     async def refresh_gauges(self) -> None:
-        """Measure the archive for the gauges ``GET /metrics`` exports."""
+        """Set the gauges ``GET /metrics`` exports, the archive's from its summary."""
+        ...
+
+    async def archive_summary(self) -> ArchiveSummary:
+        """The archive's figures as last measured in the background
+        (:mod:`~sdsync.store.summary`): what anyone may see without costing a scan."""
         ...
 
 
@@ -127,6 +133,16 @@ class ArchiveKeeper:
         self.metrics = StoreMetrics()
         self.riblt_symbols = SymbolCache()
         self._archive_executor = executor
+        self.summary = SummaryCache(self._measure)
+
+    async def archive_summary(self) -> ArchiveSummary:
+        return await self.summary.get()
+
+    async def _measure(self) -> tuple[int, int, tuple[TopicCount, ...]]:
+        count = await self.in_archive(self.archive.count)
+        size = await self.in_archive(self.archive.size_bytes)
+        topics = await self.in_archive(self.archive.topic_counts, SUMMARY_TOPICS)
+        return count, size, tuple(topics)
 
     async def in_archive(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """``fn(*args, **kwargs)`` on one of the archive's threads."""

@@ -15,6 +15,9 @@ Routes, and who may call them:
   request is rejected (400, nothing stored) if any message's hash does not match it.
 * ``POST /admin/v1/retention`` and ``GET /admin/v1/info`` — token.
 * ``GET /metrics`` (Prometheus) and ``GET /health`` — anyone, as scrapers expect.
+  ``/metrics`` and ``/status`` read the archive's figures from a summary measured in the
+  background (:mod:`sdsync.store.summary`), never per request, and each address may ask
+  for them at ``pages_rate`` (:class:`HttpLimits`; 429 past it, ``pages_rate_limited``).
 * ``GET /chat/`` — with ``--web``: the chat page (:mod:`sdsync.store.chat_page`).
 * ``GET /status`` (``/`` redirects there) — anyone: the operator's page of the same
   counters (:mod:`sdsync.store.status`); with the token it shows the node's
@@ -64,7 +67,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import hmac
+import math
 import socket
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
@@ -77,11 +82,44 @@ from sdsync.store import rest, status
 from sdsync.store.archive import ArchiveUnavailable
 from sdsync.store.served import ServedNode, answer_query, one_line, refuse_query
 from sdsync.waku.messages import InvalidMessageError, StoredMessage, check_ingestible
+from sdsync.waku.ratelimit import PeerBuckets, RateLimit, address_key
 from sdsync.waku.store.model import Page, QueryError, QueryFailure
 
 NODE: web.AppKey[ServedNode] = web.AppKey("node")
 CONNECTIONS: web.AppKey[ConnectionGuard] = web.AppKey("connections")
 MAX_BODY_BYTES = 32 * 1024 * 1024
+DEFAULT_PAGES_RATE = RateLimit(100, 10.0)
+
+
+class PagePace:
+    """How often each address may ask for a public page (:attr:`HttpLimits.pages_rate`)."""
+
+    def __init__(self, http: HttpLimits, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._rates = None if http.pages_rate is None else PeerBuckets(http.pages_rate)
+        self._exempt = http.exempt_ips
+        self._clock = clock
+
+    def check(self, request: web.Request) -> None:
+        """Raise the 429 for a request over its address's pace (counted)."""
+        ip = request.remote
+        if self._rates is None or ip is None or ip in self._exempt:
+            return
+        token = request.app[NODE].config.token
+        if token is not None and bearer_matches(request, token):
+            return
+        address, now = address_key(ip), self._clock()
+        if not self._rates.take(address, now):
+            wait_s = math.ceil(self._rates.wait_s(address, now))
+            raise refuse(
+                request,
+                web.HTTPTooManyRequests,
+                "pages_rate_limited",
+                "too many page requests from this address: slow down",
+                headers={"Retry-After": str(max(1, wait_s))},
+            )
+
+
+PAGES: web.AppKey[PagePace] = web.AppKey("pages")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,8 +134,15 @@ class HttpLimits:
     as soon as they open.  Neither nginx (``limit_conn``) nor aiohttp limits them by
     default; 64 is ten browsers' six connections behind one NAT, with room."""
     exempt_ips: frozenset[str] = frozenset()
-    """Addresses not held to ``max_connections_per_ip`` (a local reverse proxy's, which
-    carries every client's connections).  Loopback is not exempt by default."""
+    """Addresses not held to ``max_connections_per_ip`` nor ``pages_rate`` (a local
+    reverse proxy's, which carries every client's connections).  Loopback is not exempt by
+    default."""
+    pages_rate: RateLimit | None = DEFAULT_PAGES_RATE
+    """Requests one IP address may make of the public read-only pages (``/status``, its
+    files, ``/metrics``): 10 a second on average, 100 at once — a scraper asks every 15 s,
+    a page reloads every 10 s, and the archive's figures are never measured per request,
+    so this bounds only the rendering; more are answered 429.  A caller holding the token
+    is not counted (None: no limit)."""
 
 
 def create_app(
@@ -114,6 +159,7 @@ def create_app(
     )
     app[NODE] = node
     app[CONNECTIONS] = guard
+    app[PAGES] = PagePace(http)
     app.add_routes(
         [
             web.get("/store/v3/messages", query_messages),
@@ -435,6 +481,7 @@ async def info(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    request.app[PAGES].check(request)
     node = request.app[NODE]
     await node.refresh_gauges()
     return web.Response(
@@ -448,6 +495,7 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def status_page(request: web.Request) -> web.Response:
+    request.app[PAGES].check(request)
     node = request.app[NODE]
     token = node.config.token
     view = await status.gather(node, admin=token is not None and bearer_matches(request, token))
@@ -455,6 +503,7 @@ async def status_page(request: web.Request) -> web.Response:
 
 
 async def status_asset(request: web.Request) -> web.Response:
+    request.app[PAGES].check(request)
     found = status.asset(request.match_info["name"])
     if found is None:
         raise web.HTTPNotFound()

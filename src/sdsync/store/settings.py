@@ -193,12 +193,22 @@ SETTINGS: tuple[Setting, ...] = (
         minimum=0,
     ),
     Setting(
+        "http_pages_rate_limit",
+        HTTP_API,
+        str,
+        str(_HTTP.pages_rate),
+        "Requests one IP address may make of /status and /metrics (a token bucket; the"
+        " archive's figures there are measured in the background, not per request); more"
+        " are answered 429; the token's holder is not counted.",
+        metavar="VOLUME/PERIOD|off",
+    ),
+    Setting(
         "http_exempt_ip",
         HTTP_API,
         str,
         None,
-        "An IP address not held to --http-max-connections-per-ip (a local reverse proxy's);"
-        " repeatable.",
+        "An IP address not held to --http-max-connections-per-ip nor"
+        " --http-pages-rate-limit (a local reverse proxy's); repeatable.",
         repeatable=True,
         shown_default=", ".join(sorted(_HTTP.exempt_ips)) or "none, loopback included",
     ),
@@ -300,6 +310,16 @@ SETTINGS: tuple[Setting, ...] = (
         int,
         _CONNECTIONS.pending,
         "libp2p handshakes in progress at once, from all addresses.",
+        minimum=1,
+    ),
+    Setting(
+        "relay_pending_handshakes_per_ip",
+        CONNECTIONS,
+        int,
+        _CONNECTIONS.pending_per_ip,
+        "Of those, handshakes one IP address may have in progress at once (but an"
+        " --relay-exempt-ip); when all are taken, one that has run 1 s gives its slot to a"
+        " newcomer.",
         minimum=1,
     ),
     Setting(
@@ -618,6 +638,7 @@ class _Planner:
                 idle_timeout_s=v["http_idle_timeout"],
                 max_connections_per_ip=v["http_max_connections_per_ip"],
                 exempt_ips=_exempt_ips(v["http_exempt_ip"], _HTTP.exempt_ips),
+                pages_rate=_rate(v["http_pages_rate_limit"], "http_pages_rate_limit"),
             ),
             sync=SyncConfig(
                 interval_s=v["sync_interval"] or None,
@@ -694,6 +715,7 @@ class _Planner:
         return ConnectionLimits(
             per_ip=v["relay_max_connections_per_ip"],
             pending=v["relay_pending_handshakes"],
+            pending_per_ip=v["relay_pending_handshakes_per_ip"],
             handshake_timeout_s=v["relay_handshake_timeout"],
             max_connections=v["relay_max_connections"],
             exempt_ips=_exempt_ips(v["relay_exempt_ip"], _CONNECTIONS.exempt_ips),

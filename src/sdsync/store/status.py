@@ -39,9 +39,10 @@ from prometheus_client import CollectorRegistry
 
 from sdsync.store.archive import TopicCount
 from sdsync.store.served import ServedNode
+from sdsync.store.summary import SUMMARY_TOPICS
 
 REFRESH_S = 10
-MAX_TOPICS = 50
+MAX_TOPICS = SUMMARY_TOPICS
 """Topic rows on the page (the largest first)."""
 ASSETS = {"status.css": "text/css", "favicon.svg": "image/svg+xml"}
 """The page's files (in ``web/``), served at ``/status/<name>``, and their types."""
@@ -120,6 +121,8 @@ class Traffic:
 @dataclass(frozen=True)
 class StatusView:
     generated_ns: int
+    measured_ns: int
+    """When the archive's figures (messages, bytes, topics) were measured."""
     summary: tuple[Figure, ...]
     topics: Table
     traffic: Traffic
@@ -150,6 +153,7 @@ def build_view(
     info: Mapping[str, Any] | None,
     *,
     now_ns: int,
+    measured_ns: int | None = None,
 ) -> StatusView:
     """What the page shows: ``samples`` from the node's registry, its largest
     ``topics``, ``traffic`` (:meth:`~sdsync.store.metrics.MinuteTraffic.last`) and, for
@@ -157,6 +161,7 @@ def build_view(
     first, minutes = traffic
     return StatusView(
         generated_ns=now_ns,
+        measured_ns=now_ns if measured_ns is None else measured_ns,
         summary=(
             _gauge(samples, "sdsync_store_messages", "messages archived"),
             _gauge(samples, "sdsync_store_archive_bytes", "database bytes"),
@@ -282,15 +287,17 @@ def _when(ns: int) -> str:
 
 
 async def gather(node: ServedNode, *, admin: bool, topics: int = MAX_TOPICS) -> StatusView:
-    """The node's status now; its admin part only if ``admin`` (the caller showed the token)."""
+    """The node's status now (the archive's figures as last measured in the background);
+    its admin part only if ``admin`` (the caller showed the token)."""
     await node.refresh_gauges()
-    counts = await node.in_archive(node.archive.topic_counts, topics)
+    summary = await node.archive_summary()
     return build_view(
         registry_samples(node.metrics.registry),
-        counts,
+        summary.topics[:topics],
         node.metrics.traffic.last(),
         await node.info() if admin else None,
         now_ns=node.now_ns(),
+        measured_ns=summary.measured_ns,
     )
 
 
@@ -305,6 +312,7 @@ def render(view: StatusView) -> str:
     return page.substitute(
         refresh=REFRESH_S,
         generated=_E(_when(view.generated_ns)),
+        measured=_E(_when(view.measured_ns)),
         summary="".join(
             f'<li><span class="figure"{_data(f)}>{_number(f.value)}</span> {_E(f.label)}</li>'
             for f in view.summary

@@ -34,8 +34,15 @@ replaces one behaviour of the pinned py-libp2p:
 * :class:`BoundedSwarm` frees an inbound connection's slot when the connection ends
   (py-libp2p holds it until the whole swarm stops, so after 250 inbound connections in a
   node's life every dial was refused), and bounds inbound connections per remote IP and
-  handshakes in progress, each within a deadline
-  (:class:`~sdsync.transport.settings.ConnectionLimits`);
+  handshakes in progress, each within a deadline, the handshakes' slots shared fairly
+  between addresses (:mod:`~sdsync.transport.handshakes`)
+  (:class:`~sdsync.transport.settings.ConnectionLimits`); and it stops in two bounded
+  steps instead of tearing its connections down where they stand
+  (:meth:`BoundedSwarm.stop_accepting`, :meth:`BoundedSwarm.hang_up`): py-libp2p's
+  ``Yamux.close`` sends GoAway and closes the socket in the same breath, so what the
+  peer sent meanwhile is unread, and the kernel answers a close with bytes unread with
+  RST; and a cancelled host closes its sockets wherever its tasks were, or not at all
+  (an outbound connection stayed open);
 * :class:`RefusalIsNoError` logs a peer's refusal of a protocol (multistream "na") at
   DEBUG: py-libp2p logs each one as a seven-line ERROR, yet it is routine (every light
   client, ours or js-waku's, refuses the relay protocol that pubsub opens to each new
@@ -49,6 +56,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import struct
 import time
 import weakref
 from collections import Counter, defaultdict
@@ -57,11 +65,12 @@ from typing import Any
 
 import trio
 from google.protobuf.message import DecodeError
-from libp2p.abc import IHost, IMuxedConn, INetStream
+from libp2p.abc import IHost, IMuxedConn, INetConn, INetStream
 from libp2p.custom_types import TProtocol
 from libp2p.io.abc import ReadWriteCloser
 from libp2p.network.connection.raw_connection import RawConnection
 from libp2p.network.connection.swarm_connection import SwarmConn
+from libp2p.network.exceptions import SwarmException
 from libp2p.network.swarm import Swarm
 from libp2p.peer import peerstore
 from libp2p.peer.id import ID
@@ -71,7 +80,14 @@ from libp2p.pubsub.mcache import CacheEntry, MessageCache
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.rpc_queue import RpcQueue
+from libp2p.stream_muxer.yamux.yamux import (
+    GO_AWAY_NORMAL,
+    TYPE_GO_AWAY,
+    YAMUX_HEADER_FORMAT,
+    Yamux,
+)
 
+from sdsync.transport.handshakes import HandshakeSlots
 from sdsync.transport.settings import MESSAGE_CACHE_BYTES, ConnectionLimits
 
 logger = logging.getLogger("sdsync.transport.libp2p")
@@ -328,12 +344,16 @@ class BoundedSwarm(Swarm):
     :meth:`adopt` turns that one into a BoundedSwarm. Only TCP and websocket connections
     (ours) take this path; the connection gate (allow and deny lists), which we never
     configure, is not consulted.
+
+    Stopping (module doc) is :meth:`stop_accepting`, then :meth:`hang_up` once what
+    was in progress is done.
     """
 
     limits: ConnectionLimits
     refused: Counter[str]
+    stopping: bool
     _by_ip: Counter[str]
-    _pending: int
+    slots: HandshakeSlots
 
     @classmethod
     def adopt(cls, swarm: Swarm, limits: ConnectionLimits, refused: Counter[str]) -> BoundedSwarm:
@@ -341,8 +361,34 @@ class BoundedSwarm(Swarm):
             raise TypeError(f"cannot bound a {type(swarm).__name__}")
         swarm.__class__ = cls
         assert isinstance(swarm, BoundedSwarm)
-        swarm.limits, swarm.refused, swarm._by_ip, swarm._pending = limits, refused, Counter(), 0
+        swarm.limits, swarm.refused, swarm._by_ip = limits, refused, Counter()
+        swarm.slots = HandshakeSlots(limits.pending, limits.pending_per_ip, limits.exempt_ips)
+        swarm.stopping = False
         return swarm
+
+    def stop_accepting(self) -> None:
+        """No new connection from now on, either way: one that comes is closed
+        unserved, and nobody is dialled, not even to open a stream. The listeners stay
+        open: closing one closes the connections it accepted (trio's ``serve_listeners``
+        closes each stream its handler ends with), and connections up stay up."""
+        self.stopping = True
+
+    async def dial_peer(self, peer_id: ID) -> list[INetConn]:
+        if self.stopping:
+            raise SwarmException(f"not dialling {peer_id}: the host is stopping")
+        return await super().dial_peer(peer_id)
+
+    async def hang_up(self, wait_s: float) -> None:
+        """Close every connection cleanly: yamux's GoAway (normal termination), then
+        the peer hangs up (py-libp2p and js-libp2p do at a GoAway), our reader takes
+        what it still sent up to its end of the stream, and only then does our socket
+        close, with a FIN. A peer still there after ``wait_s`` (go-libp2p keeps a
+        connection after a GoAway until its streams end), or one without GoAway
+        (mplex), is closed from our side."""
+        async with trio.open_nursery() as nursery:
+            for conn in self.get_connections():
+                if isinstance(conn, SwarmConn):
+                    nursery.start_soon(_hang_up, conn, wait_s)
 
     async def _do_handle_inbound_connection(
         self, read_write_closer: ReadWriteCloser, maddr: Any, failure_event: Any
@@ -351,7 +397,7 @@ class BoundedSwarm(Swarm):
             await super()._do_handle_inbound_connection(read_write_closer, maddr, failure_event)
             return
         ip = remote_ip(read_write_closer)
-        refusal = self._refusal(ip)
+        refusal = "stopping" if self.stopping else self._refusal(ip)
         if refusal is not None:
             self.refused[refusal] += 1
             with contextlib.suppress(Exception):
@@ -359,7 +405,7 @@ class BoundedSwarm(Swarm):
             return
         self._by_ip[ip] += 1
         try:
-            muxed = await self._handshake(read_write_closer, maddr)
+            muxed = await self._handshake(read_write_closer, maddr, ip)
             if muxed is not None:
                 await self._until_closed(muxed)
         finally:
@@ -368,26 +414,33 @@ class BoundedSwarm(Swarm):
                 del self._by_ip[ip]
 
     def _refusal(self, ip: str) -> str | None:
-        if self._pending >= self.limits.pending:
-            return "pending handshakes"
         per_ip = self.limits.per_ip
         if per_ip and ip not in self.limits.exempt_ips and self._by_ip[ip] >= per_ip:
             return "per-IP limit"
         return None
 
-    async def _handshake(self, read_write_closer: ReadWriteCloser, maddr: Any) -> IMuxedConn | None:
-        """The upgraded connection, or None (the socket closed) if the upgrade failed or
-        did not finish within the deadline."""
+    async def _handshake(
+        self, read_write_closer: ReadWriteCloser, maddr: Any, ip: str
+    ) -> IMuxedConn | None:
+        """The upgraded connection, or None (the socket closed) if no handshake slot was
+        free (:class:`~sdsync.transport.handshakes.HandshakeSlots`), or the upgrade
+        failed, was evicted, or did not finish within the deadline."""
         raw = RawConnection(read_write_closer, False)
-        self._pending += 1
-        try:
-            with trio.move_on_after(self.limits.handshake_timeout_s):
-                return await self.upgrade_inbound_raw_conn(raw, maddr)
-            self.refused["handshake timeout"] += 1
-        except Exception as exc:
-            logger.debug("inbound connection from %s failed its handshake: %r", maddr, exc)
-        finally:
-            self._pending -= 1
+        with trio.CancelScope() as evictable:
+            slot = self.slots.take(ip, evictable.cancel)
+            if isinstance(slot, str):
+                self.refused[slot] += 1
+            else:
+                try:
+                    with trio.move_on_after(self.limits.handshake_timeout_s):
+                        return await self.upgrade_inbound_raw_conn(raw, maddr)
+                    self.refused["handshake timeout"] += 1
+                except Exception as exc:
+                    logger.debug("inbound connection from %s failed its handshake: %r", maddr, exc)
+                finally:
+                    self.slots.release(slot)
+        if evictable.cancelled_caught:
+            self.refused["handshake evicted"] += 1
         with contextlib.suppress(Exception):
             await raw.close()
         return None
@@ -396,6 +449,26 @@ class BoundedSwarm(Swarm):
         for conn in list(self.connections.get(muxed.peer_id, ())):
             if conn.muxed_conn is muxed and isinstance(conn, SwarmConn):
                 await conn.event_closed.wait()
+
+
+async def _hang_up(conn: SwarmConn, wait_s: float) -> None:
+    """One connection of :meth:`BoundedSwarm.hang_up`, within ``2 * wait_s``."""
+    with trio.move_on_after(wait_s), contextlib.suppress(Exception):
+        if await _go_away(conn.muxed_conn):
+            await conn.event_closed.wait()
+    if not conn.is_closed:
+        with trio.move_on_after(wait_s), contextlib.suppress(Exception):
+            await conn.close()
+
+
+async def _go_away(muxed: IMuxedConn) -> bool:
+    """Send yamux's GoAway alone, the connection left up and read (``Yamux.close``
+    would close it at once); False for a muxer without GoAway (mplex)."""
+    if not isinstance(muxed, Yamux):
+        return False
+    go_away = struct.pack(YAMUX_HEADER_FORMAT, 0, TYPE_GO_AWAY, 0, 0, GO_AWAY_NORMAL)
+    await muxed._write_frame(go_away)
+    return True
 
 
 def remote_ip(read_write_closer: object) -> str:

@@ -64,13 +64,16 @@ class ConnectionLimits:
     (nwaku's colocation limit, 5 by default; 0: none). Addresses in ``exempt_ips`` are
     not counted per IP: by default this machine's own (127.0.0.1, ::1), whose local
     clients and tests may open many. ``pending``: handshakes (security and muxer
-    negotiation) in progress at once, from all addresses. ``handshake_timeout_s``: a
+    negotiation) in progress at once, from all addresses, ``pending_per_ip`` of them
+    from one address (:mod:`~sdsync.transport.handshakes`: an old one gives its slot to
+    a newcomer when all are taken). ``handshake_timeout_s``: a
     connection not upgraded by then is closed. ``max_connections``: py-libp2p's total,
     of which all but the :data:`OUTBOUND_RESERVE` kept for outbound dials may be inbound.
     """
 
     per_ip: int = 5
     pending: int = 64
+    pending_per_ip: int = 4
     handshake_timeout_s: float = 10.0
     max_connections: int = 300
     exempt_ips: frozenset[str] = field(default_factory=lambda: frozenset({"127.0.0.1", "::1"}))
