@@ -40,7 +40,9 @@ def test_the_flags_reach_the_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         *("--store-answer-bytes-per-peer", "3MiB", "--store-answer-bytes", "1GB"),
     )
     assert (config.sync.sessions_per_minute, config.sync.session_burst) == (0.5, 2)
-    assert config.store_answers == AnswerLimits(per_peer_bytes=3 << 20, total_bytes=10**9)
+    assert config.store_answers == AnswerLimits(
+        per_peer_bytes=3 << 20, per_ip_bytes=6 << 20, total_bytes=10**9
+    )  # the address's: twice the peer's unless given
 
 
 @pytest.mark.parametrize(

@@ -68,6 +68,7 @@ def test_defaults_plan_each_components_own_defaults(tmp_path: Path) -> None:
     assert plan.relay.limits == ConnectionLimits()
     relay = RelayOptions()
     assert (plan.relay.listen, plan.relay.rate) == (tuple(relay.listen), relay.rate)
+    assert plan.relay.rate_per_ip == relay.rate_per_ip
     assert plan.db_url == str(tmp_path / "store.sqlite3")
     assert plan.identity is None and plan.web is None and plan.size_policy is None
 

@@ -91,7 +91,7 @@ def test_unread_store_answers_are_bounded_per_peer_and_in_all(
             refused = sum(
                 sample("sdsync_store_refused_total", {"route": STORE_QUERY_PROTOCOL, "reason": r})
                 or 0
-                for r in ("answer_budget_peer", "answer_budget_total")
+                for r in ("answer_budget_peer", "answer_budget_ip", "answer_budget_total")
             )
             assert refused == len(held) - statuses.count(200)
             asked = StoreQueryRequest("h", pubsub_topic=PUBSUB, pagination_limit=PAGE)

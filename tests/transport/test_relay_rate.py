@@ -5,17 +5,34 @@ and counted; the token buckets themselves, with an explicit clock."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import pytest
 from transporttest import PATIENCE_S, run
 
 from sdsync.errors import LocalProtocolError
+from sdsync.transport import Received
 from sdsync.transport.libp2p import Libp2pTransport
 from sdsync.waku.ratelimit import PeerBuckets, RateLimit
 
 TOPIC = "/sds/1/probe"
 FRAME = 100_000
 FLOOD = 60  # 6 MB from one peer, as fast as it can
+
+
+async def delivered(node: Libp2pTransport, inbox: AsyncIterator[Received], sent: int) -> int:
+    """How many of ``sent`` frames ``node`` delivered, once each was delivered or
+    counted as over the rate."""
+    got = 0
+    async with asyncio.timeout(PATIENCE_S):
+        while got + node.relay_rate_limited < sent:
+            try:
+                async with asyncio.timeout(1.0):
+                    await anext(inbox)
+                got += 1
+            except TimeoutError:
+                pass
+    return got
 
 
 def test_a_flooding_forwarder_is_cut_to_its_rate_and_counted() -> None:
@@ -33,19 +50,40 @@ def test_a_flooding_forwarder_is_cut_to_its_rate_and_counted() -> None:
             assert await flooder.wait_for_mesh(TOPIC, 1, PATIENCE_S)
             for i in range(FLOOD):
                 await flooder.publish(TOPIC, i.to_bytes(2, "big") * (FRAME // 2))
-            got = 0
-            async with asyncio.timeout(PATIENCE_S):
-                while got + node.relay_rate_limited < FLOOD:
-                    try:
-                        async with asyncio.timeout(1.0):
-                            await anext(inbox)
-                        got += 1
-                    except TimeoutError:
-                        pass
+            got = await delivered(node, inbox, FLOOD)
             assert 1 <= got <= 12  # 1 MB of 100-kB frames (and their envelopes)
             assert node.relay_rate_limited == FLOOD - got
         finally:
             await flooder.close()
+            await node.close()
+
+    run(scenario)
+
+
+def test_fresh_forwarders_from_one_address_share_its_relay_rate() -> None:
+    """Issue 38: three flooding peers on one address (127.0.0.1), each within a generous
+    rate of its own, are held together to the address's 1 MB: identities cost nothing."""
+
+    async def scenario() -> None:
+        node = Libp2pTransport(
+            relay_rate=RateLimit(10_000_000, 60.0), relay_rate_per_ip=RateLimit(1_000_000, 60.0)
+        )
+        await node.start()
+        flooders = [Libp2pTransport(peers=node.listen_addrs) for _ in range(3)]
+        try:
+            inbox = node.subscribe(TOPIC)
+            for flooder in flooders:
+                await flooder.start()
+                flooder.subscribe(TOPIC)
+                assert await flooder.wait_for_mesh(TOPIC, 1, PATIENCE_S)
+            for i in range(FLOOD // 3):
+                for n, flooder in enumerate(flooders):
+                    await flooder.publish(TOPIC, bytes([n, i]) * (FRAME // 2))
+            got = await delivered(node, inbox, FLOOD - FLOOD % 3)
+            assert 1 <= got <= 12  # the address's 1 MB, not three peers' 10 MB each
+        finally:
+            for flooder in flooders:
+                await flooder.close()
             await node.close()
 
     run(scenario)

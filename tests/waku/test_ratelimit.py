@@ -1,6 +1,7 @@
 """Budgets keyed by what an attacker cannot mint (issue 38): the identities seen from one
 address share that address's bucket, each inside its own; IPv6 addresses of one /64 are
-one address; nothing is spent when either bucket refuses."""
+one address; nothing is spent when either bucket refuses. The store-query answer budget
+is held per address the same way."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sdsync.waku.ratelimit import PeerBuckets, RateLimit, address_key
+from sdsync.waku.store.model import StatusCode
+from sdsync.waku.store.service import AnswerBudget, AnswerLimits
 
 PEER = RateLimit(10, 10.0)  # 10 at once, 1 a second
 ADDRESS = RateLimit(20, 10.0)  # 20 at once, 2 a second
@@ -85,3 +88,16 @@ def test_no_address_spends_more_than_its_bucket_allows(
     # A bucket may go into debt by one oversized cost, never further.
     bound = ADDRESS.volume + ADDRESS.per_s * now + 12.0
     assert all(total <= bound for total in spent.values()), spent
+
+
+def test_store_answers_from_one_address_share_its_byte_budget() -> None:
+    limits = AnswerLimits(per_peer_bytes=10, per_ip_bytes=15, total_bytes=1000, hold_s=10.0)
+    budget = AnswerBudget(limits, clock=lambda: 0.0)
+    assert budget.charge("p1", 10, "10.0.0.1") is None
+    assert budget.charge("p2", 10, "10.0.0.1") == (StatusCode.TOO_MANY_REQUESTS, "answer_budget_ip")
+    assert budget.charge("p2", 5, "10.0.0.1") is None  # what the address has left
+    assert budget.charge("p1", 1, "10.0.0.2") == (
+        StatusCode.TOO_MANY_REQUESTS,
+        "answer_budget_peer",
+    )
+    assert budget.charge("p3", 10, "10.0.0.2") is None  # another address is untouched

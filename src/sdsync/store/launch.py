@@ -46,7 +46,7 @@ from sdsync.store.archive import SqlArchive
 from sdsync.store.chat_page import CHAT_PREFIX, chat_app, chat_page
 from sdsync.store.light_clients import LIGHT_PROTOCOLS
 from sdsync.store.node import NodeConfig, StoreNode, serve
-from sdsync.waku.ratelimit import DEFAULT_RELAY_RATE, RateLimit
+from sdsync.waku.ratelimit import DEFAULT_RELAY_RATE, DEFAULT_RELAY_RATE_PER_IP, RateLimit
 from sdsync.waku.relay.topics import WakuRelayConfig
 from sdsync.waku.store.rpc import STORE_QUERY_PROTOCOL
 from sdsync.waku.sync import RBSR_PROTOCOL, RECONCILIATION_PROTOCOL, TRANSFER_PROTOCOL
@@ -69,6 +69,8 @@ class RelayOptions:
     cluster_id: int = 1
     rate: RateLimit | None = DEFAULT_RELAY_RATE
     """Relay bytes one forwarding peer may bring (None: no limit)."""
+    rate_per_ip: RateLimit | None = DEFAULT_RELAY_RATE_PER_IP
+    """Relay bytes all the peers of one IP address may bring together (None: no limit)."""
     limits: ConnectionLimits | None = None
     """Connections per IP, handshakes and the total (None: the host's defaults)."""
     light_clients: bool = True
@@ -119,6 +121,7 @@ async def run_node(
         peers=relay.peers,
         waku=WakuRelayConfig(cluster_id=relay.cluster_id),
         relay_rate=relay.rate,
+        relay_rate_per_ip=relay.rate_per_ip,
         limits=relay.limits,
     ) as host:
         if web is not None:

@@ -112,12 +112,6 @@ class LightClientConfig:
     """Pushes all the peers of one IP address may make together (None: no such limit)."""
 
 
-def _push_buckets(per_peer: RateLimit | None, per_ip: RateLimit | None) -> PeerBuckets | None:
-    """The LightPush rates; with a per-IP limit alone, one peer may use all its address's."""
-    limit = per_peer or per_ip
-    return None if limit is None else PeerBuckets(limit, per_address=per_ip)
-
-
 class LightClientServices:
     """LightPush (3.0.0 and 2.0.0-beta1) and Filter v2 for ``node`` on ``host``."""
 
@@ -141,7 +135,7 @@ class LightClientServices:
         self._liveness: asyncio.Task[None] | None = None
         self._overflowing: set[str] = set()  # peers whose overflow was logged
         self._archive = GroupCommit(functools.partial(node.ingest, source="lightpush"))
-        self._push_rates = _push_buckets(config.lightpush_rate, config.lightpush_rate_per_ip)
+        self._push_rates = PeerBuckets.of(config.lightpush_rate, config.lightpush_rate_per_ip)
 
     async def start(self) -> None:
         await self.host.serve(LIGHTPUSH_PROTOCOL, self._answer_lightpush)

@@ -378,7 +378,10 @@ class StoreNode(ArchiveKeeper):
             await self._admit_relay(envelope)
 
     async def _answer_store_query(self, peer: str, request: bytes) -> bytes:
-        return await answer_store_query(self.queries, request, peer=peer, budget=self.store_answers)
+        address = await self.waku.peer_ip(peer) if self.waku is not None else None
+        return await answer_store_query(
+            self.queries, request, peer=peer, address=address, budget=self.store_answers
+        )
 
     async def resume(self, window: tuple[int, int]) -> None:
         async def archive(messages: list[StoredMessage]) -> int:

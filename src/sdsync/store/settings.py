@@ -287,6 +287,16 @@ SETTINGS: tuple[Setting, ...] = (
         metavar="BYTES/PERIOD|off",
     ),
     Setting(
+        "relay_rate_limit_per_ip",
+        RELAY,
+        str,
+        None,
+        "Relay bytes all the peers seen from one IP address (one IPv6 /64) may bring"
+        " together; more are dropped, neither archived nor relayed.",
+        metavar="BYTES/PERIOD|off",
+        shown_default="twice --relay-rate-limit",
+    ),
+    Setting(
         "relay_max_connections_per_ip",
         CONNECTIONS,
         int,
@@ -383,6 +393,16 @@ SETTINGS: tuple[Setting, ...] = (
         "Bytes of store-query answers one libp2p peer may be sent per 10 s, read or not (a"
         " page of the largest messages is 15 MB); more are answered 429.",
         metavar=SIZE,
+    ),
+    Setting(
+        "store_answer_bytes_per_ip",
+        ANSWERS,
+        str,
+        None,
+        "Bytes of store-query answers all the libp2p peers seen from one IP address (one"
+        " IPv6 /64) may be sent per 10 s together; more are answered 429.",
+        metavar=SIZE,
+        shown_default="twice --store-answer-bytes-per-peer",
     ),
     Setting(
         "store_answer_bytes",
@@ -587,12 +607,14 @@ class _Planner:
         web = WebOptions(advertise=self._web_addresses()) if v["web"] else None
         # Last: the one step that may write (the key, at first start).
         source = self._nodekey() if identity and relay_topics else None
+        relay_rate = _rate(v["relay_rate_limit"], "relay_rate_limit")
         relay = RelayOptions(
             key=source.key if source is not None else None,
             listen=relay_listen,
             peers=tuple(v["relay_peer"] or ()),
             cluster_id=self.cluster_id,
-            rate=_rate(v["relay_rate_limit"], "relay_rate_limit"),
+            rate=relay_rate,
+            rate_per_ip=_per_ip(v, "relay_rate_limit_per_ip", relay_rate),
             limits=self._connection_limits() if relay_topics else None,
             light_clients=v["light"],
             store_sync=config.waku_sync is not None,
@@ -651,6 +673,9 @@ class _Planner:
             ),
             store_answers=AnswerLimits(
                 per_peer_bytes=_size(v, "store_answer_bytes_per_peer"),
+                per_ip_bytes=_size(v, "store_answer_bytes_per_ip")
+                if v["store_answer_bytes_per_ip"] is not None
+                else 2 * _size(v, "store_answer_bytes_per_peer"),
                 total_bytes=_size(v, "store_answer_bytes"),
             ),
             waku_sync=WakuSyncConfig(

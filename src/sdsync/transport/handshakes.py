@@ -4,9 +4,9 @@ Theory of operation
 -------------------
 A connection's handshake (security, then muxer negotiation) costs us a slot until it
 ends, and a remote that never finishes it holds the slot until the handshake deadline.
-The slots are few (``ConnectionLimits.pending``, 64), so first come, first served let a
-handful of addresses — each within its per-IP connection limit — hold them all, and every
-honest dial failed meanwhile.
+The slots are few (``ConnectionLimits.pending``, 128; it was 64), so first come, first
+served let a handful of addresses — each within its per-IP connection limit — hold them
+all, and every honest dial failed meanwhile.
 
 :class:`HandshakeSlots` gives them out by two rules.  An address holds at most
 ``per_ip`` slots at once (``ConnectionLimits.pending_per_ip``, far below the total), so

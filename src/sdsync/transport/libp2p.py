@@ -130,7 +130,7 @@ from sdsync.waku.node import (
     WakuHost,
     WakuNode,
 )
-from sdsync.waku.ratelimit import DEFAULT_RELAY_RATE, RateLimit
+from sdsync.waku.ratelimit import DEFAULT_RELAY_RATE, DEFAULT_RELAY_RATE_PER_IP, RateLimit
 from sdsync.waku.relay.topics import WakuRelayConfig, default_content_topic
 from sdsync.waku.relay.transport import RelayNode, RelayTransport
 from sdsync.waku.rpc import MAX_RPC_BYTES
@@ -232,6 +232,7 @@ class Libp2pNode(AsyncLifecycle):
     clock_ns = _Shared[Callable[[], int]]("settings")
     max_future_ns = _Shared[int]("settings")
     relay_rate = _Shared[RateLimit | None]("settings")
+    relay_rate_per_ip = _Shared[RateLimit | None]("settings")
     connections_refused = _Shared[Counter[str]]("counters")
     rejected = _Shared[Counter[str]]("counters")
     stream_timeouts = _Shared[Counter[str]]("counters")
@@ -264,6 +265,7 @@ class Libp2pNode(AsyncLifecycle):
         clock_ns: Callable[[], int] = time.time_ns,
         timestamp_variance_s: float = DEFAULT_TIMESTAMP_VARIANCE_S,
         relay_rate: RateLimit | None = DEFAULT_RELAY_RATE,
+        relay_rate_per_ip: RateLimit | None = DEFAULT_RELAY_RATE_PER_IP,
     ) -> None:
         if any(shard < 0 for shard in announce_shards):
             raise LocalProtocolError(f"no shard among {list(announce_shards)}")
@@ -284,6 +286,7 @@ class Libp2pNode(AsyncLifecycle):
             clock_ns=clock_ns,
             max_future_ns=int(timestamp_variance_s * 1e9),
             relay_rate=relay_rate,
+            relay_rate_per_ip=relay_rate_per_ip,
             drop_rate=drop_rate,
             seed=seed,
         )

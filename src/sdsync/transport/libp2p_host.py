@@ -33,7 +33,8 @@ The router is Waku Relay: :class:`~sdsync.transport.libp2p_patches.WakuGossipSub
 sha256(data) as js-waku's. Inbound frames are checked as a gossipsub topic validator
 (unsigned, and the 14/WAKU2-MESSAGE checks), so a bad frame is neither delivered nor
 relayed; so is a valid one over its forwarding peer's ``relay_rate`` (a token bucket of
-bytes per peer that hands us frames; counted in ``relay_rate_limited``). Its message
+bytes per peer that hands us frames, inside one per IP address, ``relay_rate_per_ip``,
+which every identity seen from it shares; counted in ``relay_rate_limited``). Its message
 cache is bounded in bytes (``GossipParams.message_cache_bytes``; evictions counted in
 ``mcache_evicted``) as well as in heartbeats, with adaptive gossip off so that the
 heartbeat does not slow down while the mesh is thin.
@@ -277,7 +278,10 @@ class TrioHost:
 
     async def peer_ip(self, peer: str) -> str | None:
         """The IP address ``peer`` is connected from; None while it is not connected."""
-        for conn in self.host.get_network().get_connections(ID.from_base58(peer)):
+        return self._peer_ip(ID.from_base58(peer))
+
+    def _peer_ip(self, peer: ID) -> str | None:
+        for conn in self.host.get_network().get_connections(peer):
             if ip := remote_ip(conn.muxed_conn):
                 return ip
         return None
@@ -683,8 +687,8 @@ class RelayTrioHost(TrioHost):
         self._late = 0  # relayed past _ADMIT_S since the last report
         self._late_reported = -math.inf
         self._rng = random.Random(self.settings.seed)  # drop_rate's
-        rate = self.settings.relay_rate
-        self._relay_rates = None if rate is None else PeerBuckets(rate)
+        settings = self.settings
+        self._relay_rates = PeerBuckets.of(settings.relay_rate, settings.relay_rate_per_ip)
         self.outbox = RelayOutbox(state, self.host, self.pubsub, self.router, self.start_soon)
 
     async def run(self, ready: concurrent.futures.Future[TrioHost]) -> None:
@@ -853,7 +857,8 @@ class RelayTrioHost(TrioHost):
         rates = self._relay_rates
         if rates is None or forwarder == self.host.get_id():
             return True
-        if rates.take(forwarder.to_base58(), time.monotonic(), size):
+        address = self._peer_ip(forwarder) if rates.per_address is not None else None
+        if rates.take(forwarder.to_base58(), time.monotonic(), size, address=address):
             return True
         self.counters.relay_rate_limited += 1
         return False

@@ -72,8 +72,8 @@ class ConnectionLimits:
     """
 
     per_ip: int = 5
-    pending: int = 64
-    pending_per_ip: int = 4
+    pending: int = 128
+    pending_per_ip: int = 5
     handshake_timeout_s: float = 10.0
     max_connections: int = 300
     exempt_ips: frozenset[str] = field(default_factory=lambda: frozenset({"127.0.0.1", "::1"}))
@@ -104,6 +104,8 @@ class HostSettings:
     # Bytes of valid relay frames one forwarding peer may bring (None: no limit); more
     # are dropped by the validator, neither delivered nor relayed, and counted.
     relay_rate: RateLimit | None
+    # The same, for all the peers seen from one IP address together (None: no such bound).
+    relay_rate_per_ip: RateLimit | None
     drop_rate: float
     seed: int | None
 

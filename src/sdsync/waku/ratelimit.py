@@ -150,6 +150,13 @@ class PeerBuckets:
         self._buckets: dict[str, TokenBucket] = {}
         self._addresses: dict[str, TokenBucket] = {}
 
+    @classmethod
+    def of(cls, per_peer: RateLimit | None, per_address: RateLimit | None) -> PeerBuckets | None:
+        """Buckets for these limits, None for neither; with a per-address limit alone,
+        one peer may use all of its address's."""
+        limit = per_peer or per_address
+        return None if limit is None else cls(limit, per_address=per_address)
+
     def take(self, peer: str, now: float, cost: float = 1.0, *, address: str | None = None) -> bool:
         """Spend ``cost`` of ``peer``'s tokens (and its address's); False if not there."""
         return self.refusal(peer, now, cost, address=address) is None
@@ -217,3 +224,6 @@ class PeerBuckets:
 #: Network's RLN allows a member a message per epoch) yet cuts one peer's flood of
 #: 150-kB frames to ~14 a second.
 DEFAULT_RELAY_RATE = RateLimit(32 * 2**20, 16.0)
+#: Relay bytes all the peers seen from one IP address (one IPv6 /64) may bring together:
+#: two peers' worth, so fresh identities from one address gain nothing.
+DEFAULT_RELAY_RATE_PER_IP = RateLimit(64 * 2**20, 16.0)

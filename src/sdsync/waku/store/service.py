@@ -96,6 +96,9 @@ class AnswerLimits:
     """Bytes of answers a peer, and all peers, may have in flight (see the module)."""
 
     per_peer_bytes: int = 64 * 2**20
+    per_ip_bytes: int | None = 128 * 2**20
+    """All the peers seen from one IP address (one IPv6 /64) together: two peers' worth
+    (None: no such bound)."""
     total_bytes: int = 256 * 2**20
     hold_s: float = 10.0
     """The longest the host holds an unread answer: the served stream's deadline."""
@@ -110,16 +113,25 @@ class AnswerBudget:
     ) -> None:
         self.limits = limits
         self._clock = clock
-        self._peers = PeerBuckets(RateLimit(limits.per_peer_bytes, limits.hold_s))
+        per_ip = limits.per_ip_bytes
+        self._peers = PeerBuckets(
+            RateLimit(limits.per_peer_bytes, limits.hold_s),
+            per_address=None if per_ip is None else RateLimit(per_ip, limits.hold_s),
+        )
         self._total = TokenBucket(RateLimit(limits.total_bytes, limits.hold_s), clock())
 
-    def charge(self, peer: str, size: int) -> tuple[StatusCode, str] | None:
-        """Charge an answer of ``size`` bytes to ``peer``; if it may not be sent, the
-        status to answer instead and the reason to count."""
+    def charge(
+        self, peer: str, size: int, address: str | None = None
+    ) -> tuple[StatusCode, str] | None:
+        """Charge an answer of ``size`` bytes to ``peer`` (and its IP ``address``); if it
+        may not be sent, the status to answer instead and the reason to count."""
         now = self._clock()
         if self._total.tokens(now) < min(size, self.limits.total_bytes):
             return StatusCode.SERVICE_UNAVAILABLE, "answer_budget_total"
-        if not self._peers.take(peer, now, size):
+        refusal = self._peers.refusal(peer, now, size, address=address)
+        if refusal == "address":
+            return StatusCode.TOO_MANY_REQUESTS, "answer_budget_ip"
+        if refusal is not None:
             return StatusCode.TOO_MANY_REQUESTS, "answer_budget_peer"
         self._total.take(now, size)
         return None
@@ -136,10 +148,15 @@ def store_query(request: StoreQueryRequest) -> StoreQuery:
 
 
 async def answer_store_query(
-    queries: QueryEngine, request: bytes, *, peer: str = "", budget: AnswerBudget | None = None
+    queries: QueryEngine,
+    request: bytes,
+    *,
+    peer: str = "",
+    address: str | None = None,
+    budget: AnswerBudget | None = None,
 ) -> bytes:
     """The StoreQueryResponse bytes that answer the StoreQueryRequest bytes ``request``
-    from ``peer``, charged to ``budget`` if given."""
+    from ``peer`` (connected from IP ``address``), charged to ``budget`` if given."""
     if len(request) > MAX_RPC_BYTES:
         return _refused(queries, "", "oversized", f"a request of {len(request)} bytes is too large")
     try:
@@ -160,7 +177,7 @@ async def answer_store_query(
         messages=_entries(outcome, query.include_data),
         pagination_cursor=outcome.cursor,
     ).to_bytes()
-    over = None if budget is None else budget.charge(peer, len(answer))
+    over = None if budget is None else budget.charge(peer, len(answer), address)
     if over is None:
         return answer
     status, reason = over
