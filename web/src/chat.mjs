@@ -228,8 +228,8 @@ class Chat {
   }
 
   linkChanged() {
-    const { state, lastError, connects } = this.link;
-    this.view.countConnects(connects);
+    const { state, lastError, connects, drops } = this.link;
+    this.view.countConnects(connects, drops);
     const why = state === "refused" ? `refused: ${lastError}` : state === "connecting" && lastError ? `connecting… (${lastError})` : undefined;
     this.view.setStatus("connection", state, why);
     if (state === "connected") return;

@@ -29,6 +29,7 @@ const FIRST_REDIAL_MS = 500;
 const LAST_REDIAL_MS = 8_000;
 const DIAL_TIMEOUT_MS = 10_000;
 const IDENTIFY_POLL_MS = 100;
+const PING_PATIENCE_MS = 20_000;
 // The sdk picks its service peers from the peer store, which identify fills some time
 // after the connection opens: the link says "connected" once all three are listed there.
 const NEEDED = [waku.StoreCodec, waku.LightPushCodec, waku.FilterCodecs.SUBSCRIBE];
@@ -41,6 +42,8 @@ export class Link extends EventTarget {
     this._target(config);
     this.state = "connecting";
     this.connects = 0; // times the service node was connected and identified
+    this.drops = 0; // times it was lost while the browser was online and the link had not hung up
+    this._hangingUp = false;
     this.node = undefined;
     this._redialMs = FIRST_REDIAL_MS;
     this._timer = undefined;
@@ -78,6 +81,9 @@ export class Link extends EventTarget {
       defaultBootstrap: false,
       libp2p: {
         transports: [webSockets({ filter: anyWebSocketAddress })],
+        // libp2p hangs up on a peer whose ping is unanswered for 5 s; a node busy with a
+        // burst can take that long, and a broken WebSocket is told by its close anyway.
+        connectionMonitor: { pingTimeout: { minTimeout: PING_PATIENCE_MS } },
         connectionGater: { denyDialMultiaddr: () => false },
         hideWebSocketInfo: true,
       },
@@ -138,7 +144,9 @@ export class Link extends EventTarget {
   _offline() {
     this._set("offline");
     for (const connection of this.node.libp2p.getConnections()) {
-      if (connection.remotePeer.toString() === this.servicePeer) void connection.close().catch(() => undefined);
+      if (connection.remotePeer.toString() !== this.servicePeer) continue;
+      this._hangingUp = true;
+      void connection.close().catch(() => undefined);
     }
   }
 
@@ -181,6 +189,8 @@ export class Link extends EventTarget {
 
   _lost() {
     if (this.stopped) return;
+    if (!this._hangingUp && navigator.onLine) this.drops += 1;
+    this._hangingUp = false;
     this._set(navigator.onLine ? "connecting" : "offline");
     this._redialSoon(FIRST_REDIAL_MS);
   }

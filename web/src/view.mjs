@@ -79,9 +79,11 @@ export class View {
     element.textContent = words ?? LINK_TEXT[state] ?? state;
   }
 
-  /** How often the link has connected: a reconnection shows as 2 and on. */
-  countConnects(count) {
+  /** How often the link has connected (a reconnection shows as 2 and on), and how often
+   * the node was lost though the browser was online and the page had not hung up. */
+  countConnects(count, drops) {
     this.el.connection.dataset.connects = String(count);
+    this.el.connection.dataset.drops = String(drops);
   }
 
   render(log) {
