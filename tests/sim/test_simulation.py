@@ -461,6 +461,16 @@ def test_checker_catches_a_causal_order_violation() -> None:
     assert any("before a dependency" in p for p in summary["problems"])
 
 
+def test_a_participant_back_as_the_run_would_end_is_given_the_drain() -> None:
+    """Issue 39 (README's churn example): a participant back online at workload + drain
+    was judged the moment it returned, with its messages missing; the drain now counts
+    from the last fault that heals within the run."""
+    config = tiny(drain_ms=60_000, churn=(ChurnConfig(1, 2_000, 70_000),))
+    summary = run(config).recorder.summary()
+    assert summary["invariants_hold"], summary["invariants"]
+    assert summary["invariants"]["offline_at_end"] == []
+
+
 def test_participant_offline_at_the_end_is_reported() -> None:
     summary = run(tiny(drain_ms=20_000, churn=(ChurnConfig(1, 5_000, 10**9),))).recorder.summary()
     assert not summary["invariants_hold"]

@@ -10,6 +10,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import pytest
 from storeprocess import TOPIC, store_serve
 from storetest import make_messages
 from typer.testing import CliRunner
@@ -73,6 +74,23 @@ def test_export_command_writes_parquet(tmp_path: Path) -> None:
     assert missing.exit_code == 2
 
 
+def test_export_names_overwrite_and_refuses_an_empty_range(tmp_path: Path) -> None:
+    """A second export into the same folder names --overwrite (not pyarrow's wording); an
+    archive with nothing in the range exits 1 and writes no folder (issue 39)."""
+    archive = open_archive(str(tmp_path / "store.sqlite3"))
+    archive.insert(make_messages(10))
+    archive.close()
+    out = tmp_path / "parquet"
+    argv = ["store", "export", "--data-dir", str(tmp_path), "--parquet", str(out)]
+    assert CliRunner().invoke(app, argv).exit_code == 0
+    again = CliRunner().invoke(app, argv)
+    assert again.exit_code == 2 and "give --overwrite" in again.output, again.output
+    assert CliRunner().invoke(app, [*argv, "--overwrite"]).exit_code == 0
+    empty = CliRunner().invoke(app, [*argv[:-1], str(tmp_path / "empty"), "--start", str(2**62)])
+    assert empty.exit_code == 1 and "nothing to export" in empty.output, empty.output
+    assert not (tmp_path / "empty").exists()
+
+
 def test_serve_refuses_a_shard_topic_of_another_cluster(tmp_path: Path) -> None:
     result = CliRunner().invoke(
         app,
@@ -125,3 +143,21 @@ def test_serve_refuses_a_bad_node_key_naming_the_flag(tmp_path: Path) -> None:
     kept = runner.invoke(app, base)
     assert kept.exit_code == 2 and "--data-dir" in kept.output
     assert f"{tmp_path / NODEKEY_FILE} is not a node key" in kept.output
+
+
+def test_the_printed_chat_command_runs_from_where_serve_was_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`serve --web` prints ``sdsync chat …`` only when the PATH finds this sdsync; else
+    the path it was started by (issue 39: after ``make``, ``.venv/bin/sdsync``)."""
+    from sdsync.cli import store as store_cli
+
+    program = tmp_path / "bin" / "sdsync"
+    program.parent.mkdir()
+    program.write_text("#!/bin/sh\n")
+    program.chmod(0o755)
+    monkeypatch.setattr("sys.argv", [str(program), "store", "serve"])
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert store_cli._sdsync() == str(program)
+    monkeypatch.setenv("PATH", str(program.parent))
+    assert store_cli._sdsync() == "sdsync"

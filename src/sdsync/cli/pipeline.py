@@ -258,7 +258,7 @@ def sweep(
     grid: Annotated[
         Path,
         typer.Option(
-            "--grid", dir_okay=False, help="Grid TOML (e.g. scenarios/grid-default.toml)."
+            "--grid", dir_okay=False, help="Grid TOML (e.g. scenarios/grids/default.toml)."
         ),
     ],
     out: Annotated[Path, typer.Option("--out", file_okay=False, help="Output directory.")],

@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import shutil
+import sys
 import time
 from enum import StrEnum
 from pathlib import Path
@@ -197,14 +199,29 @@ def _identity(identity: NodeKeySource | None) -> str:
 
 
 def _print_chat_help(url: str, relay_addrs: list[str]) -> None:
-    """Where to open the chat page, and the terminal chat that joins the same channel."""
-    tcp = next((addr for addr in relay_addrs if "/ws" not in addr), None)
+    """Where to open the chat page, and the terminal chat that joins the same channel
+    (over TCP if the node listens on it, else over its WebSocket)."""
     print(f"sdsync store: chat page on {url}/chat/?channel=room", flush=True)
-    if tcp is not None:
+    peer = next((addr for addr in relay_addrs if "/ws" not in addr), None) or next(
+        iter(relay_addrs), None
+    )
+    if peer is not None:
         print(
-            f"sdsync store: terminal chat: sdsync chat --channel room --peer {tcp} --store {tcp}",
+            f"sdsync store: terminal chat: {_sdsync()} chat --channel room --peer {peer}"
+            f" --store {peer}",
             flush=True,
         )
+
+
+def _sdsync() -> str:
+    """How to run this ``sdsync`` from where it was started: its bare name only if that
+    is what the PATH finds (after ``make``, it is ``.venv/bin/sdsync`` until the venv is
+    activated)."""
+    ours = Path(sys.argv[0])
+    found = shutil.which("sdsync")
+    if found is not None and ours.exists() and Path(found).resolve() == ours.resolve():
+        return "sdsync"
+    return str(ours) if ours.name == "sdsync" else f"{sys.executable} -m sdsync.cli"
 
 
 def _redacted(url: str) -> str:
@@ -294,7 +311,10 @@ def export(
         raise fail(f"cannot export to {parquet}: {exc}") from None
     finally:
         archive.close()
-    print(f"exported {report.rows} messages in {report.files} files to {parquet}")
+    if not report.rows:
+        span = "" if start is None and end is None else " in the range given"
+        raise fail(f"nothing to export: no messages{span} in {url}; {parquet} not written", 1)
+    print(f"exported {report.rows:,} messages in {report.files:,} files to {parquet}")
 
 
 @store_app.command()

@@ -318,6 +318,7 @@ class Simulation:
         # The run may stop early once consistent, but never before the last scheduled fault:
         # a scenario whose participant goes offline after the workload must see it happen.
         self._last_fault_ms = 0
+        self._fault_ends: list[int] = []
         self._schedule_faults()
         self._schedule_workload()
         for p in self.participants:
@@ -357,12 +358,12 @@ class Simulation:
 
     def _schedule_faults(self) -> None:
         config = self.config
-        self._last_fault_ms = max(
+        self._fault_ends = (
             [c.end_ms for c in config.churn]
             + [o.end_ms for o in config.store_outages]
             + [p.heal_ms for p in config.partitions]
-            + [0]
         )
+        self._last_fault_ms = max(self._fault_ends, default=0)
         for churn in config.churn:
             offline = Churn(churn.participant, online=False, lose_state=churn.lose_volatile_state)
             self._push(churn.start_ms, offline)
@@ -379,10 +380,14 @@ class Simulation:
 
     def run(self) -> None:
         work = self.config.workload
-        deadline = work.duration_ms + self.config.drain_ms
-        # Progress is reported from the start (the workload is the busy part of a run);
-        # quiescence is only worth checking once nothing more is scheduled to happen.
+        # Quiescence is only worth checking once nothing more is scheduled to happen.
         settle_from = max(work.duration_ms, self._last_fault_ms)
+        # A fault that ends within the run is given the whole drain after it (one that
+        # ended at workload + drain would be judged the moment it healed); one that
+        # outlasts the run is the scenario's point, and is reported (offline at the end).
+        planned = work.duration_ms + self.config.drain_ms
+        healed = max((end for end in self._fault_ends if end <= planned), default=0)
+        deadline = max(planned, healed + self.config.drain_ms)
         next_check = 0
         heap = self._heap
         while heap:

@@ -64,7 +64,12 @@ def export_parquet(
     end: int | None = None,
     overwrite: bool = False,
 ) -> ExportReport:
-    """Write the messages with ``start <= timestamp < end`` (default: all) to ``directory``."""
+    """Write the messages with ``start <= timestamp < end`` (default: all) to ``directory``.
+
+    FileExistsError if ``directory`` holds files and not ``overwrite``; a report of 0 rows
+    (and no directory made) if no message is in the range."""
+    if not overwrite and directory.is_dir() and any(directory.iterdir()):
+        raise FileExistsError(f"{directory} is not empty (give --overwrite to replace its export)")
     report = ExportReport(directory)
 
     def counted(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

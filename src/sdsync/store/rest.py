@@ -361,7 +361,9 @@ def read_entry(entry: Any) -> StoredMessage:
         )
     except LocalProtocolError as exc:  # the sender's values, not our call
         raise RemoteProtocolError(f"bad message: {exc}") from None
-    return StoredMessage(_remote_hash(obj.get("messageHash")), pubsub_topic, waku)
+    if "messageHash" not in obj:  # a hand-written entry: nothing claimed, nothing to check
+        return StoredMessage.of(pubsub_topic, waku)
+    return StoredMessage(_remote_hash(obj["messageHash"]), pubsub_topic, waku)
 
 
 def _is_int(value: Any) -> bool:
