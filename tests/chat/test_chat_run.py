@@ -263,3 +263,12 @@ async def until(condition: Callable[[], bool]) -> None:
     async with asyncio.timeout(60):  # a liveness bound, not a performance assertion
         while not condition():
             await asyncio.sleep(0.01)
+
+
+def test_send_with_nobody_to_send_to_is_bad_usage() -> None:
+    """Issue 39: `--send` with no peer exited 0, its message sent to nobody."""
+    result = CliRunner().invoke(app, ["chat", "--send", "hello"])
+    assert result.exit_code == 2
+    assert "has nobody to send to" in " ".join(result.output.split())
+    # Waiting for chats that dial this one is a way to have somebody.
+    ChatOptions(name="me", sends=("hello",), wait_converged_s=5.0)

@@ -19,6 +19,7 @@ from sdsync.core import (
     MessageDeliveredEarly,
     MessageReceived,
     SyncReceived,
+    SyncStatus,
 )
 from sdsync.errors import LocalProtocolError
 from sdsync.runtime import ReliableChannel, RuntimeConfig
@@ -122,3 +123,19 @@ def test_the_group_the_chat_heard_from_sets_the_participant_count() -> None:
     session.on_event(SyncReceived("s", "member-0"))  # heard before: counted once
     session.on_event(SyncReceived("s", "bob"))  # our own sync, echoed: we count already
     assert channel.driver.sync_interval_ms == runtime.sync_interval_for(61) == 61 * 600
+
+
+def test_a_catch_up_the_store_did_not_answer_is_not_shown_as_caught_up() -> None:
+    """Issue 39: with the store down, a chat printed "⟳ caught up: 0 message(s)"."""
+    screen = io.StringIO()
+    channel = ReliableChannel(MemoryNetwork(seed=1).transport("bob"), "0", "bob")
+    session = ChatSession(channel, Console(file=screen, width=200))
+    session.on_event(SyncStatus("", 0, 0, 0, catching_up=True))
+    session.on_event(SyncStatus("", 0, 0, 0, catching_up=False))  # failed: no catch-up done
+    session.on_event(SyncStatus("", 0, 0, 0, catching_up=True))
+    channel.catch_ups += 1
+    channel.caught_up_messages += 3
+    session.on_event(SyncStatus("", 0, 0, 0, catching_up=False))
+    shown = screen.getvalue().splitlines()
+    assert shown[1] == "⟳ the store did not answer: catching up again later"
+    assert shown[3] == "⟳ caught up: 3 message(s) we did not have"

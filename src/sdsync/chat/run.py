@@ -179,6 +179,12 @@ class ChatOptions:
             raise OptionError(
                 "peers", "is for relay; a light chat reaches the others through its services"
             )
+        if self.sends and not (self.peers or self.services) and self.wait_converged_s is None:
+            raise OptionError(
+                "sends",
+                "has nobody to send to: name peers (services, if light), or wait for the "
+                "group to converge, so that other chats can dial this one",
+            )
 
     @property
     def store_peers(self) -> tuple[tuple[str, str], ...]:
@@ -314,7 +320,11 @@ async def _script(
         if index and options.send_interval_ms:
             await asyncio.sleep(options.send_interval_ms / 1000)
         await session.send(text)
-    code = 0
+    # Sent to nobody, and not staying to resend: that is no success.
+    leaving = options.wait_converged_s is None
+    code = 1 if options.sends and leaving and not await transport.mesh_peers(topic) else 0
+    if code:
+        session.say("nobody was in the channel's mesh: sent to nobody", style="red")
     if options.wait_converged_s is not None:
         converged = await session.wait_converged(
             options.wait_converged_s, options.quiet_s, options.min_peers

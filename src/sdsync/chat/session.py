@@ -96,7 +96,9 @@ class ChatSession:
         self._last_ns = 0
         self._newest_shown: tuple[int, str] = (0, "")
         self.catching_up = False
-        self._caught_up_before = 0  # the channel's count when the running catch-up began
+        # The channel's counts when the running catch-up began: messages found, catch-ups
+        # finished (one that failed finishes none).
+        self._caught_up_before = (0, 0)
         self.bloom_mismatch_shown = False
 
     # Sending
@@ -184,12 +186,14 @@ class ChatSession:
 
     def _catch_up_changed(self, running: bool) -> None:
         self.catching_up = running
-        found = self.channel.caught_up_messages
+        counts = (self.channel.caught_up_messages, self.channel.catch_ups)
         if running:
-            self._caught_up_before = found
+            self._caught_up_before = counts
             self.say("⟳ catching up from the store…", style="dim")
+        elif counts[1] == self._caught_up_before[1]:
+            self.say("⟳ the store did not answer: catching up again later", style="yellow")
         else:
-            new = found - self._caught_up_before
+            new = counts[0] - self._caught_up_before[0]
             self.say(f"⟳ caught up: {new} message(s) we did not have", style="dim")
 
     def _delivered(self, event: MessageDelivered) -> None:

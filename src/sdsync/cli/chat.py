@@ -36,6 +36,7 @@ FLAGS = {
     "peers": "--peer",
     "light": "--light",
     "state_dir": "--state-dir",
+    "sends": "--send",
 }
 
 

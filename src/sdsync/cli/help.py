@@ -10,6 +10,7 @@ parameter no panel names goes under "Other options", and ``tests/cli`` fails whe
 
 from __future__ import annotations
 
+import re
 import shutil
 import textwrap
 from collections.abc import Sequence
@@ -18,7 +19,7 @@ from typing import Any
 import typer
 from typer.core import TyperCommand
 
-__all__ = ["Panels", "panelled", "render_help"]
+__all__ = ["LISTED", "Panels", "panelled", "render_help"]
 
 Panels = Sequence[tuple[str, Sequence[str]]]
 """Panel titles, in order, each with the parameter names it holds, in order."""
@@ -42,20 +43,13 @@ def render_help(command: Any, ctx: typer.Context, panels: Panels, width: int | N
     if width is None:
         width = shutil.get_terminal_size((80, 24)).columns
     width = max(MIN_WIDTH, min(width, MAX_WIDTH))
-    lines = [f"Usage: {ctx.command_path} [OPTIONS]", ""]
-    if command.help:
-        lines += [
-            *textwrap.wrap(
-                " ".join(command.help.split()),
-                width - 2,
-                initial_indent="  ",
-                subsequent_indent="  ",
-            ),
-            "",
-        ]
+    lines = [f"Usage: {' '.join([ctx.command_path, *command.collect_usage_pieces(ctx)])}", ""]
+    for paragraph in re.split(r"\n\s*\n", command.help or ""):
+        if paragraph.strip() and paragraph.strip() != "\b":
+            lines += [*_wrapped(paragraph.replace("\b", ""), width - 2, "  "), ""]
     options = {p.name: p for p in command.get_params(ctx) if getattr(p, "opts", None)}
     others = [name for name in options if name not in _named(panels)]
-    for title, names in (*panels, ("Other options", others)):
+    for title, names in (*panels, ("Other options" if panels else "Options", others)):
         shown = [options[n] for n in names if n in options]
         if not shown:
             continue
@@ -77,12 +71,20 @@ def _option(param: Any, ctx: typer.Context, width: int) -> list[str]:
     if record is None:  # hidden
         return []
     names, text = record
-    body = textwrap.wrap(
+    return [f"  {names}", *_wrapped(text, width, INDENT)]
+
+
+def _wrapped(text: str, width: int, indent: str) -> list[str]:
+    """``text`` as one paragraph, never broken inside a flag or a word."""
+    return textwrap.wrap(
         " ".join(text.split()),
         width,
-        initial_indent=INDENT,
-        subsequent_indent=INDENT,
+        initial_indent=indent,
+        subsequent_indent=indent,
         break_on_hyphens=False,
         break_long_words=False,
     )
-    return [f"  {names}", *body]
+
+
+LISTED = panelled(())
+"""A command class whose help lists its options one by one, in one panel."""

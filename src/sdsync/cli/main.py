@@ -6,6 +6,7 @@ import typer
 
 from sdsync.cli.chat import chat_command
 from sdsync.cli.demo import demo_command
+from sdsync.cli.help import LISTED
 from sdsync.cli.peer import peer_command
 from sdsync.cli.pipeline import pipeline_app
 from sdsync.cli.reliability import reliability_app
@@ -17,10 +18,10 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-app.command("demo")(demo_command)
-app.command("peer")(peer_command)
-app.command("simulate")(simulate_command)
+app.command("demo", cls=LISTED)(demo_command)
+app.command("peer", cls=LISTED)(peer_command)
+app.command("simulate", cls=LISTED)(simulate_command)
 app.add_typer(pipeline_app, name="pipeline")
 app.add_typer(store_app, name="store")
 app.add_typer(reliability_app, name="reliability")
-app.command("chat")(chat_command)
+app.command("chat", cls=LISTED)(chat_command)

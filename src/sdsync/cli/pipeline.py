@@ -21,6 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from sdsync.cli.errors import fail
+from sdsync.cli.help import LISTED
 from sdsync.pipeline import ONE_PASS_ROWS
 
 if TYPE_CHECKING:
@@ -99,7 +100,7 @@ def _print(title: str, rows: Mapping[str, Any]) -> None:
     Console().print(table)
 
 
-@pipeline_app.command()
+@pipeline_app.command(cls=LISTED)
 def consolidate(
     logs: Annotated[
         str, typer.Option("--logs", help="Directory (or file) of per-participant log Parquet.")
@@ -147,7 +148,7 @@ def consolidate(
     raise typer.Exit(1 if problems else 0)
 
 
-@pipeline_app.command()
+@pipeline_app.command(cls=LISTED)
 def reconcile(
     archive: Annotated[
         list[str],
@@ -214,7 +215,7 @@ def reconcile(
     raise typer.Exit(1 if any(summary["missing_per_archive"].values()) else 0)
 
 
-@pipeline_app.command()
+@pipeline_app.command(cls=LISTED)
 def report(
     events: Annotated[
         str, typer.Option("--events", help="A simulation's events.parquet (sdsync simulate).")
@@ -253,7 +254,7 @@ def report(
     raise typer.Exit(1 if summary["unconverged_messages"] else 0)
 
 
-@pipeline_app.command()
+@pipeline_app.command(cls=LISTED)
 def sweep(
     grid: Annotated[
         Path,

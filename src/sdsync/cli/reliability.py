@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from sdsync.cli.errors import fail
+from sdsync.cli.help import LISTED
 from sdsync.cli.options import (
     DEFAULT_PROFILE,
     NOT_GIVEN,
@@ -111,7 +112,7 @@ def participant_id(given_id: str | None, state_dir: Path | None) -> str:
     return new
 
 
-@reliability_app.command("serve")
+@reliability_app.command("serve", cls=LISTED)
 def serve_command(
     listen: Annotated[
         str, typer.Option(help="HOST:PORT to listen on; port 0 picks a free one.")
@@ -129,7 +130,12 @@ def serve_command(
         ),
     ] = None,
     participant: Annotated[
-        str | None, typer.Option(help="Our participant (sender) id (module doc: default).")
+        str | None,
+        typer.Option(
+            help="Our participant (sender) id. Default: a random one, kept in "
+            "<state-dir>/participant so that a restart is the same participant.",
+            show_default=False,
+        ),
     ] = None,
     token: Annotated[
         str | None,

@@ -182,7 +182,9 @@ class Flags:
     ] = None
     drain_s: Annotated[
         float | None,
-        typer.Option(min=0.0, help="After the workload and the last fault, how long to wait for consistency."),
+        typer.Option(
+            min=0.0, help="After the workload and the last fault, how long to wait for consistency."
+        ),
     ] = None
     channels: Annotated[int | None, typer.Option(min=1, help="Channels per participant.")] = None
     duplicate: Annotated[

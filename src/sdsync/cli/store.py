@@ -27,7 +27,7 @@ import typer
 
 from sdsync.cli.config import effective_config, load_config
 from sdsync.cli.errors import fail
-from sdsync.cli.help import panelled
+from sdsync.cli.help import LISTED, panelled
 from sdsync.cli.logs import LogFormat, configure_logging
 from sdsync.cli.settings import with_settings
 from sdsync.reconcile import METHODS
@@ -233,7 +233,7 @@ def _redacted(url: str) -> str:
     return f"{scheme}://{credentials.split(':', 1)[0]}:***@{location}"
 
 
-@store_app.command()
+@store_app.command(cls=LISTED)
 def sync(
     peer: Annotated[str, typer.Option(help="Base URL of the store node to sync with.")],
     method: Annotated[SyncMethod, typer.Option(help="Reconciliation method.")] = ONCE_SYNC_METHOD,
@@ -283,7 +283,7 @@ def sync(
     )
 
 
-@store_app.command()
+@store_app.command(cls=LISTED)
 def export(
     parquet: Annotated[
         Path, typer.Option("--parquet", file_okay=False, help="Output directory (Parquet dataset).")
@@ -317,7 +317,7 @@ def export(
     print(f"exported {report.rows:,} messages in {report.files:,} files to {parquet}")
 
 
-@store_app.command()
+@store_app.command(cls=LISTED)
 def backup(
     path: Annotated[
         Path,
