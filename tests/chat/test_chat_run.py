@@ -272,3 +272,14 @@ def test_send_with_nobody_to_send_to_is_bad_usage() -> None:
     assert "has nobody to send to" in " ".join(result.output.split())
     # Waiting for chats that dial this one is a way to have somebody.
     ChatOptions(name="me", sends=("hello",), wait_converged_s=5.0)
+
+
+def test_a_quiet_period_the_wait_cannot_hold_is_bad_usage() -> None:
+    """Issue 39: docs/chat.md's `--wait-converged 60` could never converge under the
+    default quiet period of 3 x 30 s; that default is now at most a third of the wait,
+    and a --quiet-ms as long as the wait is refused."""
+    assert ChatOptions(name="me", wait_converged_s=60.0).quiet_s == 20.0
+    assert ChatOptions(name="me").quiet_s == 3 * RuntimeConfig().sync_interval_ms / 1000
+    result = CliRunner().invoke(app, ["chat", "--wait-converged", "5", "--quiet-ms", "5000"])
+    assert result.exit_code == 2
+    assert "--quiet-ms is as long as the wait" in " ".join(result.output.split())

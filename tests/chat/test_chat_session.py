@@ -19,6 +19,7 @@ from sdsync.core import (
     MessageDeliveredEarly,
     MessageReceived,
     SyncReceived,
+    SyncSent,
     SyncStatus,
 )
 from sdsync.errors import LocalProtocolError
@@ -139,3 +140,22 @@ def test_a_catch_up_the_store_did_not_answer_is_not_shown_as_caught_up() -> None
     shown = screen.getvalue().splitlines()
     assert shown[1] == "⟳ the store did not answer: catching up again later"
     assert shown[3] == "⟳ caught up: 3 message(s) we did not have"
+
+
+def test_converged_waits_until_what_we_delivered_went_out_in_a_message_of_ours() -> None:
+    """Issue 39: one side left before the other's last message was acknowledged; now a
+    chat is converged only once a message of ours went out after its last delivery, and
+    says which conditions did not hold."""
+    channel = ReliableChannel(MemoryNetwork(seed=1).transport("bob"), "0", "bob")
+    session = ChatSession(channel, Console(file=io.StringIO(), width=200))
+    session.changed_at -= 10
+    assert session.unmet(quiet_s=5, min_peers=0) == []
+    assert session.unmet(quiet_s=5, min_peers=1) == ["heard from 0 of 1 peers"]
+    session.on_event(MessageDelivered("m1", "alice", 9, b"hi", None))
+    session.changed_at -= 10
+    assert session.unmet(quiet_s=5, min_peers=0) == [
+        "what we delivered last is not yet in a message of ours"
+    ]
+    session.on_event(SyncSent("s1", 10))
+    assert session.unmet(quiet_s=5, min_peers=0) == []
+    assert session.unmet(quiet_s=60, min_peers=0)[0].startswith("quiet for 10 s of 60 s")

@@ -256,3 +256,21 @@ def test_a_due_repair_request_sends_a_sync_before_the_timer() -> None:
     assert [e.message_id for e in syncs[0][1].events if e.type == "repair_request_sent"] == [
         gap.message_id
     ]
+
+
+def test_received_syncs_never_defer_an_acknowledgement_we_owe() -> None:
+    """Issue 39: with suppression, each received sync pushed ours back by an interval or
+    more, so in a talkative group received content went unacknowledged for as long as
+    the others synced. Now the sync received content made due stays due until a message
+    of ours goes out; after that, suppression applies again."""
+    interval = RUNTIME.sync_interval_ms
+    timer = SyncTimer(interval, random.Random(5), START)
+    timer.after_received_content(START)
+    owed = timer.due_ms
+    assert owed <= START + interval // 2
+    for i in range(1, 50):  # others keep syncing, more often than we would
+        timer.after_received_sync(START + i * (interval // 10))
+        assert timer.due_ms <= owed
+    timer.after_own_sync(owed)
+    timer.after_received_sync(owed + 1)
+    assert timer.due_ms >= owed + 1 + interval  # nothing owed: suppressed again

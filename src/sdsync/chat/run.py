@@ -179,6 +179,11 @@ class ChatOptions:
             raise OptionError(
                 "peers", "is for relay; a light chat reaches the others through its services"
             )
+        wait_ms = None if self.wait_converged_s is None else self.wait_converged_s * 1000
+        if self.quiet_ms is not None and wait_ms is not None and self.quiet_ms >= wait_ms:
+            raise OptionError(
+                "quiet_ms", "is as long as the wait for converged, which can then never hold"
+            )
         if self.sends and not (self.peers or self.services) and self.wait_converged_s is None:
             raise OptionError(
                 "sends",
@@ -200,9 +205,12 @@ class ChatOptions:
 
     @property
     def quiet_s(self) -> float:
-        """Default: three sync intervals, so every peer has synced meanwhile."""
-        ms = self.quiet_ms if self.quiet_ms is not None else 3 * self.runtime.sync_interval_ms
-        return ms / 1000
+        """Default: three sync intervals, so every peer has synced meanwhile, but at most
+        a third of the time to wait for converged, which must leave room for it."""
+        if self.quiet_ms is not None:
+            return self.quiet_ms / 1000
+        quiet_s = 3 * self.runtime.sync_interval_ms / 1000
+        return min(quiet_s, self.wait_converged_s / 3) if self.wait_converged_s else quiet_s
 
 
 async def run_chat(options: ChatOptions, console: Console) -> int:
@@ -330,8 +338,11 @@ async def _script(
             options.wait_converged_s, options.quiet_s, options.min_peers
         )
         failed = session.failed()
+        unmet = "; ".join(session.unmet(options.quiet_s, options.min_peers))
         session.say(
-            "converged" if converged else "not converged (timeout)",
+            "converged"
+            if converged
+            else f"not converged after {options.wait_converged_s:g} s: {unmet}",
             style="green" if converged else "red",
         )
         if converged:

@@ -15,10 +15,13 @@ peer's filters acknowledge nothing until the group agrees on one profile.
 *Converged* (:meth:`ChatSession.wait_converged`) is a local judgement: nothing of ours
 unacknowledged, nothing waiting in the incoming buffer, no message we know of missing (the
 driver's sync status), messages or syncs heard from at least ``min_peers`` other
-participants, and no change for a quiet period of a few sync intervals — long enough that
-every peer has sent a sync message naming its newest messages, so a message we never
-heard of would have shown up as missing. A received duplicate is a change: some peer is
-still resending.
+participants, a message of ours sent since we last delivered one of theirs (so the others
+know what we hold: without it, a chat could leave before its peer's last message was
+acknowledged, and the peer resent it to nobody), and no change for a quiet period of a
+few sync intervals — long enough that every peer has sent a sync message naming its
+newest messages, so a message we never heard of would have shown up as missing. A
+received duplicate is a change: some peer is still resending. :meth:`ChatSession.unmet`
+names the conditions that do not hold.
 """
 
 from __future__ import annotations
@@ -100,6 +103,9 @@ class ChatSession:
         # finished (one that failed finishes none).
         self._caught_up_before = (0, 0)
         self.bloom_mismatch_shown = False
+        # Whether a message of ours has gone out since we last delivered one of theirs:
+        # until then, the others do not know what we hold.
+        self.told = True
 
     # Sending
 
@@ -120,6 +126,7 @@ class ChatSession:
         entry = self.channel.channel.log.get(message_id)
         line.lamport_timestamp = entry.lamport_timestamp if entry is not None else 0
         self._shown_before(line.lamport_timestamp, message_id)
+        self.told = True  # it carries everything we delivered
         self.say(f"→ {_tag(message_id)} {escape(self.me)}: {escape(text)} · {SENT}")
         return message_id
 
@@ -132,6 +139,10 @@ class ChatSession:
     def on_event(self, event: Event) -> None:
         if not isinstance(event, _QUIET_EVENTS):
             self.changed_at = time.monotonic()
+        if isinstance(event, SyncSent):
+            self.told = True
+        elif isinstance(event, MessageDelivered) and event.sender_id != self.me:
+            self.told = False
         mid = event.message_id
         if isinstance(event, SyncReceived | MessageReceived):
             self._heard(event.sender_id)
@@ -256,13 +267,31 @@ class ChatSession:
     def failed(self) -> list[str]:
         return [mid for mid, status in self.status.items() if status == FAILED]
 
+    def unmet(self, quiet_s: float, min_peers: int) -> list[str]:
+        """The conditions of converged (module doc) that do not hold now, in words."""
+        status = self.channel.driver.sync_status()
+        unmet = []
+        if status.outstanding:
+            unmet.append(f"{status.outstanding} of ours unacknowledged")
+        if status.waiting:
+            unmet.append(f"{status.waiting} waiting for earlier messages")
+        if status.missing:
+            unmet.append(f"{status.missing} missing")
+        if len(self.heard_from) < min_peers:
+            unmet.append(f"heard from {len(self.heard_from)} of {min_peers} peers")
+        if not self.told:
+            unmet.append("what we delivered last is not yet in a message of ours")
+        quiet_for = time.monotonic() - self.changed_at
+        if quiet_for < quiet_s:
+            unmet.append(f"quiet for {quiet_for:.0f} s of {quiet_s:g} s")
+        return unmet
+
     async def wait_converged(self, timeout_s: float, quiet_s: float, min_peers: int) -> bool:
         """True once converged (see the module doc), False at the timeout."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while loop.time() < deadline:
-            quiet = time.monotonic() - self.changed_at >= quiet_s
-            if quiet and self.settled() and len(self.heard_from) >= min_peers:
+            if not self.unmet(quiet_s, min_peers):
                 return True
             await asyncio.sleep(0.05)
         return False

@@ -37,6 +37,7 @@ FLAGS = {
     "light": "--light",
     "state_dir": "--state-dir",
     "sends": "--send",
+    "quiet_ms": "--quiet-ms",
 }
 
 
@@ -186,7 +187,11 @@ def chat_command(
     ] = None,
     quiet_ms: Annotated[
         int | None,
-        typer.Option(min=0, help="Quiet period of --wait-converged (default 3 sync intervals)."),
+        typer.Option(
+            min=0,
+            help="Quiet period of --wait-converged (default 3 sync intervals, at most a "
+            "third of --wait-converged).",
+        ),
     ] = None,
     min_peers: Annotated[
         int,

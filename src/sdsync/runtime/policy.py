@@ -104,9 +104,15 @@ class SyncTimer:
     m is 2 after our own sync (someone else will probably sync first next time), 1 after
     our own content or a received sync, and 0.5 after received content (acknowledge soon).
     With ``suppress`` a received sync first defers ours by one full interval.
+
+    Unlike js-waku, a received sync never defers an acknowledgement we owe: once content
+    arrived, our next sync is due by the time its draw gave (``owed_ms``) until a message
+    of ours goes out. Otherwise, in a group whose others keep syncing, each of their
+    syncs pushed ours back again, and a sender waited for our acknowledgement for as long
+    as they talked (issue 39: a chat that left before it was acknowledged).
     """
 
-    __slots__ = ("due_ms", "interval_ms", "rng", "suppress")
+    __slots__ = ("due_ms", "interval_ms", "owed_ms", "rng", "suppress")
 
     def __init__(
         self, interval_ms: int, rng: random.Random, now_ms: int, *, suppress: bool = True
@@ -114,6 +120,7 @@ class SyncTimer:
         self.interval_ms = interval_ms
         self.rng = rng
         self.suppress = suppress
+        self.owed_ms: int | None = None
         self.due_ms = now_ms
         self.reset(now_ms, 1.0)
 
@@ -121,15 +128,20 @@ class SyncTimer:
         self.due_ms = now_ms + int(self.rng.uniform(0, self.interval_ms * multiplier))
 
     def after_own_sync(self, now_ms: int) -> None:
+        self.owed_ms = None  # what we hold has gone out
         self.reset(now_ms, 2.0)
 
     def after_own_content(self, now_ms: int) -> None:
+        self.owed_ms = None
         self.reset(now_ms, 1.0)
 
     def after_received_sync(self, now_ms: int) -> None:
         start = now_ms + self.interval_ms if self.suppress else now_ms
         self.reset(start, 1.0)
+        if self.owed_ms is not None:
+            self.due_ms = min(self.due_ms, self.owed_ms)
 
     def after_received_content(self, now_ms: int) -> None:
         # Only ever brings the sync forward: an acknowledgement is wanted soon.
         self.due_ms = min(self.due_ms, now_ms + int(self.rng.uniform(0, self.interval_ms * 0.5)))
+        self.owed_ms = self.due_ms if self.owed_ms is None else min(self.owed_ms, self.due_ms)
