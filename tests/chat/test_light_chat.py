@@ -2,7 +2,8 @@
 
 Two `sdsync chat --light --service <store>` processes, 20 % of what they receive dropped,
 converge through an `sdsync store serve` process, their only service (LightPush, Filter
-and, since no --store is given, store v3 for catch-up). A store peer that does not speak
+and, since no --store is given, store v3 for catch-up); a third, started after them, gets
+their whole conversation from the store. A store peer that does not speak
 store v3 (go-waku, which serves only the legacy store) stops a chat at start with one line
 naming it, exit 2; so do flags that do not go together. Liveness bounds only.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +24,7 @@ from testdeps import require
 from typer.testing import CliRunner
 
 from sdsync.cli.main import app
+from sdsync.runtime import RuntimeConfig
 from sdsync.testing.gowaku import GoWaku
 from sdsync.waku.filter.rpc import FILTER_SUBSCRIBE_PROTOCOL
 from sdsync.waku.lightpush.rpc import LIGHTPUSH_PROTOCOL
@@ -56,11 +59,19 @@ def test_two_light_chats_converge_through_a_store_node(tmp_path: Path) -> None:
             )
         try:
             logs = [chat.finish() for chat in chats]
+            # A newcomer that says nothing gets the channel's history from the store, as
+            # the page does (issue 39: a light chat showed none of it). It comes later
+            # than the margin a new channel's first catch-up reaches back anyway.
+            time.sleep(RuntimeConfig().store_catchup_margin_ms / 1000 + 1)
+            own = ["--seed", "3", "--state-dir", str(tmp_path / "C")]
+            late = ["--wait-converged", str(PATIENCE_S), "--min-peers", "2"]
+            chats.append(ChatProcess(tmp_path, "C", [*FAST, *light[:3], *late, *own]))
+            logs.append(chats[-1].finish())
         finally:
             for chat in chats:
                 chat.stop()
     assert_same_logs(logs, Counter(f"{p}{i:02d}" for p in "ab" for i in range(n)))
-    for chat in chats:
+    for chat in chats[:2]:
         err = chat.err.read_text()
         assert "Waku light client of 1 service(s)" in err
         assert "sending anyway" not in err, err[-3000:]  # subscribed before it sent

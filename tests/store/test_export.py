@@ -76,6 +76,6 @@ def test_export_of_a_window_and_refusal_to_overwrite(archive: SqlArchive, tmp_pa
     assert export_parquet(archive, out, start=T0, end=T0 + HOUR).rows == sum(
         m.timestamp < T0 + HOUR for m in messages
     )
-    with pytest.raises(pa.ArrowException, match="not empty"):
+    with pytest.raises(FileExistsError, match="give --overwrite"):
         export_parquet(archive, out)
     assert export_parquet(archive, out, overwrite=True).rows == 100

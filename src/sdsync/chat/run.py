@@ -255,6 +255,10 @@ async def run_chat(options: ChatOptions, console: Console) -> int:
         session = ChatSession(channel, console)
         if channel.state is not None:
             session.resume()
+        if stores is not None and channel.channel.log.total == 0:
+            # New to the channel: its history, as the page shows it (a channel counts as
+            # caught up at its creation, which suits an application's new channel).
+            channel.driver.restore_caught_up(None)
         await channel.start()
         background = [
             asyncio.create_task(session.pump(channel.events())),
