@@ -130,7 +130,7 @@ def print_full_demo(config: SimConfig, result: FullDemo, console: Console) -> No
         "report",
         f"delivery rate {rep['delivery_rate']:.4f}; time to consistency p50 "
         f"{pages.ms(ttc['p50'])}, p99 {pages.ms(ttc['p99'])}; "
-        f"{rep['transmitted_bytes_per_message'] / 1000:,.0f} kB transmitted per message",
+        f"{pages.size(rep['transmitted_bytes_per_message'])} transmitted per message",
     )
     table.add_row("wall time", f"{result.seconds:.0f} s")
     console.print(table)

@@ -26,6 +26,7 @@ from rich.table import Table
 from sdsync.cli.errors import fail
 from sdsync.cli.options import PROFILE_HELP
 from sdsync.errors import LocalProtocolError
+from sdsync.pipeline import pages  # plain formatting: no Spark
 from sdsync.runtime import profile
 from sdsync.sim.config import (
     ChurnConfig,
@@ -280,10 +281,6 @@ def profile_overrides(name: str) -> dict[str, Any]:
     return profile_fields(chosen)
 
 
-def _ms(value: float | None) -> str:
-    return "—" if value is None else f"{value:,.0f} ms"
-
-
 def print_summary(summary: dict[str, Any], out: Path, console: Console) -> None:
     ok = bool(summary["invariants_hold"])
     ttc = summary["time_to_consistency_ms"]
@@ -303,8 +300,8 @@ def print_summary(summary: dict[str, Any], out: Path, console: Console) -> None:
         ("causal order respected", str(summary["causal_order_ok"])),
         ("duplicate deliveries", str(summary["duplicates"])),
         ("irretrievably lost", str(summary["irretrievably_lost"])),
-        ("time to consistency p50 / p99", f"{_ms(ttc['p50'])} / {_ms(ttc['p99'])}"),
-        ("bytes on wire per content message", f"{summary['bytes_per_content_message']:,.0f}"),
+        ("time to consistency p50 / p99", f"{pages.ms(ttc['p50'])} / {pages.ms(ttc['p99'])}"),
+        ("bytes on wire per content message", pages.size(summary["bytes_per_content_message"])),
         ("false acks", str(summary["false_acks"])),
         ("virtual time", f"{summary['virtual_ms'] / 1000:,.1f} s"),
         (
