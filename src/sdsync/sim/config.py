@@ -132,7 +132,7 @@ class SimConfig:
     participants: int = 5
     stores: int = 1
     channels: int = 1
-    drain_ms: int = 3_600_000  # after the workload and the last fault, how long to wait for consistency
+    drain_ms: int = 3_600_000  # after the workload and the last fault: time to converge
     network: NetworkConfig = field(default_factory=NetworkConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
