@@ -295,8 +295,9 @@ def test_sweep(connect_url: str, tmp_path: Path) -> None:
     grid = tmp_path / "grid.toml"
     grid.write_text(SMALL_GRID)
     code, summary = both(connect_url, tmp_path, "sweep", "--grid", str(grid))
-    assert code == (1 if summary["runs_breaking_invariants"] else 0)
-    assert summary["runs"] == 6
+    # The grid expects its runs without a store or SDS-R to break, and nothing else.
+    assert code == (1 if summary["runs_breaking_invariants_unexpectedly"] else 0)
+    assert summary["runs"] == 8 and len(summary["runs_breaking_invariants_as_expected"]) == 2
 
 
 # -- bad input -----------------------------------------------------------------------------

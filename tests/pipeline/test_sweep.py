@@ -76,7 +76,7 @@ def test_grid_points_are_shared_between_sweeps_and_costliest_first() -> None:
         ('[[sweep]]\nname = "x"\n[sweep.axes]\nparticipants = []\n', "non-empty array"),
         ('[[sweep]]\nname = "x"\n[sweep.axes]\n"network.loss" = ["high"]\n', "network.loss"),
         ('[[sweep]]\nname = "x"\n[sweep.axes]\n"protocol.bloom_error_rate" = [0.0]\n', "bloom"),
-        ('[[sweep]]\nname = "x"\nrepeat = 2\n', "only name and axes"),
+        ('[[sweep]]\nname = "x"\nrepeat = 2\n', "only name, axes and expect_broken"),
         ('seeds = [1]\n[[sweep]]\nname = "x"\n', "unknown key(s) seeds"),
     ],
 )
@@ -88,11 +88,84 @@ def test_bad_grids_name_the_file(tmp_path: Path, text: str, message: str) -> Non
     assert str(path) in str(caught.value) and message in str(caught.value)
 
 
+def with_expected(grid: str, sweep: str, expect: str) -> str:
+    """``grid`` with ``expect_broken = expect`` in the sweep named ``sweep``."""
+    named = f'name = "{sweep}"\n'
+    assert named in grid
+    return grid.replace(named, f"{named}expect_broken = {expect}\n", 1)
+
+
+def test_expect_broken_marks_the_runs_made_from_those_values() -> None:
+    text = with_expected(GRID, "store and SDS-R", '[{ stores = 0, "protocol.repair" = false }]')
+    grid = parse_grid(text, "g.toml")
+    expected = [p for p in grid.points if p.expected_to_break]
+    # The sweep's points with neither a store nor SDS-R, one per seed; no other point.
+    assert {p.config.seed for p in expected} == {1, 2} and len(expected) == 2
+    assert all(p.config.stores == 0 and not p.config.protocol.repair for p in expected)
+    assert {p.expected_break for p in expected} == {"stores = 0, protocol.repair = false"}
+    assert grid.sweeps[1].expect_broken == ((("stores", 0), ("protocol.repair", False)),)
+    # Without the declaration, nothing is expected to break.
+    assert not any(p.expected_to_break for p in parse_grid(GRID, "g.toml").points)
+
+
+def test_expect_broken_matches_a_sweep_s_own_runs_only() -> None:
+    # The group size sweep expects its 6-member runs to break: those, and not its 3-member
+    # ones (the base, which every sweep shares).
+    text = with_expected(GRID, "group size", "[{ participants = 6 }]")
+    grid = parse_grid(text, "g.toml")
+    expected = {p.run for p in grid.points if p.expected_to_break}
+    assert expected == {p.run for p in grid.points if p.config.participants == 6}
+    # A common axis is an axis of every sweep, and a run shared by two sweeps is expected
+    # to break if one of them says so.
+    text = with_expected(GRID, "loss", '[{ seed = 2, "network.loss" = 0.3 }]')
+    grid = parse_grid(text, "g.toml")
+    (base,) = [p for p in grid.points if p.expected_to_break]
+    assert base.config.seed == 2 and set(base.sweeps) == {"loss", "store and SDS-R", "group size"}
+
+
+def test_expect_broken_on_a_preset_axis_names_the_preset() -> None:
+    text = with_expected(
+        with_presets(GRID.split("[[sweep]]", maxsplit=1)[0])
+        + '[[sweep]]\nname = "r"\n[sweep.axes]\nretrieval = ["sdsr", "none"]\n',
+        "r",
+        '[{ retrieval = "none" }]',
+    )
+    grid = parse_grid(text, "g.toml")
+    assert {p.value("retrieval") for p in grid.points if p.expected_to_break} == {"none"}
+    assert {p.expected_break for p in grid.points if p.expected_to_break} == {'retrieval = "none"'}
+
+
+@pytest.mark.parametrize(
+    ("expect", "message"),
+    [
+        ("{ stores = 0 }", "expect_broken must be an array of tables of axis = value"),
+        ("[0]", "expect_broken must be an array of tables"),
+        ("[{}]", "expect_broken must be an array of tables"),
+        ('[{ "network.loss" = 0.3 }]', "'network.loss' is not an axis of this sweep"),
+        ("[{ stores = 2 }]", "stores = 2 is not one of the sweep's values (0, 1)"),
+        # TOML's false is not 0 (nor "false" false), though Python's 0 == False.
+        ("[{ stores = false }]", "stores = false is not one of the sweep's values"),
+        ('[{ "protocol.repair" = "false" }]', 'protocol.repair = "false" is not one of'),
+    ],
+)
+def test_bad_expect_broken_names_the_file_the_sweep_and_the_key(
+    tmp_path: Path, expect: str, message: str
+) -> None:
+    path = tmp_path / "grid.toml"
+    path.write_text(with_expected(GRID, "store and SDS-R", expect))
+    with pytest.raises(InputError) as caught:
+        load_grid(path)
+    text = str(caught.value)
+    assert f"{path}: [[sweep]] 'store and SDS-R': expect_broken" in text, text
+    assert message in text, text
+
+
 PRESETS = """
 [presets.retrieval]
 catchup = { stores = 1, "protocol.store_catchup" = true }
 hint = { stores = 1, "protocol.store_catchup" = false }
 sdsr = { stores = 0, "protocol.repair" = true }
+none = { stores = 0, "protocol.repair" = false }
 """
 
 
@@ -164,7 +237,8 @@ def test_bad_presets_and_headlines(extra: str, message: str) -> None:
     assert message in str(caught.value)
 
 
-# For the Spark run: 3 points (the base, lossless, no store) × 2 seeds.
+# For the Spark run: 4 points (the base, lossless, SDS-R without a store, neither: the one
+# expected to break) × 2 seeds.
 SMALL_GRID = (
     with_presets(GRID.split("[[sweep]]", maxsplit=1)[0])
     + """
@@ -175,8 +249,9 @@ name = "loss"
 
 [[sweep]]
 name = "store and SDS-R"
+expect_broken = [{ retrieval = "none" }]
 [sweep.axes]
-retrieval = ["sdsr", "catchup"]
+retrieval = ["sdsr", "catchup", "none"]
 
 [[headline]]
 title = "Delivery by retrieval"
@@ -202,10 +277,21 @@ def test_sweep_runs_every_point_and_writes_the_evidence(
     result = invoke("--grid", str(grid_file), "--out", str(out))
     summary = json.loads((out / "summary.json").read_text())
     rows = pq.read_table(out / "results.parquet").to_pylist()
-    assert [r["run"] for r in rows] == [f"r{i:03d}" for i in range(6)]
-    broken = [r["run"] for r in rows if not r["invariants_hold"]]
-    assert summary["runs_breaking_invariants"] == broken and summary["runs_failed"] == []
-    assert result.exit_code == (1 if broken else 0), result.output
+    assert [r["run"] for r in rows] == [f"r{i:03d}" for i in range(8)]
+    # Issue 39: the runs with neither a store nor SDS-R lose messages, as the grid expects;
+    # they are told apart from the others, and break nothing that fails the sweep.
+    none = [r["run"] for r in rows if r["retrieval"] == "none"]
+    assert len(none) == 2
+    assert [r["run"] for r in rows if r["expected_to_break"]] == none
+    assert [r["run"] for r in rows if not r["invariants_hold"]] == none
+    assert summary["runs_breaking_invariants"] == none and summary["runs_failed"] == []
+    assert summary["runs_breaking_invariants_as_expected"] == none
+    assert summary["runs_breaking_invariants_unexpectedly"] == []
+    assert summary["runs_expected_to_break"] == dict.fromkeys(none, 'retrieval = "none"')
+    assert summary["runs_expected_to_break_that_held"] == []
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.replace("│", " ").split())
+    assert "0 unexpected; 2 as expected" in said and all(run in said for run in none), said
     grid = load_grid(grid_file)
     for point, row in zip(grid.points, rows, strict=True):
         # Each task ran exactly its point: the executor's result is the driver's rerun.
@@ -226,8 +312,14 @@ def test_sweep_runs_every_point_and_writes_the_evidence(
         sum(r["delivery_rate"] for r in lossless) / 2
     )
     stores = summary["sweeps"]["store and SDS-R"]
-    assert [(r["retrieval"], r["runs"]) for r in stores] == [("catchup", 2), ("sdsr", 2)]
-    assert {r["retrieval"] for r in rows} == {"catchup", "sdsr"}
+    assert [
+        (r["retrieval"], r["runs"], r["invariants_hold"], r["expected_to_break"]) for r in stores
+    ] == [
+        ("catchup", 2, 2, 0),
+        ("none", 2, 0, 2),
+        ("sdsr", 2, 2, 0),
+    ]
+    assert {r["retrieval"] for r in rows} == {"catchup", "sdsr", "none"}
     for row in rows:
         by_kind = json.loads(row["summary_json"])["bytes_by_kind"]
         assert row["store_bytes_per_message"] == pytest.approx(
@@ -235,6 +327,9 @@ def test_sweep_runs_every_point_and_writes_the_evidence(
         )
     evidence = (out / "evidence.md").read_text()
     assert "## Sweep: loss" in evidence and "| retrieval | runs |" in evidence
+    assert "| none | 2 | 0/2 (2 expected to break) |" in evidence
+    assert evidence.count("| FAIL (expected to break) |") == 2 and "| FAIL |" not in evidence
+    assert "2 runs break them as expected, 0 unexpectedly." in evidence
     assert "## Headlines" in evidence and "| retrieval ↓ seed → | 2 |" in evidence
     page = (out / "index.html").read_text()
     for name in ("loss", "store-and-SDS-R"):
@@ -253,8 +348,8 @@ def test_sweep_runs_every_point_and_writes_the_evidence(
         "--evidence",
         str(docs),
     )
-    assert result.exit_code == (1 if broken else 0), result.output
-    assert json.loads((again / "summary.json").read_text())["runs_reused"] == 6
+    assert result.exit_code == 0, result.output
+    assert json.loads((again / "summary.json").read_text())["runs_reused"] == 8
     assert pq.read_table(again / "results.parquet").to_pylist() == rows
     assert (again / "runs" / "r000" / "summary.json").is_file()
     published = docs.read_text()
@@ -263,6 +358,28 @@ def test_sweep_runs_every_point_and_writes_the_evidence(
     )
     assert (tmp_path / "docs" / "evidence" / "sweep-loss.png").is_file()
     assert (tmp_path / "docs" / "evidence" / "results.parquet").is_file()
+
+    # The same runs again, under a grid expecting the wrong ones to break: those without a
+    # store or SDS-R now fail the sweep, and the SDS-R ones are noted for holding.
+    wrong = tmp_path / "wrong.toml"
+    wrong.write_text(SMALL_GRID.replace('{ retrieval = "none" }', '{ retrieval = "sdsr" }'))
+    result = invoke(
+        "--grid",
+        str(wrong),
+        "--out",
+        str(tmp_path / "wrong"),
+        "--reuse",
+        str(out / "results.parquet"),
+    )
+    assert result.exit_code == 1, result.output
+    summary = json.loads((tmp_path / "wrong" / "summary.json").read_text())
+    sdsr = [r["run"] for r in rows if r["retrieval"] == "sdsr"]
+    assert summary["runs_breaking_invariants_unexpectedly"] == none
+    assert summary["runs_breaking_invariants_as_expected"] == []
+    assert summary["runs_expected_to_break_that_held"] == sdsr
+    said = " ".join(result.output.replace("│", " ").split())
+    assert f"2 unexpected: {', '.join(none)}" in said, said
+    assert f"expected to break, but held 2: {', '.join(sdsr)}" in said, said
 
 
 def test_bad_grid_exits_2(spark: SparkSession, tmp_path: Path) -> None:
@@ -278,3 +395,16 @@ def test_the_default_grid_is_valid() -> None:
     grid = load_grid(Path(__file__).parents[2] / "scenarios" / "grids" / "default.toml")
     assert len(grid.points) == 54
     assert {s.name for s in grid.sweeps} >= {"loss", "group size", "causal history"}
+    # Issue 39: its comparison runs (no store, no SDS-R under 20 % loss) lose messages by
+    # design; the grid says so, so that the default sweep exits 0 when nothing else breaks.
+    expected = [p for p in grid.points if p.expected_to_break]
+    assert [p.config.seed for p in expected] == [1, 2, 3]
+    assert all(p.config.stores == 0 and not p.config.protocol.repair for p in expected)
+
+
+def test_the_scale_grid_expects_only_its_runs_without_retrieval_under_loss_to_break() -> None:
+    grid = load_grid(Path(__file__).parents[2] / "scenarios" / "grids" / "scale.toml")
+    expected = {p.run for p in grid.points if p.expected_to_break}
+    none = {p.run for p in grid.points if p.value("retrieval") == "none"}
+    lossy = {p.run for p in grid.points if p.config.network.loss > 0}
+    assert expected and expected == none & lossy

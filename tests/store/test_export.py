@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import quote
 
-import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 from storetest import HOUR, PUBSUB, T0, in_order, make_messages

@@ -50,7 +50,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as sf
 
-from sdsync.pipeline.io import inspect_parquet, schema_columns, write_summary
+from sdsync.pipeline.io import ParquetInput, inspect_parquet, schema_columns, write_summary
 from sdsync.pipeline.progress import Progress
 from sdsync.sim.output import LOG_SCHEMA, MESSAGES_SCHEMA
 
@@ -74,6 +74,24 @@ OUTPUTS: dict[str, tuple[str, ...]] = {
 
 
 @dataclass(frozen=True)
+class ConsolidateInputs:
+    """What the footers of the local inputs say (nothing for the others: Spark reads them)."""
+
+    logs: ParquetInput
+    events: ParquetInput | None
+
+
+def check_inputs(logs_path: str, events_path: str | None) -> ConsolidateInputs:
+    """Every local input file readable, with the columns :data:`LOG_COLUMNS` and
+    :data:`MESSAGES_COLUMNS` require; InputError naming the file and the column. Needs no
+    Spark: run it before starting one."""
+    return ConsolidateInputs(
+        inspect_parquet(logs_path, LOG_COLUMNS),
+        None if events_path is None else inspect_parquet(events_path, MESSAGES_COLUMNS),
+    )
+
+
+@dataclass(frozen=True)
 class _Inputs:
     logs: DataFrame
     messages: DataFrame | None
@@ -85,11 +103,15 @@ def consolidate(
     events_path: str | None,
     out: Path,
     progress: Progress,
+    *,
+    checked: ConsolidateInputs | None = None,
 ) -> dict[str, Any]:
-    """Build every output under ``out`` and write ``summary.json``; return the summary."""
+    """Build every output under ``out`` and write ``summary.json``; return the summary.
+    ``checked``: what :func:`check_inputs` returned for these inputs (None: check them now)."""
     started = time.perf_counter()
     with progress.stage("check inputs"):
-        inputs = _read_inputs(spark, logs_path, events_path)
+        found = checked or check_inputs(logs_path, events_path)
+        inputs = _read_inputs(spark, logs_path, events_path, found)
     logs = inputs.logs.cache()
     try:
         frames = _frames(logs, inputs.messages)
@@ -108,15 +130,15 @@ def consolidate(
     return summary
 
 
-def _read_inputs(spark: SparkSession, logs_path: str, events_path: str | None) -> _Inputs:
-    inspect_parquet(logs_path, LOG_COLUMNS)
+def _read_inputs(
+    spark: SparkSession, logs_path: str, events_path: str | None, found: ConsolidateInputs
+) -> _Inputs:
     logs = spark.read.parquet(logs_path).select(*[c.name for c in LOG_COLUMNS])
-    if events_path is None:
+    if events_path is None or found.events is None:
         return _Inputs(logs, None)
-    found = inspect_parquet(events_path, MESSAGES_COLUMNS)
     messages = spark.read.parquet(events_path)
     # Spark, not pyarrow, decides for non-local inputs; the column may exist either way.
-    has_archived = "archived" in (found.columns or set(messages.columns))
+    has_archived = "archived" in (found.events.columns or set(messages.columns))
     archived = sf.coalesce(sf.col("archived"), sf.lit(False)) if has_archived else sf.lit(False)
     messages = messages.select(
         "channel", "message_id", "causal_history", archived.alias("archived")

@@ -26,6 +26,20 @@ A grid file names a **base** scenario and **sweeps** that vary it::
 Each sweep is the cross product of its own axes and the common ones, applied to the
 base (an axis is a dotted scenario field, as in ``sdsync simulate``'s overrides).
 
+A sweep may declare the points that are **expected to break** the invariants — the
+comparisons, such as a group with neither a store nor SDS-R under loss::
+
+    [[sweep]]
+    name = "store and SDS-R"
+    expect_broken = [{ stores = 0, "protocol.repair" = false }]
+    [sweep.axes]
+    stores = [0, 1]
+    "protocol.repair" = [true, false]
+
+Each entry is a set of the sweep's axis values; the sweep's runs made from those values
+are expected to break (a run several sweeps share, if any of them says so).  The sweep
+reports them apart, and fails only on the runs nobody expected to break.
+
 A **preset** axis sets several fields at once, by name — a factor that is not one field,
 such as how participants retrieve what they missed::
 
@@ -77,6 +91,9 @@ from sdsync.sim.engine import Simulation
 
 Value = bool | int | float | str
 
+Match = tuple[tuple[str, Value], ...]
+"""Axis values a run must all have: (axis, value), in the order the grid gives them."""
+
 
 @dataclass(frozen=True)
 class Sweep:
@@ -85,6 +102,8 @@ class Sweep:
     """Dotted fields this sweep varies: what its evidence is grouped by."""
     common: tuple[str, ...]
     """The common axes it does not vary itself: replicates (the seeds)."""
+    expect_broken: tuple[Match, ...] = ()
+    """Its points expected to break the invariants (``expect_broken``)."""
 
     @property
     def axes(self) -> tuple[str, ...]:
@@ -113,6 +132,13 @@ class Point:
     sweeps: tuple[str, ...]
     labels: tuple[tuple[str, str | None], ...] = ()
     """(preset axis, the name of the preset this configuration matches)."""
+    expected_break: str | None = None
+    """Why the run is expected to break the invariants — the ``expect_broken`` entry it
+    matches, as ``stores = 0, protocol.repair = false`` — or None: it must keep them."""
+
+    @property
+    def expected_to_break(self) -> bool:
+        return self.expected_break is not None
 
     @property
     def config_json(self) -> str:
@@ -232,6 +258,58 @@ def _axes(path: str, where: str, raw: Any) -> dict[str, list[Value]]:
     return axes
 
 
+def same_value(a: Value, b: Value) -> bool:
+    """Equal as grid values: ``0`` and ``0.0`` are, ``0`` and ``false`` are not (Python's
+    ``0 == False`` would let ``stores = false`` match the runs without a store)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return a == b
+
+
+def _written(value: Any) -> str:
+    """A value as a grid file writes it (JSON's scalars are TOML's)."""
+    return json.dumps(value, default=str)
+
+
+def describe(match: Match) -> str:
+    """``stores = 0, protocol.repair = false``."""
+    return ", ".join(f"{axis} = {_written(value)}" for axis, value in match)
+
+
+def _expect_broken(
+    path: str, sweep: str, raw: Any, axes: dict[str, list[Value]]
+) -> tuple[Match, ...]:
+    """A sweep's ``expect_broken``: each entry a table of some of its axes' values."""
+    where = f"{path}: [[sweep]] '{sweep}': expect_broken"
+    if not isinstance(raw, list) or not all(isinstance(e, dict) and e for e in raw):
+        raise InputError(
+            f"{where} must be an array of tables of axis = value, e.g. "
+            '[{ stores = 0, "protocol.repair" = false }]',
+            path=path,
+            column="expect_broken",
+        )
+    matches = []
+    for entry in raw:
+        for axis, value in entry.items():
+            if axis not in axes:
+                raise InputError(
+                    f"{where}: {axis!r} is not an axis of this sweep (its axes: {', '.join(axes)})",
+                    path=path,
+                    column=axis,
+                )
+            # Among the sweep's values, so the entry matches some of its runs: a value
+            # no run has (a typo, "false" for false) would expect nothing, silently.
+            if not any(same_value(value, v) for v in axes[axis]):
+                raise InputError(
+                    f"{where}: {axis} = {_written(value)} is not one of the sweep's values "
+                    f"({', '.join(_written(v) for v in axes[axis])})",
+                    path=path,
+                    column=axis,
+                )
+        matches.append(tuple(entry.items()))
+    return tuple(matches)
+
+
 def _config(path: str, raw: dict[str, Any], where: str) -> SimConfig:
     """The validated scenario; the engine itself checks the protocol parameters (it is
     cheap to build: the run is what costs)."""
@@ -267,11 +345,15 @@ def parse_grid(text: str, path: str) -> Grid:
     if not isinstance(sweeps_raw, list) or not sweeps_raw:
         raise InputError(f"{path}: needs at least one [[sweep]]", path=path)
     sweeps: list[Sweep] = []
-    found: dict[str, tuple[SimConfig, list[str]]] = {}
+    # configuration JSON → the configuration, the sweeps it is in, why it should break
+    found: dict[str, tuple[SimConfig, list[str], list[str]]] = {}
     for index, sweep in enumerate(sweeps_raw):
         name = sweep.get("name", f"sweep {index + 1}") if isinstance(sweep, dict) else None
-        if not isinstance(name, str) or set(sweep) - {"name", "axes"}:
-            raise InputError(f"{path}: [[sweep]] {index + 1} takes only name and axes", path=path)
+        if not isinstance(name, str) or set(sweep) - {"name", "axes", "expect_broken"}:
+            raise InputError(
+                f"{path}: [[sweep]] {index + 1} takes only name, axes and expect_broken",
+                path=path,
+            )
         own = _axes(path, f"[[sweep]] '{name}'", sweep.get("axes", {}))
         for axis, axis_values in own.items():
             strangers = [v for v in axis_values if axis in presets and str(v) not in presets[axis]]
@@ -284,7 +366,8 @@ def parse_grid(text: str, path: str) -> Grid:
                 )
         replicated = {a: v for a, v in common.items() if a not in own}
         axes = {**own, **replicated}
-        sweeps.append(Sweep(name, tuple(own), tuple(replicated)))
+        expected = _expect_broken(path, name, sweep.get("expect_broken", []), axes)
+        sweeps.append(Sweep(name, tuple(own), tuple(replicated), expected))
         for values in itertools.product(*axes.values()):
             point = base
             for axis, value in zip(axes, values, strict=True):
@@ -293,7 +376,14 @@ def parse_grid(text: str, path: str) -> Grid:
                 f"{a} = {v!r}" for a, v in zip(axes, values, strict=True)
             )
             config = _config(path, point, where)
-            found.setdefault(config_json(config), (config, []))[1].append(name)
+            _, in_sweeps, why = found.setdefault(config_json(config), (config, [], []))
+            in_sweeps.append(name)
+            chosen = dict(zip(axes, values, strict=True))
+            why.extend(
+                describe(match)
+                for match in expected
+                if all(same_value(chosen[a], v) for a, v in match)
+            )
     names = [s.name for s in sweeps]
     if len(set(names)) != len(names):
         raise InputError(f"{path}: sweep names must be unique", path=path)
@@ -305,8 +395,9 @@ def parse_grid(text: str, path: str) -> Grid:
             config,
             tuple(dict.fromkeys(in_sweeps)),
             tuple((a, _label(config, presets[a])) for a in used),
+            why[0] if why else None,
         )
-        for i, (config, in_sweeps) in enumerate(ordered)
+        for i, (config, in_sweeps, why) in enumerate(ordered)
     )
     description = raw.get("description", "")
     if not isinstance(description, str):

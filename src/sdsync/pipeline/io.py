@@ -1,8 +1,9 @@
 """Inputs and outputs of the pipeline: checking Parquet inputs, writing summaries.
 
-Theory of operation: bad input must fail fast, before a long Spark job, and say exactly
-which file and which column is wrong (exit code 2).  For local inputs we therefore read
-every Parquet footer with pyarrow first: it is cheap (no data pages), it finds
+Theory of operation: bad input must fail fast, before Spark even starts (seconds: a JVM),
+and say exactly which file and which column is wrong (exit code 2).  For local inputs we
+therefore read every Parquet footer with pyarrow first — each job's ``check_inputs``, which
+the commands call before they build the session: it is cheap (no data pages), it finds
 unreadable files, missing columns and wrong types file by file, and it gives each file's
 row count and min/max statistics, which the reconciler uses to size its buckets without
 a scan.  Inputs on other file systems (``hdfs://``, ``s3a://``) are left to Spark, and

@@ -153,25 +153,33 @@ def check_archives(archives: list[ParquetArchive]) -> None:
         )
 
 
+def check_inputs(archives: list[ParquetArchive]) -> dict[str, ParquetInput]:
+    """Two or more archives with distinct names, every local file readable with the
+    columns :data:`ARCHIVE_COLUMNS` require; InputError naming the file and the column.
+    Needs no Spark: run it before starting one.  By archive name, what the footers say
+    (row counts and time bounds: the plan's sizes)."""
+    check_archives(archives)
+    return {
+        a.name: inspect_parquet(a.path, ARCHIVE_COLUMNS, min_max=(TIMESTAMP,)) for a in archives
+    }
+
+
 def reconcile(
     spark: SparkSession,
     archives: list[ParquetArchive],
     out: Path,
     progress: Progress,
     options: ReconcileOptions | None = None,
+    *,
+    checked: dict[str, ParquetInput] | None = None,
 ) -> dict[str, Any]:
-    """Run the reconciliation, write ``OUT/missing/`` and ``OUT/summary.json``."""
+    """Run the reconciliation, write ``OUT/missing/`` and ``OUT/summary.json``.
+    ``checked``: what :func:`check_inputs` returned for these archives (None: check them
+    now), so that the footers of an archive of many files are read once."""
     options = options or ReconcileOptions()
     started = time.perf_counter()
-    check_archives(archives)
     with progress.stage("check inputs"):
-        plan = _Plan(
-            archives,
-            {
-                a.name: inspect_parquet(a.path, ARCHIVE_COLUMNS, min_max=(TIMESTAMP,))
-                for a in archives
-            },
-        )
+        plan = _Plan(archives, checked if checked is not None else check_inputs(archives))
         _choose_shift(spark, plan, options)
         slices = _time_slices(spark, plan, options)
     keys: dict[str, str] = {}

@@ -42,7 +42,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as sf
 
 from sdsync.pipeline import pages, plots
-from sdsync.pipeline.io import inspect_parquet, schema_columns, write_summary
+from sdsync.pipeline.io import ParquetInput, inspect_parquet, schema_columns, write_summary
 from sdsync.pipeline.progress import Progress
 from sdsync.sim.output import EVENTS_SCHEMA
 
@@ -59,12 +59,27 @@ MAX_BARS = 60
 TABLES = ("delivery_over_time", "ttc_histogram", "bytes_per_message", "participant_lag")
 
 
-def report(spark: SparkSession, events_path: str, out: Path, progress: Progress) -> dict[str, Any]:
-    """Write the report's tables, figures, ``index.html`` and ``summary.json``."""
+def check_inputs(events_path: str) -> ParquetInput:
+    """Every local input file readable, with the columns :data:`EVENTS_COLUMNS` require;
+    InputError naming the file and the column. Needs no Spark: run it before starting one."""
+    return inspect_parquet(events_path, EVENTS_COLUMNS)
+
+
+def report(
+    spark: SparkSession,
+    events_path: str,
+    out: Path,
+    progress: Progress,
+    *,
+    checked: ParquetInput | None = None,
+) -> dict[str, Any]:
+    """Write the report's tables, figures, ``index.html`` and ``summary.json``.
+    ``checked``: what :func:`check_inputs` returned for this input (None: check it now)."""
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     with progress.stage("check inputs"):
-        inspect_parquet(events_path, EVENTS_COLUMNS)
+        if checked is None:
+            check_inputs(events_path)
         events = spark.read.parquet(events_path).select(*[c.name for c in EVENTS_COLUMNS])
     events = events.cache()
     cached: list[DataFrame] = [events]

@@ -31,7 +31,12 @@ On a cluster the executors need ``sdsync`` installed (the same version as the dr
 and ``OUT`` on a file system they share with the driver for the per-run summaries;
 ``results.parquet`` and the evidence are written by the driver.
 
-Exit code 1 when some run breaks an invariant (or fails), 0 when all hold.
+A grid may declare runs **expected to break** the invariants (``expect_broken``, the
+comparisons: no store and no SDS-R under loss).  Each result row says whether it was
+(``expected_to_break``); the summary lists the runs breaking invariants unexpectedly and
+as expected apart, and the runs expected to break that held.
+
+Exit code 1 when some run breaks an invariant unexpectedly (or fails), 0 otherwise.
 """
 
 from __future__ import annotations
@@ -55,7 +60,15 @@ from pyspark.sql import functions as sf
 from sdsync import __version__
 from sdsync.errors import InputError
 from sdsync.pipeline import pages, plots
-from sdsync.pipeline.grid import Grid, Headline, Point, Sweep, column_name, load_grid
+from sdsync.pipeline.grid import (
+    Grid,
+    Headline,
+    Point,
+    Sweep,
+    column_name,
+    describe,
+    load_grid,
+)
 from sdsync.pipeline.io import write_summary
 from sdsync.pipeline.progress import Progress
 from sdsync.sim.config import config_from_dict
@@ -155,6 +168,7 @@ def results_schema(grid: Grid) -> pa.Schema:
             ("run", pa.string()),
             ("sweeps", pa.list_(pa.string())),
             *[(column_name(a), _axis_type(grid, a)) for a in grid.axes],
+            ("expected_to_break", pa.bool_()),
             *[(name, kind) for name, kind, _ in METRICS],
             ("error", pa.string()),
             ("summary_json", pa.string()),
@@ -180,7 +194,7 @@ class RunPoints:
     """
 
     runs: tuple[tuple[str, tuple[str, ...], str, str], ...]
-    """(run, sweeps, configuration JSON, axis columns as JSON) by task index."""
+    """(run, sweeps, configuration JSON, the point's columns as JSON) by task index."""
     schema: pa.Schema
     runs_dir: str
 
@@ -222,6 +236,24 @@ class RunPoints:
 # -- driver -----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class SweepInputs:
+    """The grid and the rows ``--reuse`` offers, read and checked without Spark."""
+
+    grid: Grid
+    previous: dict[str, dict[str, Any]]
+    """Reusable result rows by configuration JSON."""
+
+
+def check_inputs(grid_path: Path, reuse: Path | None = None) -> SweepInputs:
+    """Read and validate the grid (every point, the headlines) and the ``reuse`` file;
+    InputError naming the file. Needs no Spark: run it before starting one."""
+    grid = load_grid(grid_path)
+    _check_headlines(grid)
+    previous = _reusable(reuse, results_schema(grid)) if reuse is not None else {}
+    return SweepInputs(grid, previous)
+
+
 def sweep(
     spark: SparkSession,
     grid_path: Path,
@@ -230,14 +262,15 @@ def sweep(
     *,
     reuse: Path | None = None,
     evidence: Path | None = None,
+    checked: SweepInputs | None = None,
 ) -> dict[str, Any]:
     """Run every point of the grid (but those ``reuse`` has), write results, evidence
-    and ``summary.json``; ``evidence``: also publish the page there."""
+    and ``summary.json``; ``evidence``: also publish the page there.  ``checked``: what
+    :func:`check_inputs` returned for these inputs (None: check them now)."""
     started = time.perf_counter()
     with progress.stage("check inputs"):
-        grid = load_grid(grid_path)
-        _check_headlines(grid)
-        previous = _reusable(reuse, results_schema(grid)) if reuse is not None else {}
+        inputs = checked or check_inputs(grid_path, reuse)
+    grid, previous = inputs.grid, inputs.previous
     out.mkdir(parents=True, exist_ok=True)
     results = _simulate(spark, grid, out, progress, previous)
     pq.write_table(results, out / RESULTS)
@@ -256,7 +289,7 @@ def sweep(
         "grid": str(grid_path),
         "runs": len(rows),
         "runs_reused": sum(1 for r in rows if r["config_json"] in previous),
-        "runs_breaking_invariants": [r["run"] for r in rows if not r["invariants_hold"]],
+        **_verdicts(grid, rows),
         "runs_failed": [r["run"] for r in rows if r["error"] is not None],
         # Wall times differ from run to run: the page shows them, the summary keeps answers.
         "sweeps": {
@@ -279,8 +312,35 @@ def sweep(
     return summary
 
 
-def _axis_values(grid: Grid, point: Point) -> dict[str, Any]:
-    return {column_name(a): point.value(a) for a in grid.axes}
+def _point_columns(grid: Grid, point: Point) -> dict[str, Any]:
+    """What a result row takes from the grid: the point's axis values, and whether it is
+    expected to break (from today's grid, also for a reused row)."""
+    columns: dict[str, Any] = {column_name(a): point.value(a) for a in grid.axes}
+    columns["expected_to_break"] = point.expected_to_break
+    return columns
+
+
+def _verdicts(grid: Grid, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Which runs broke the invariants, told apart by whether the grid expected it.
+
+    A run that raised broke nothing as expected: it is a bug, whatever the grid says.
+    ``runs_breaking_invariants`` (every run that broke them) is kept for the readers of
+    earlier summaries."""
+    why = {p.run: p.expected_break for p in grid.points if p.expected_break is not None}
+    broken = [r["run"] for r in rows if not r["invariants_hold"]]
+    failed = {r["run"] for r in rows if r["error"] is not None}
+    as_expected = [run for run in broken if run in why and run not in failed]
+    return {
+        "runs_breaking_invariants": broken,
+        "runs_breaking_invariants_unexpectedly": [
+            run for run in broken if run not in why or run in failed
+        ],
+        "runs_breaking_invariants_as_expected": as_expected,
+        "runs_expected_to_break": why,
+        "runs_expected_to_break_that_held": [
+            r["run"] for r in rows if r["run"] in why and r["invariants_hold"]
+        ],
+    }
 
 
 def _reusable(path: Path, schema: pa.Schema) -> dict[str, dict[str, Any]]:
@@ -313,12 +373,17 @@ def _simulate(
     schema = results_schema(grid)
     fresh = [p for p in grid.points if p.config_json not in previous]
     kept = [
-        {**previous[p.config_json], "run": p.run, "sweeps": list(p.sweeps), **_axis_values(grid, p)}
+        {
+            **previous[p.config_json],
+            "run": p.run,
+            "sweeps": list(p.sweeps),
+            **_point_columns(grid, p),
+        }
         for p in grid.points
         if p.config_json in previous
     ]
     runner = RunPoints(
-        tuple((p.run, p.sweeps, p.config_json, json.dumps(_axis_values(grid, p))) for p in fresh),
+        tuple((p.run, p.sweeps, p.config_json, json.dumps(_point_columns(grid, p))) for p in fresh),
         schema,
         str((out / "runs").resolve()),
     )
@@ -391,6 +456,7 @@ def _aggregate(results: DataFrame, sweep: Sweep) -> pa.Table:
         .agg(
             sf.count(sf.lit(1)).alias("runs"),
             sf.count_if("invariants_hold").alias("invariants_hold"),
+            sf.count_if("expected_to_break").alias("expected_to_break"),
             sf.sum("wall_seconds").alias("wall_seconds_total"),
             *measures,
         )
@@ -496,10 +562,12 @@ def _sweep_tables(rows: list[dict[str, Any]], own: tuple[str, ...]) -> list[page
             "false acks",
         ],
         [
-            [*key, str(r["runs"]), f"{r['invariants_hold']}/{r['runs']}", *_columns(r, _DELIVERY)]
+            [*key, str(r["runs"]), _holding(r), *_columns(r, _DELIVERY)]
             for key, r in zip(keys, rows, strict=True)
         ],
         caption="Delivery: mean over the runs (seeds), range in brackets when they differ. "
+        "Invariants hold: in how many of the runs, and how many the grid expects to break "
+        "them (expect_broken). "
         "Delivery rate = deliveries / deliveries owed; to all = share of messages that "
         "reached every participant within 1 or 10 minutes of being sent, or by the end; "
         "TTC over the messages that reached everyone; unlearnable = messages that some "
@@ -517,6 +585,13 @@ def _sweep_tables(rows: list[dict[str, Any]], own: tuple[str, ...]) -> list[page
         "relay bytes",
     )
     return [delivery, volume]
+
+
+def _holding(row: dict[str, Any]) -> str:
+    """``3/3``, or ``0/3 (3 expected to break)``."""
+    held = f"{row['invariants_hold']}/{row['runs']}"
+    expected = row["expected_to_break"]
+    return f"{held} ({expected} expected to break)" if expected else held
 
 
 def _panels(rows: list[dict[str, Any]]) -> list[plots.Panel]:
@@ -628,11 +703,37 @@ def _grid_section(grid: Grid, results: pa.Table) -> pages.Section:
             *([grid.description] if grid.description else []),
             f"{grid.path}: {len(grid.sweeps)} sweeps, {len(rows)} runs "
             f"(points shared between sweeps run once); invariants hold in {holding} of them.",
+            *_expected_line(grid, rows),
             "Each sweep varies its own axes around the base scenario; the common axes "
             f"({', '.join(grid.common_axes) or 'none'}) are replicated in every sweep.",
         ],
         links=[(RESULTS, RESULTS)],
     )
+
+
+def _expected_line(grid: Grid, rows: list[dict[str, Any]]) -> list[str]:
+    """What the grid expects to break, and how that went; nothing if it expects none."""
+    expected = [
+        f"sweep '{s.name}': {describe(match)}" for s in grid.sweeps for match in s.expect_broken
+    ]
+    if not expected:
+        return []
+    verdicts = _verdicts(grid, rows)
+    held = verdicts["runs_expected_to_break_that_held"]
+    return [
+        f"Expected to break the invariants (the comparisons): {'; '.join(expected)}. "
+        f"{len(verdicts['runs_breaking_invariants_as_expected'])} runs break them as "
+        f"expected, {len(verdicts['runs_breaking_invariants_unexpectedly'])} unexpectedly"
+        + (f"; expected to break but held: {', '.join(held)}." if held else ".")
+    ]
+
+
+def _invariants(row: dict[str, Any]) -> str:
+    if row["error"]:
+        return "error"
+    verdict = "hold" if row["invariants_hold"] else "FAIL"
+    # A reader scanning for FAIL must see at once which ones the grid meant.
+    return f"{verdict} (expected to break)" if row["expected_to_break"] else verdict
 
 
 def _runs_section(grid: Grid, results: pa.Table) -> pages.Section:
@@ -657,7 +758,7 @@ def _runs_section(grid: Grid, results: pa.Table) -> pages.Section:
                     [
                         r["run"],
                         *[str(r[column_name(a)]) for a in axes],
-                        "error" if r["error"] else ("hold" if r["invariants_hold"] else "FAIL"),
+                        _invariants(r),
                         pages.rate(r["delivery_rate"]),
                         pages.rate(r["delivered_ever"]),
                         pages.ms(r["ttc_p50_ms"]),
