@@ -20,7 +20,7 @@ from sdsync.store import SqlArchive, StoreNode
 libp2p = require("sdsync.transport.libp2p", "needs the 'p2p' extra")
 patches = require("sdsync.transport.libp2p_patches", "needs the 'p2p' extra")
 
-ATTACKER_IP = "127.0.0.2"  # local on Linux; 127.0.0.1 (the honest client's) is exempt
+ATTACKER_IP = "127.0.0.2"  # local on Linux; not 127.0.0.1, the honest client's
 SLOW = "/sdsync-test/slow/1"
 HANDSHAKE_S = 1.0
 PATIENCE_S = 30.0  # a liveness bound
@@ -96,7 +96,7 @@ def test_refused_connections_and_timed_out_streams_show_on_metrics(
             finally:
                 held.close()
                 refused.close()
-            # The honest peer, from the exempt address, was served throughout.
+            # The honest peer, from its own address, was served throughout.
             await host.serve("/sdsync-test/echo/1", echo)
             assert await client.request(address, "/sdsync-test/echo/1", b"ok") == b"ok"
 

@@ -9,7 +9,9 @@ that what the attacker got stays under a stated budget, and that refusals are co
 * 24: a 1 MiB ``DONE`` frame was parsed entry by entry (1.5 s of CPU) before its 400; now
   it is refused for naming more items than the symbols sent could have decoded.
 * 22: a symbol stream never read kept its session's snapshot alive after the session
-  expired; now the write is cancelled with the session.
+  expired; now the write is cancelled with the session. One whose peer hung up left the
+  session in a reference cycle through the write's error, held until a full garbage
+  collection; now it goes when it expires.
 * 23: an ``OPEN`` + ``DELETE`` loop loaded a snapshot per iteration (82 % of a core); now
   sessions are rate-limited per client address (429).
 """
@@ -47,10 +49,10 @@ MEMORY_BUDGET = 16 * 10**6
 """Bytes an attack may leave allocated in the node (traced by tracemalloc)."""
 
 
-def open_frame(items: int, ts_bytes: int = 8) -> bytes:
-    """A RIBLT ``OPEN`` of the test window claiming ``items`` items (24 bytes for 2**40 - 1)."""
-    span = WINDOW[1] - WINDOW[0]
-    header = bytes([RIBLT_VERSION, 0]) + varint(WINDOW[0]) + varint(span)
+def open_frame(items: int, ts_bytes: int = 8, window: tuple[int, int] = WINDOW) -> bytes:
+    """A RIBLT ``OPEN`` of ``window`` claiming ``items`` items (24 bytes for 2**40 - 1)."""
+    span = window[1] - window[0]
+    header = bytes([RIBLT_VERSION, 0]) + varint(window[0]) + varint(span)
     return header + bytes([ts_bytes]) + varint(items)
 
 
@@ -177,14 +179,18 @@ def test_a_1_mib_done_is_refused_before_it_is_parsed(
     asyncio.run(scenario())
 
 
-async def stalled_stream(host: str, port: int) -> socket.socket:
-    """Open a RIBLT session whose symbol stream is never read (a tiny receive window)."""
+async def stalled_stream(
+    host: str, port: int, window: tuple[int, int] = WINDOW, source: str = "127.0.0.1"
+) -> socket.socket:
+    """Open a RIBLT session of ``window`` from ``source`` whose symbol stream is never
+    read (a tiny receive window)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.bind((source, 0))
     sock.setblocking(False)
     await asyncio.get_running_loop().sock_connect(sock, (host, port))
-    body = encode_frames([open_frame((1 << 40) - 1)])
-    path = f"/sync/v1/riblt?start={WINDOW[0]}&end={WINDOW[1]}"
+    body = encode_frames([open_frame((1 << 40) - 1, window=window)])
+    path = f"/sync/v1/riblt?start={window[0]}&end={window[1]}"
     request = (
         f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {FRAMES_TYPE}\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
@@ -195,25 +201,32 @@ async def stalled_stream(host: str, port: int) -> socket.socket:
     return sock
 
 
-def test_an_unread_stream_is_cancelled_when_its_session_expires(
-    sqlite_archive: SqlArchive, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Row 22: four rounds of two streams never read; each session's snapshot (and its
-    stalled response) must be gone once it expires, not pile up."""
-    sessions: list[weakref.ref[ReconcileSession]] = []
+@pytest.fixture
+def sessions(monkeypatch: pytest.MonkeyPatch) -> list[weakref.ref[ReconcileSession]]:
+    """Every session the responder opens, weakly."""
+    opened: list[weakref.ref[ReconcileSession]] = []
     real = responder.SessionTable.add
 
     def recorded(
         table: responder.SessionTable, reconcile: ReconcileSession, *args: Any, **kwargs: Any
     ) -> str:
-        sessions.append(weakref.ref(reconcile))
+        opened.append(weakref.ref(reconcile))
         return real(table, reconcile, *args, **kwargs)
+
+    monkeypatch.setattr(responder.SessionTable, "add", recorded)
+    return opened
+
+
+def test_an_unread_stream_is_cancelled_when_its_session_expires(
+    sqlite_archive: SqlArchive, tmp_path: Path, sessions: list[weakref.ref[ReconcileSession]]
+) -> None:
+    """Row 22: four rounds of two streams never read; each session's snapshot (and its
+    stalled response) must be gone once it expires, not pile up."""
 
     def live_sessions() -> int:
         gc.collect()
         return sum(ref() is not None for ref in sessions)
 
-    monkeypatch.setattr(responder.SessionTable, "add", recorded)
     shared = make_messages(60_000, seed=65, span=HOUR)
     sqlite_archive.insert(shared)
     config = SyncConfig(idle_timeout_s=1.0)
@@ -244,6 +257,34 @@ def test_an_unread_stream_is_cancelled_when_its_session_expires(
                 sock.close()
 
     asyncio.run(scenario())
+
+
+def test_a_stream_whose_peer_hung_up_leaves_no_cycle_holding_its_session(
+    sqlite_archive: SqlArchive, tmp_path: Path, sessions: list[weakref.ref[ReconcileSession]]
+) -> None:
+    """Row 22, the peer hanging up: the write it cuts fails, and aiohttp's drain future
+    keeps that error, whose traceback held the frames holding the session, snapshot and
+    all: a cycle that only a full garbage collection frees, which a quiet node may not run
+    for minutes (on a real node: still held 90 s after). With collections off, the
+    session must be gone once it expires."""
+    sqlite_archive.insert(make_messages(60_000, seed=67, span=HOUR))
+
+    async def scenario() -> None:
+        async with node_with(sqlite_archive, tmp_path, SyncConfig(idle_timeout_s=1.0)) as base:
+            host, port = base.removeprefix("http://").rstrip("/").split(":")
+            sock = await stalled_stream(host, int(port))
+            await asyncio.sleep(0.5)  # its stream fills what the socket buffers
+            sock.close()
+            deadline = time.monotonic() + 30.0
+            while sessions[0]() is not None and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            assert sessions[0]() is None, "a hung-up stream's session outlives its expiry"
+
+    gc.disable()
+    try:
+        asyncio.run(scenario())
+    finally:
+        gc.enable()
 
 
 def test_an_open_delete_loop_is_rate_limited_per_client(

@@ -123,9 +123,11 @@ def serve(
         return
     from sdsync.errors import LocalProtocolError
     from sdsync.store.launch import run_node
+    from sdsync.store.memory import limit_arenas
     from sdsync.store.retention import ByteBudget
 
     configure_logging(logging.INFO if verbose else logging.WARNING, log_format)
+    limit_arenas()  # before any thread allocates
     plan = _plan(settings, identity=True)
     archive = _open_archive(plan.db_url)
     if plan.size_policy is not None:

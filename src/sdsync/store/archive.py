@@ -198,6 +198,11 @@ class Archive(Protocol):
         """Delete the ``count`` oldest messages; returns how many."""
         ...
 
+    def release_memory(self) -> None:
+        """Empty what the archive caches in the node's memory, from any thread (the node
+        gives memory back once a load ends: :mod:`~sdsync.store.memory`)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -236,6 +241,9 @@ class SqlArchive(ABC):
     def _prepare(self, rows: list[tuple[Any, ...]]) -> None:
         """Make room for ``rows`` before inserting them (PostgreSQL: hourly partitions)."""
         return  # SQLite's single table needs nothing
+
+    def release_memory(self) -> None:
+        return  # PostgreSQL caches pages in its server, not in the node
 
     @abstractmethod
     def _delete_below(self, key: Key) -> int:

@@ -139,6 +139,17 @@ class StoreMetrics:
             ["outcome"],
             registry=r,
         )
+        self.memory_returns = Counter(
+            "sdsync_store_memory_returns",
+            "Times the node gave memory back to the system, a load having grown it or "
+            "ended (caches emptied, malloc trimmed: sdsync.store.memory).",
+            registry=r,
+        )
+        self.memory_returned_bytes = Counter(
+            "sdsync_store_memory_returned_bytes",
+            "Resident bytes those returns gave back.",
+            registry=r,
+        )
 
     def export_waku_sync(self, sync: WakuSyncCounters) -> None:
         """Export Waku Sync's counters on this registry (:class:`WakuSyncCollector`)."""
@@ -147,6 +158,11 @@ class StoreMetrics:
     def export_libp2p(self, host: WakuCounters) -> None:
         """Export ``host``'s counters on this registry (:class:`Libp2pCollector`)."""
         self.registry.register(Libp2pCollector(host))
+
+    def returned_memory(self, returned: int) -> None:
+        """Count one return of memory to the system, of ``returned`` resident bytes."""
+        self.memory_returns.inc()
+        self.memory_returned_bytes.inc(returned)
 
     def refuse(self, route: str, reason: str) -> None:
         """Count one refusal: ``route`` is where (``METHOD /path/template`` of an HTTP

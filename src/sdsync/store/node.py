@@ -8,6 +8,8 @@ background tasks:
 
 * the *heartbeat* writes the last-online time every minute (Store Resume needs it);
 * *retention* applies every configured policy every ``retention_interval_s``;
+* every ``memory_check_s`` it gives the memory a load freed back to the system: the
+  archive's caches, malloc's free pages (:mod:`~sdsync.store.memory`; glibc only);
 * *resume* runs once at start, when store peers are configured, while the API is
   already serving;
 * *Store Sync* (:mod:`sdsync.store.sync`) answers peers' sync sessions under ``/sync/``
@@ -94,6 +96,7 @@ from sdsync.errors import LocalProtocolError, RemoteProtocolError
 from sdsync.store.archive import Archive
 from sdsync.store.ingest import GroupCommit
 from sdsync.store.light_clients import LightClientConfig, LightClientServices
+from sdsync.store.memory import CHECK_S, MemoryReturn, UnsupportedAllocatorError, allocator
 from sdsync.store.resume import LastOnline, ResumeReport, resume, resume_window
 from sdsync.store.retention import DEFAULT_POLICY, RetentionPolicy
 from sdsync.store.served import ArchiveKeeper, NodeQueries, QueriesBusy
@@ -141,6 +144,9 @@ class NodeConfig:
     waku_sync: WakuSyncConfig | None = None
     """Waku Sync over libp2p with nwaku and other store nodes, when the node runs on a
     Waku node (None: not mounted)."""
+    memory_check_s: float | None = CHECK_S
+    """How often the node looks whether to give memory back to the system
+    (:mod:`~sdsync.store.memory`; None: never)."""
 
 
 class StoreNode(ArchiveKeeper):
@@ -197,6 +203,7 @@ class StoreNode(ArchiveKeeper):
         )
         if self.waku_sync is not None:
             self.metrics.export_waku_sync(self.waku_sync)
+        self.memory = self._memory_return() if config.memory_check_s is not None else None
         self.sync: PeriodicSync | None = None
         if config.peers and config.sync.interval_s is not None:
             self.sync = PeriodicSync(
@@ -231,6 +238,10 @@ class StoreNode(ArchiveKeeper):
         if self.sync is not None and config.sync.interval_s is not None:
             rounds = self._every(config.sync.interval_s, self.sync.round, wait_first=True)
             self._tasks.append(self._spawn(rounds, "sync"))
+        if self.memory is not None and config.memory_check_s is not None:
+            check = functools.partial(self.in_archive, self.memory.check)
+            checks = self._every(config.memory_check_s, check, wait_first=True)
+            self._tasks.append(self._spawn(checks, "memory"))
         if self.waku is not None:
             for topic in config.relay_topics:
                 if isinstance(self.waku, AdmitsRelay):
@@ -271,6 +282,16 @@ class StoreNode(ArchiveKeeper):
         await self.heartbeat()
         self._executor.shutdown(wait=True)
         self.archive.close()
+
+    def _memory_return(self) -> MemoryReturn | None:
+        try:
+            malloc = allocator()
+        except UnsupportedAllocatorError as exc:
+            logger.info("memory a load freed stays the process's: %s", exc)
+            return None
+        return MemoryReturn(
+            malloc, self.archive.release_memory, counted=self.metrics.returned_memory
+        )
 
     def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         return asyncio.create_task(work, name=f"store-{name}")

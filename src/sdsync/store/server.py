@@ -23,6 +23,15 @@ Routes, and who may call them:
   counters (:mod:`sdsync.store.status`); with the token it shows the node's
   configuration and Store Sync rounds too, as ``/admin/v1/info`` does.
 
+Behind a reverse proxy named in ``HttpLimits.trusted_proxies`` a request is its client's,
+the one the proxy names in ``X-Forwarded-For`` (:mod:`~sdsync.transport.forwarded`):
+:func:`forwarded_client` sets ``request.remote`` to it before any handler runs, so every
+bound of an address that a request meets (page pacing, Store Sync's sessions per
+address) is the client's; a header from any other address is ignored.  A trusted proxy's
+connections are not held to the per-IP connection limit: a proxy keeps a pool of them,
+each carrying the requests of many clients, whose addresses are known only request by
+request.
+
 Connections are bounded in time (:class:`HttpLimits`): one that has not sent a whole
 request head within ``idle_timeout_s`` of opening, or of its last answer, is closed.
 That is aiohttp's keep-alive timer (``keepalive_timeout``), which runs from the moment a
@@ -81,6 +90,7 @@ from sdsync.errors import RemoteProtocolError
 from sdsync.store import rest, status
 from sdsync.store.archive import ArchiveUnavailable
 from sdsync.store.served import ServedNode, answer_query, one_line, refuse_query
+from sdsync.transport.forwarded import FORWARDED_FOR, client_ip
 from sdsync.waku.messages import InvalidMessageError, StoredMessage, check_ingestible
 from sdsync.waku.ratelimit import PeerBuckets, RateLimit, address_key
 from sdsync.waku.store.model import Page, QueryError, QueryFailure
@@ -134,9 +144,11 @@ class HttpLimits:
     as soon as they open.  Neither nginx (``limit_conn``) nor aiohttp limits them by
     default; 64 is ten browsers' six connections behind one NAT, with room."""
     exempt_ips: frozenset[str] = frozenset()
-    """Addresses not held to ``max_connections_per_ip`` nor ``pages_rate`` (a local
-    reverse proxy's, which carries every client's connections).  Loopback is not exempt by
-    default."""
+    """Addresses not held to ``max_connections_per_ip`` nor ``pages_rate``.  Loopback is
+    not exempt by default: a local reverse proxy's clients all come from it."""
+    trusted_proxies: frozenset[str] = frozenset()
+    """Reverse proxies (canonical addresses) whose ``X-Forwarded-For`` names the client of
+    a request (module doc); not held to ``max_connections_per_ip``."""
     pages_rate: RateLimit | None = DEFAULT_PAGES_RATE
     """Requests one IP address may make of the public read-only pages (``/status``, its
     files, ``/metrics``): 10 a second on average, 100 at once — a scraper asks every 15 s,
@@ -152,9 +164,10 @@ def create_app(
     http: HttpLimits = HttpLimits(),
 ) -> web.Application:
     guard = ConnectionGuard(http, node.metrics.http_connections_closed)
+    forwarded = [forwarded_client(http.trusted_proxies)] if http.trusted_proxies else []
     app = web.Application(
         client_max_size=MAX_BODY_BYTES,
-        middlewares=[guard.middleware(), archive_unavailable],
+        middlewares=[*forwarded, guard.middleware(), archive_unavailable],
         handler_args={"keepalive_timeout": http.idle_timeout_s},
     )
     app[NODE] = node
@@ -178,6 +191,21 @@ def create_app(
         app.router.add_get(prefix, _to_mount(prefix + "/"))  # before the mount claims it
         app.add_subapp(prefix, subapp)
     return app
+
+
+def forwarded_client(trusted: frozenset[str]) -> Middleware:
+    """Sets a request's ``remote`` to its client's address when it comes from a
+    ``trusted`` proxy (module doc)."""
+
+    @web.middleware
+    async def forwarded(request: web.Request, handler: Handler) -> web.StreamResponse:
+        peer = request.remote
+        if peer is None or peer not in trusted:
+            return await handler(request)
+        client = client_ip(peer, request.headers.getall(FORWARDED_FOR, ()), trusted)
+        return await handler(request.clone(remote=client) if client != peer else request)
+
+    return forwarded
 
 
 # -- connections
@@ -235,8 +263,9 @@ class ConnectionGuard:
 
     def admit(self, connection: GuardedConnection, transport: asyncio.BaseTransport) -> bool:
         """Whether ``connection`` may be served; counted either way."""
-        ip, cap = connection.ip, self.limits.max_connections_per_ip
-        if cap and ip not in self.limits.exempt_ips and self._by_ip[ip] >= cap:
+        ip, cap, limits = connection.ip, self.limits.max_connections_per_ip, self.limits
+        held = ip not in limits.exempt_ips and ip not in limits.trusted_proxies
+        if cap and held and self._by_ip[ip] >= cap:
             self._closed.labels(reason="per_ip_limit").inc()
             return False
         self._by_ip[ip] += 1

@@ -36,6 +36,7 @@ from sdsync.store.node import NodeConfig
 from sdsync.store.retention import DEFAULT_POLICY, RetentionPolicy
 from sdsync.store.server import HttpLimits
 from sdsync.store.sync import SyncConfig
+from sdsync.transport.forwarded import canonical_ip
 from sdsync.transport.nodekey import NodeKeySource, choose_nodekey
 from sdsync.transport.settings import OUTBOUND_RESERVE, ConnectionLimits
 from sdsync.waku.filter.service import FilterLimits
@@ -213,6 +214,20 @@ SETTINGS: tuple[Setting, ...] = (
         shown_default=", ".join(sorted(_HTTP.exempt_ips)) or "none, loopback included",
     ),
     Setting(
+        "trusted_proxy",
+        HTTP_API,
+        str,
+        None,
+        "The IP address of a reverse proxy in front of this node (a local TLS or WebSocket"
+        " proxy's: 127.0.0.1) whose X-Forwarded-For is believed: an HTTP request or relay"
+        " WebSocket connection from it counts as the client's it names, for every per-IP"
+        " limit; its HTTP connections are not held to --http-max-connections-per-ip."
+        " Anyone else's X-Forwarded-For is ignored. Repeatable.",
+        repeatable=True,
+        metavar="IP",
+        shown_default="none",
+    ),
+    Setting(
         "pubsub_topic",
         RELAY,
         str,
@@ -310,7 +325,9 @@ SETTINGS: tuple[Setting, ...] = (
         CONNECTIONS,
         str,
         None,
-        "An IP address not held to --relay-max-connections-per-ip; repeatable; 'none': none.",
+        "An IP address not held to --relay-max-connections-per-ip; repeatable; 'none': none."
+        " Loopback is not exempt: behind a local proxy every client comes from it (see"
+        " --trusted-proxy).",
         repeatable=True,
         shown_default=", ".join(sorted(_CONNECTIONS.exempt_ips)) or "none",
     ),
@@ -594,6 +611,7 @@ class _Planner:
         self.values = values
         self.data_dir = Path(values["data_dir"]).expanduser()
         self.cluster_id: int = values["relay_cluster_id"]
+        self.trusted_proxies = _addresses(values["trusted_proxy"] or (), "trusted_proxy")
 
     def plan(self, identity: bool) -> NodePlan:
         v = self.values
@@ -660,6 +678,7 @@ class _Planner:
                 idle_timeout_s=v["http_idle_timeout"],
                 max_connections_per_ip=v["http_max_connections_per_ip"],
                 exempt_ips=_exempt_ips(v["http_exempt_ip"], _HTTP.exempt_ips),
+                trusted_proxies=self.trusted_proxies,
                 pages_rate=_rate(v["http_pages_rate_limit"], "http_pages_rate_limit"),
             ),
             sync=SyncConfig(
@@ -744,6 +763,7 @@ class _Planner:
             handshake_timeout_s=v["relay_handshake_timeout"],
             max_connections=v["relay_max_connections"],
             exempt_ips=_exempt_ips(v["relay_exempt_ip"], _CONNECTIONS.exempt_ips),
+            trusted_proxies=self.trusted_proxies,
         )
 
     def _web_addresses(self) -> tuple[str, ...]:
@@ -817,6 +837,14 @@ def _content_topics(served: Iterable[tuple[str, str | None]]) -> tuple[str, ...]
     (a shard archived whole: none, so every content topic)."""
     content = [c for _, c in served]
     return () if None in content else tuple(dict.fromkeys(c for c in content if c))
+
+
+def _addresses(given: Iterable[str], name: str) -> frozenset[str]:
+    """IP addresses, each in its canonical spelling (the one a connection reports)."""
+    try:
+        return frozenset(canonical_ip(ip) for ip in given)
+    except ValueError as exc:
+        raise OptionError(name, str(exc)) from None
 
 
 def _exempt_ips(given: Iterable[str] | None, default: frozenset[str]) -> frozenset[str]:

@@ -115,6 +115,15 @@ class SqliteArchive(SqlArchive):
             self._writer.executescript("PRAGMA incremental_vacuum;")
         return int(deleted)
 
+    def release_memory(self) -> None:
+        # Each connection caches the pages it read, and other threads own them: only where
+        # SQLite serializes each connection's calls (threadsafety 3, its default build).
+        if sqlite3.threadsafety < 3:
+            return
+        with map_driver_errors(sqlite3.Error), self._connections_lock:
+            for conn in self._connections:
+                conn.execute("PRAGMA shrink_memory")
+
     def size_bytes(self) -> int:
         rows = self._fetch(
             "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()", []

@@ -18,6 +18,9 @@ cannot, so the peak is the larger of the samples and, if the high-water mark ros
 watching, that mark. Figures are reported, never raced: a test asserts them against
 generous budgets and liveness bounds it states, never against a measured speed.
 
+:func:`process_cpu_s` reads what CPU a process has used, for a test that sets what one
+kind of request costs the node against another's, both measured in the same run.
+
 :func:`soak_scale` picks an attack's size: the small one for ``make test``, the large
 one under ``SDSYNC_SOAK=1`` (``make soak``). Linux only (``/proc``).
 """
@@ -35,7 +38,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
 
-__all__ = ["Watch", "Watched", "process_rss", "soak_scale"]
+__all__ = ["Watch", "Watched", "process_cpu_s", "process_rss", "soak_scale"]
 
 T = TypeVar("T")
 _MB = 2**20
@@ -52,6 +55,13 @@ def _status_bytes(pid: int, field: str) -> int:
 def process_rss(pid: int) -> int:
     """The resident memory of process ``pid`` (VmRSS), in bytes."""
     return _status_bytes(pid, "VmRSS")
+
+
+def process_cpu_s(pid: int) -> float:
+    """The CPU time process ``pid`` has used, user and system (utime + stime), in seconds."""
+    # /proc/PID/stat: the fields after the command's closing parenthesis, from state on.
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def soak_scale(small: T, large: T) -> T:

@@ -43,6 +43,18 @@ replaces one behaviour of the pinned py-libp2p:
   peer sent meanwhile is unread, and the kernel answers a close with bytes unread with
   RST; and a cancelled host closes its sockets wherever its tasks were, or not at all
   (an outbound connection stayed open);
+* :class:`ClientConnection` makes each inbound connection answer for its client
+  (``get_remote_address``, which :func:`remote_ip` reads for every per-IP bound): the
+  socket's peer, or for a WebSocket from a trusted proxy
+  (``ConnectionLimits.trusted_proxies``) the client the proxy names in
+  ``X-Forwarded-For`` (:mod:`~sdsync.transport.forwarded`). py-libp2p's WebSocket
+  connection has no remote address at all (a placeholder returns None), so every
+  WebSocket client counted as one address, "", and the sixth at once was refused; and
+  its listener drops the upgrade request, headers and all, once it has accepted it.
+  :func:`_upgrade_seen` wraps the listener's handler of an upgrade request to keep it
+  (:data:`_UPGRADE`, a context variable: the listener hands the connection to the swarm
+  in the same task, so the swarm reads the request that connection came with, and no
+  private attribute of either is touched);
 * :class:`RefusalIsNoError` logs a peer's refusal of a protocol (multistream "na") at
   DEBUG: py-libp2p logs each one as a seven-line ERROR, yet it is routine (every light
   client, ours or js-waku's, refuses the relay protocol that pubsub opens to each new
@@ -55,12 +67,14 @@ against the pinned version.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import struct
 import time
 import weakref
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -86,7 +100,10 @@ from libp2p.stream_muxer.yamux.yamux import (
     YAMUX_HEADER_FORMAT,
     Yamux,
 )
+from libp2p.transport.websocket.connection import P2PWebSocketConnection
+from libp2p.transport.websocket.listener import WebsocketListener
 
+from sdsync.transport.forwarded import FORWARDED_FOR, client_ip
 from sdsync.transport.handshakes import HandshakeSlots
 from sdsync.transport.settings import MESSAGE_CACHE_BYTES, ConnectionLimits
 
@@ -396,7 +413,8 @@ class BoundedSwarm(Swarm):
         if isinstance(read_write_closer, IMuxedConn):  # QUIC and the like: not ours
             await super()._do_handle_inbound_connection(read_write_closer, maddr, failure_event)
             return
-        ip = remote_ip(read_write_closer)
+        raw = ClientConnection(read_write_closer, self._client_address(read_write_closer))
+        ip = remote_ip(raw)
         refusal = "stopping" if self.stopping else self._refusal(ip)
         if refusal is not None:
             self.refused[refusal] += 1
@@ -405,7 +423,7 @@ class BoundedSwarm(Swarm):
             return
         self._by_ip[ip] += 1
         try:
-            muxed = await self._handshake(read_write_closer, maddr, ip)
+            muxed = await self._handshake(raw, maddr, ip)
             if muxed is not None:
                 await self._until_closed(muxed)
         finally:
@@ -413,19 +431,28 @@ class BoundedSwarm(Swarm):
             if not self._by_ip[ip]:
                 del self._by_ip[ip]
 
+    def _client_address(self, read_write_closer: ReadWriteCloser) -> tuple[str, int] | None:
+        """Whom an inbound connection is for (module doc): its socket's peer, or the
+        client a trusted proxy names for a WebSocket (port unknown: 0)."""
+        upgrade = _UPGRADE.get()
+        if upgrade is None or not isinstance(read_write_closer, P2PWebSocketConnection):
+            return read_write_closer.get_remote_address()
+        if upgrade.peer is None:
+            return None
+        peer_ip, port = upgrade.peer
+        client = client_ip(peer_ip, upgrade.forwarded_for, self.limits.trusted_proxies)
+        return (client, port) if client == peer_ip else (client, 0)
+
     def _refusal(self, ip: str) -> str | None:
         per_ip = self.limits.per_ip
         if per_ip and ip not in self.limits.exempt_ips and self._by_ip[ip] >= per_ip:
             return "per-IP limit"
         return None
 
-    async def _handshake(
-        self, read_write_closer: ReadWriteCloser, maddr: Any, ip: str
-    ) -> IMuxedConn | None:
+    async def _handshake(self, raw: ClientConnection, maddr: Any, ip: str) -> IMuxedConn | None:
         """The upgraded connection, or None (the socket closed) if no handshake slot was
         free (:class:`~sdsync.transport.handshakes.HandshakeSlots`), or the upgrade
         failed, was evicted, or did not finish within the deadline."""
-        raw = RawConnection(read_write_closer, False)
         with trio.CancelScope() as evictable:
             slot = self.slots.take(ip, evictable.cancel)
             if isinstance(slot, str):
@@ -471,11 +498,67 @@ async def _go_away(muxed: IMuxedConn) -> bool:
     return True
 
 
+class ClientConnection(RawConnection):
+    """An inbound connection whose remote address is its client's, as
+    :class:`BoundedSwarm` admitted it; the secured and muxed connections built on it
+    report it too, to :func:`remote_ip` of a peer's connection and to identify (the
+    address it tells a peer it was observed at: a WebSocket peer is told one now)."""
+
+    def __init__(self, stream: ReadWriteCloser, address: tuple[str, int] | None) -> None:
+        super().__init__(stream, False)
+        self.address = address
+
+    def get_remote_address(self) -> tuple[str, int] | None:
+        return self.address
+
+
 def remote_ip(read_write_closer: object) -> str:
-    """The IP address at the other end of a connection (raw or muxed); "" if unknown."""
+    """Whose connection this is (raw, secured or muxed): the IP address of its client
+    (:class:`ClientConnection`: behind a trusted proxy, the client it names), else of
+    its socket's peer; "" if unknown. Every per-IP bound of a libp2p host asks this."""
     get = getattr(read_write_closer, "get_remote_address", None)
     address = get() if get is not None else None
     return str(address[0]) if address else ""
+
+
+@dataclass(frozen=True, slots=True)
+class WebSocketUpgrade:
+    """What a WebSocket connection's upgrade request said about its sender: the
+    socket's peer (None if the stream has no address) and its ``X-Forwarded-For``
+    values, in order."""
+
+    peer: tuple[str, int] | None
+    forwarded_for: tuple[str, ...]
+
+    @classmethod
+    def of(cls, request: Any) -> WebSocketUpgrade:
+        """From trio-websocket's ``WebSocketRequest`` (header names in lower case)."""
+        remote = getattr(request, "remote", None)  # an Endpoint, or a str if none
+        address, port = getattr(remote, "address", None), getattr(remote, "port", 0)
+        peer = (str(address), int(port)) if address is not None else None
+        name = FORWARDED_FOR.lower().encode()
+        forwarded = tuple(
+            value.decode("latin-1")
+            for key, value in getattr(request, "headers", ())
+            if key.lower() == name
+        )
+        return cls(peer, forwarded)
+
+
+#: The upgrade request of the WebSocket connection being handed to the swarm in this task.
+_UPGRADE: contextvars.ContextVar[WebSocketUpgrade | None] = contextvars.ContextVar(
+    "sdsync_websocket_upgrade", default=None
+)
+
+
+async def _upgrade_seen(listener: WebsocketListener, request: Any) -> None:
+    """``WebsocketListener._handle_websocket_connection``, with the upgrade request
+    kept in :data:`_UPGRADE` while the connection it opens is handled (module doc)."""
+    token = _UPGRADE.set(WebSocketUpgrade.of(request))
+    try:
+        await _handle_websocket_connection(listener, request)
+    finally:
+        _UPGRADE.reset(token)
 
 
 def cached_peer_record(host: IHost) -> tuple[bytes, bool]:
@@ -492,6 +575,7 @@ def cached_peer_record(host: IHost) -> tuple[bytes, bool]:
 
 
 _env_to_send_in_rpc = peerstore.env_to_send_in_RPC
+_handle_websocket_connection = WebsocketListener._handle_websocket_connection
 _PEER_RECORDS: weakref.WeakKeyDictionary[IHost, tuple[float, bytes]] = weakref.WeakKeyDictionary()
 
 
@@ -508,7 +592,9 @@ class RefusalIsNoError(logging.Filter):
         return True
 
 
-# Once, when the host first imports us: a filter on the very logger that says it; and
-# the cached record where gossipsub (publish, IWANT answers, control) looks it up.
+# Once, when the host first imports us: a filter on the very logger that says it; the
+# cached record where gossipsub (publish, IWANT answers, control) looks it up; and the
+# WebSocket listener's handler of upgrade requests that keeps each request.
 logging.getLogger(_REFUSAL_LOGGER).addFilter(RefusalIsNoError())
 setattr(gossipsub, "env_to_send_in_RPC", cached_peer_record)  # noqa: B010 (not re-exported)
+setattr(WebsocketListener, "_handle_websocket_connection", _upgrade_seen)  # noqa: B010

@@ -16,7 +16,7 @@ a command line that only builds settings need not load the p2p stack.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sdsync.waku.ratelimit import RateLimit
@@ -62,11 +62,14 @@ class ConnectionLimits:
 
     ``per_ip``: connections from one IP address at once, handshaking or established
     (nwaku's colocation limit, 5 by default; 0: none). Addresses in ``exempt_ips`` are
-    not counted per IP: by default this machine's own (127.0.0.1, ::1), whose local
-    clients and tests may open many. ``pending``: handshakes (security and muxer
-    negotiation) in progress at once, from all addresses, ``pending_per_ip`` of them
-    from one address (:mod:`~sdsync.transport.handshakes`: an old one gives its slot to
-    a newcomer when all are taken). ``handshake_timeout_s``: a
+    not counted per IP; none by default, loopback included: behind a local TLS or
+    WebSocket proxy every client comes from 127.0.0.1, so exempting it let one client
+    hold every connection. A WebSocket connection from an address in ``trusted_proxies``
+    counts as its client's, the one the proxy names in ``X-Forwarded-For``
+    (:mod:`~sdsync.transport.forwarded`); none is trusted by default. ``pending``:
+    handshakes (security and muxer negotiation) in progress at once, from all addresses,
+    ``pending_per_ip`` of them from one address (:mod:`~sdsync.transport.handshakes`: an
+    old one gives its slot to a newcomer when all are taken). ``handshake_timeout_s``: a
     connection not upgraded by then is closed. ``max_connections``: py-libp2p's total,
     of which all but the :data:`OUTBOUND_RESERVE` kept for outbound dials may be inbound.
     """
@@ -76,7 +79,8 @@ class ConnectionLimits:
     pending_per_ip: int = 5
     handshake_timeout_s: float = 10.0
     max_connections: int = 300
-    exempt_ips: frozenset[str] = field(default_factory=lambda: frozenset({"127.0.0.1", "::1"}))
+    exempt_ips: frozenset[str] = frozenset()
+    trusted_proxies: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,6 +54,7 @@ import contextlib
 import math
 import secrets
 import time
+import traceback
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -394,8 +395,11 @@ async def _stream(
                 _count_bytes(node, received=0, sent=len(frame or b""))
                 _settle(node, table, session_id, session)
         await _send(response, session, limit_s, None)
-    except ConnectionError:
-        pass
+    except ConnectionError as exc:
+        # aiohttp's drain future holds the error, and the error the frames it went
+        # through, which hold the session: a cycle that kept the snapshot until a full
+        # garbage collection, minutes later on a quiet node. Freed now.
+        traceback.clear_frames(exc.__traceback__)
     except TimeoutError:
         # Not read for a whole idle period (no progress: the session goes, and its
         # snapshot with it), or the session ended or moved to a later turn meanwhile.
