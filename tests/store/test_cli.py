@@ -163,13 +163,15 @@ def test_the_printed_chat_command_runs_from_where_serve_was_started(
     assert store_cli._sdsync() == "sdsync"
 
 
-def test_a_node_listening_on_websocket_only_still_prints_a_chat_command(
+def test_a_node_listening_on_websocket_only_says_why_it_prints_no_chat_command(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """Issue 39: with only a WebSocket --relay-listen, `serve --web` printed no chat line."""
+    """Issue 39: with only a WebSocket --relay-listen, `serve --web` printed no chat line
+    and no reason (a terminal chat dials TCP only: a WebSocket command would not run)."""
     from sdsync.cli import store as store_cli
 
     ws = "/ip4/127.0.0.1/tcp/60001/ws/p2p/12D3KooWEyoppNCUx8Yx66oV9fJnriXwCcXwDDUA2kj6vnc6iDEp"
     store_cli._print_chat_help("http://127.0.0.1:8645", [ws])
     out = capsys.readouterr().out
-    assert f"chat --channel room --peer {ws} --store {ws}" in out
+    assert "terminal chat: none" in out and "--relay-listen /ip4/127.0.0.1/tcp/0" in out
+    assert "--peer" not in out

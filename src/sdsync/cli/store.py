@@ -201,18 +201,21 @@ def _identity(identity: NodeKeySource | None) -> str:
 
 
 def _print_chat_help(url: str, relay_addrs: list[str]) -> None:
-    """Where to open the chat page, and the terminal chat that joins the same channel
-    (over TCP if the node listens on it, else over its WebSocket)."""
+    """Where to open the chat page, and the terminal chat that joins the same channel, or
+    why there is none (a terminal chat dials TCP only)."""
     print(f"sdsync store: chat page on {url}/chat/?channel=room", flush=True)
-    peer = next((addr for addr in relay_addrs if "/ws" not in addr), None) or next(
-        iter(relay_addrs), None
-    )
-    if peer is not None:
+    tcp = next((addr for addr in relay_addrs if "/ws" not in addr), None)
+    if tcp is None:
         print(
-            f"sdsync store: terminal chat: {_sdsync()} chat --channel room --peer {peer}"
-            f" --store {peer}",
+            "sdsync store: terminal chat: none, the node listens on no TCP address "
+            "(a terminal chat dials TCP): add --relay-listen /ip4/127.0.0.1/tcp/0",
             flush=True,
         )
+        return
+    print(
+        f"sdsync store: terminal chat: {_sdsync()} chat --channel room --peer {tcp} --store {tcp}",
+        flush=True,
+    )
 
 
 def _sdsync() -> str:
