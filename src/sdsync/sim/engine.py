@@ -317,7 +317,6 @@ class Simulation:
         self._partition_of: list[int] = [0] * config.participants
         # The run may stop early once consistent, but never before the last scheduled fault:
         # a scenario whose participant goes offline after the workload must see it happen.
-        self._last_fault_ms = 0
         self._fault_ends: list[int] = []
         self._schedule_faults()
         self._schedule_workload()
@@ -363,7 +362,6 @@ class Simulation:
             + [o.end_ms for o in config.store_outages]
             + [p.heal_ms for p in config.partitions]
         )
-        self._last_fault_ms = max(self._fault_ends, default=0)
         for churn in config.churn:
             offline = Churn(churn.participant, online=False, lose_state=churn.lose_volatile_state)
             self._push(churn.start_ms, offline)
@@ -381,7 +379,7 @@ class Simulation:
     def run(self) -> None:
         work = self.config.workload
         # Quiescence is only worth checking once nothing more is scheduled to happen.
-        settle_from = max(work.duration_ms, self._last_fault_ms)
+        settle_from = max([work.duration_ms, *self._fault_ends])
         # A fault that ends within the run is given the whole drain after it (one that
         # ended at workload + drain would be judged the moment it healed); one that
         # outlasts the run is the scenario's point, and is reported (offline at the end).
