@@ -15,11 +15,11 @@ from sdsync.chat import ChatSession, load_identity
 from sdsync.core import (
     BloomParams,
     ChannelConfig,
+    MessageChannel,
     MessageDelivered,
     MessageDeliveredEarly,
     MessageReceived,
     SyncReceived,
-    SyncSent,
     SyncStatus,
 )
 from sdsync.errors import LocalProtocolError
@@ -142,20 +142,39 @@ def test_a_catch_up_the_store_did_not_answer_is_not_shown_as_caught_up() -> None
     assert shown[3] == "⟳ caught up: 3 message(s) we did not have"
 
 
-def test_converged_waits_until_what_we_delivered_went_out_in_a_message_of_ours() -> None:
+def test_converged_waits_until_what_we_delivered_is_acknowledged_to_its_sender() -> None:
     """Issue 39: one side left before the other's last message was acknowledged; now a
-    chat is converged only once a message of ours went out after its last delivery, and
-    says which conditions did not hold."""
+    chat is converged only once everything of theirs it delivered was named since by a
+    message of ours or a third participant's — not by the sender's own — and it says
+    which conditions did not hold."""
     channel = ReliableChannel(MemoryNetwork(seed=1).transport("bob"), "0", "bob")
+    bob = channel.channel
+    alice, carol = (MessageChannel("0", name, now_ms=1) for name in ("alice", "carol"))
     session = ChatSession(channel, Console(file=io.StringIO(), width=200))
+
+    def hear(data: bytes, now_ms: int) -> None:
+        for event in bob.receive(data, now_ms):
+            session.on_event(event)
+        session.changed_at -= 10
+
     session.changed_at -= 10
     assert session.unmet(quiet_s=5, min_peers=0) == []
     assert session.unmet(quiet_s=5, min_peers=1) == ["heard from 0 of 1 peers"]
-    session.on_event(MessageDelivered("m1", "alice", 9, b"hi", None))
-    session.changed_at -= 10
-    assert session.unmet(quiet_s=5, min_peers=0) == [
-        "what we delivered last is not yet in a message of ours"
-    ]
-    session.on_event(SyncSent("s1", 10))
+    hi = alice.send(b"hi", 10)
+    carol.receive(hi.data, 11)
+    hear(hi.data, 11)
+    owed = ["1 of theirs not yet acknowledged to their senders"]
+    assert session.unmet(quiet_s=5, min_peers=0) == owed
+    own = alice.send_sync(12)
+    assert own is not None
+    hear(own.data, 12)  # the sender naming its own message tells it nothing about us
+    assert session.unmet(quiet_s=5, min_peers=0) == owed
+    third = carol.send_sync(13)
+    assert third is not None
+    hear(third.data, 13)
+    assert session.unmet(quiet_s=5, min_peers=0) == []
+    hear(alice.send(b"again", 14).data, 14)
+    assert session.unmet(quiet_s=5, min_peers=0) == owed
+    assert bob.send_sync(15) is not None  # ours, carrying everything we delivered
     assert session.unmet(quiet_s=5, min_peers=0) == []
     assert session.unmet(quiet_s=60, min_peers=0)[0].startswith("quiet for 10 s of 60 s")

@@ -132,6 +132,26 @@ def test_what_a_catch_up_finds_is_received_once_in_causal_order() -> None:
     assert bob.caught_up_ms == START + 20
 
 
+def test_a_message_evicted_from_the_incoming_buffer_is_fetched_by_the_next_catch_up() -> None:
+    """Simulator, 50 participants at 30 % loss, seed 7: a message heard, then evicted from
+    a full incoming buffer, was never fetched again — its hash was seen — and no later
+    history named it: one participant lacked it for good."""
+    small = replace(CONFIG, max_incoming_buffer=1)
+    alice = driver("alice", stores=False)
+    bob = ChannelDriver(
+        MessageChannel("c", "bob", now_ms=START, config=small), RUNTIME, random.Random(1), START
+    )
+    sent = [alice.publish(f"m{i}".encode(), START + i).transmit.data for i in range(4)]
+    hints = [hashlib.sha256(data).digest() for data in sent]
+    # Both wait for m0, which bob never heard; the second evicts the first.
+    bob.receive(sent[2], START + 10, retrieval_hint=hints[2])
+    step = bob.receive(sent[3], START + 11, retrieval_hint=hints[3])
+    evicted = [e for e in step.events if e.type == "message_evicted"]
+    assert [e.retrieval_hint for e in evicted] in ([hints[2]], [hints[3]])
+    kept = hints[3] if evicted[0].retrieval_hint == hints[2] else hints[2]
+    assert bob.unseen(hints) == [h for h in hints if h != kept]  # m0, m1 and the evicted
+
+
 # -- a ReliableChannel whose store fails midway, on a controlled clock
 
 

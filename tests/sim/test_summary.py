@@ -268,7 +268,7 @@ def test_catch_up_fetches_what_was_missed_and_delivers_everything(history: int, 
         participants=6,
         **{
             "workload.messages": 60,
-            "network.loss": 0.5,
+            "network.loss": 0.6,  # at 0.5, history 3 seed 1 needs no catch-up
             "protocol.causal_history": history,
             "protocol.repair": False,
         },

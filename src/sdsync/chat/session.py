@@ -12,16 +12,21 @@ when it starts and when it ends, with what it brought. The first time the channe
 a peer's bloom filter for its size (``stats.bloom_ignored``), one notice says so: that
 peer's filters acknowledge nothing until the group agrees on one profile.
 
-*Converged* (:meth:`ChatSession.wait_converged`) is a local judgement: nothing of ours
-unacknowledged, nothing waiting in the incoming buffer, no message we know of missing (the
-driver's sync status), messages or syncs heard from at least ``min_peers`` other
-participants, a message of ours sent since we last delivered one of theirs (so the others
-know what we hold: without it, a chat could leave before its peer's last message was
-acknowledged, and the peer resent it to nobody), and no change for a quiet period of a
-few sync intervals — long enough that every peer has sent a sync message naming its
-newest messages, so a message we never heard of would have shown up as missing. A
-received duplicate is a change: some peer is still resending. :meth:`ChatSession.unmet`
-names the conditions that do not hold.
+*Converged* (:meth:`ChatSession.wait_converged`) is a local judgement:
+
+* nothing of ours unacknowledged, nothing waiting in the incoming buffer, no message we
+  know of missing (the driver's sync status);
+* messages or syncs heard from at least ``min_peers`` other participants;
+* no acknowledgement owed: every message of theirs we delivered has since been named by a
+  message of ours, or by another participant's, which its sender hears too (the channel's
+  ``acknowledgements_owed``). Without it a chat could leave before its peer's last
+  message was acknowledged, and the peer resent it to nobody;
+* no change for a quiet period of a few sync intervals — long enough that every peer has
+  sent a sync message naming its newest messages, so a message we never heard of would
+  have shown up as missing. A received duplicate is a change: some peer is still
+  resending.
+
+:meth:`ChatSession.unmet` names the conditions that do not hold.
 """
 
 from __future__ import annotations
@@ -103,9 +108,6 @@ class ChatSession:
         # finished (one that failed finishes none).
         self._caught_up_before = (0, 0)
         self.bloom_mismatch_shown = False
-        # Whether a message of ours has gone out since we last delivered one of theirs:
-        # until then, the others do not know what we hold.
-        self.told = True
 
     # Sending
 
@@ -126,7 +128,6 @@ class ChatSession:
         entry = self.channel.channel.log.get(message_id)
         line.lamport_timestamp = entry.lamport_timestamp if entry is not None else 0
         self._shown_before(line.lamport_timestamp, message_id)
-        self.told = True  # it carries everything we delivered
         self.say(f"→ {_tag(message_id)} {escape(self.me)}: {escape(text)} · {SENT}")
         return message_id
 
@@ -139,10 +140,6 @@ class ChatSession:
     def on_event(self, event: Event) -> None:
         if not isinstance(event, _QUIET_EVENTS):
             self.changed_at = time.monotonic()
-        if isinstance(event, SyncSent):
-            self.told = True
-        elif isinstance(event, MessageDelivered) and event.sender_id != self.me:
-            self.told = False
         mid = event.message_id
         if isinstance(event, SyncReceived | MessageReceived):
             self._heard(event.sender_id)
@@ -279,8 +276,9 @@ class ChatSession:
             unmet.append(f"{status.missing} missing")
         if len(self.heard_from) < min_peers:
             unmet.append(f"heard from {len(self.heard_from)} of {min_peers} peers")
-        if not self.told:
-            unmet.append("what we delivered last is not yet in a message of ours")
+        owed = self.channel.channel.acknowledgements_owed()
+        if owed:
+            unmet.append(f"{owed} of theirs not yet acknowledged to their senders")
         quiet_for = time.monotonic() - self.changed_at
         if quiet_for < quiet_s:
             unmet.append(f"quiet for {quiet_for:.0f} s of {quiet_s:g} s")

@@ -21,6 +21,12 @@ State, per the spec's *participant state*:
   a sync message — that we never received, reported by every incoming sweep until it
   arrives, is marked met or is declared lost (see :mod:`.missing`);
 * the peers heard from (up to the ack threshold: the threshold never exceeds their number);
+* the **acknowledgements owed**: content of others we delivered that no message since has
+  acknowledged to its sender — neither one of ours (it carries our bloom filter and causal
+  history) nor another participant's naming it in its causal history (its sender hears
+  that one too). The runtime's sync timer keeps an owed acknowledgement from being put off
+  (:class:`~sdsync.runtime.SyncTimer`); a chat leaves only once it owes none. Not stored:
+  after a restart, a sender waits for the next periodic sync instead;
 * the **local log**, ordered by (Lamport timestamp, message id) — see :mod:`.log`;
 * the SDS-R buffers — see :mod:`.repair`.
 
@@ -212,6 +218,9 @@ class MessageChannel:
             self.config.max_known_missing, self.config.max_known_missing_bytes
         )
         self._heard: set[str] = set()
+        # Message id -> its sender, oldest first; at most a causal history's worth (past
+        # that, only a message of ours settles what we owe anyway).
+        self._owed: dict[str, str] = {}
         self._lost: set[str] = set()
         self._met_elsewhere: set[str] = set()
         # In insertion order (a plain dict keeps it, at a third of an OrderedDict's size): the
@@ -275,6 +284,7 @@ class MessageChannel:
         self._touch_outgoing(message_id)
         if self.config.own_log_policy == "on_send":
             self._enter_own_log(entry, data)
+        self._owed.clear()
         events.insert(0, MessageSent(message_id, lamport))
         return Outgoing(message, data, events)
 
@@ -328,6 +338,7 @@ class MessageChannel:
             bloom_filter=self._bloom.to_bytes(),
             repair_request=repairs,
         )
+        self._owed.clear()
         events.insert(0, SyncSent(sync_id, lamport))
         return Outgoing(message, encode(message, history), events)
 
@@ -457,6 +468,7 @@ class MessageChannel:
         if kind is MessageKind.SYNC:
             events.append(SyncReceived(message.message_id, message.sender_id))
         self._hear(message.sender_id)
+        self._settle_owed(message)
         self._process_repair(message, now_ms, events)
         # Acks first: with on_ack, a message naming ours may be what puts ours in the log.
         self._review_acks(message, now_ms, events)
@@ -541,6 +553,20 @@ class MessageChannel:
         if self.journal is not None:
             self.journal.peers.append(sender_id)
 
+    def _owe(self, message_id: str, sender_id: str) -> None:
+        owed = self._owed
+        owed[message_id] = sender_id
+        if len(owed) > max(self.config.causal_history_size, 1):
+            del owed[next(iter(owed))]
+
+    def _settle_owed(self, message: Message) -> None:
+        # A sender's own history names its message to nobody but us.
+        owed = self._owed
+        if owed:
+            for message_id in owed.keys() & message.history_ids:
+                if owed[message_id] != message.sender_id:
+                    del owed[message_id]
+
     def _unmet(self, message: Message) -> list[HistoryEntry]:
         """Entries of a causal history that are not (yet) in our log, lost or met elsewhere."""
         # Set differences run in C; the first is nearly always empty. What is left is outside
@@ -605,7 +631,14 @@ class MessageChannel:
         self._incoming.remove(mid)
         self.stats.count(self.stats.evicted, reason)
         events.append(
-            MessageEvicted(mid, reason, message.sender_id, len(waiting.unmet), waiting.charge)
+            MessageEvicted(
+                mid,
+                reason,
+                message.sender_id,
+                len(waiting.unmet),
+                waiting.charge,
+                waiting.retrieval_hint,
+            )
         )
         if self._incoming.awaited(mid):  # others wait for it: a gap again, to be asked for
             entry = HistoryEntry(mid, waiting.retrieval_hint, message.sender_id)
@@ -676,6 +709,7 @@ class MessageChannel:
             self._set_lost(mid, False)
             self._missing.remove(mid)
             self._insert_log(LogEntry(mid, lamport, msg.sender_id, hint), raw, msg.content)
+            self._owe(mid, msg.sender_id)
             events.append(MessageDelivered(mid, msg.sender_id, lamport, msg.content or b"", hint))
             for waiting in self._incoming.release(mid):
                 heapq.heappush(
@@ -1088,6 +1122,10 @@ class MessageChannel:
     def bloom_inserted(self) -> int:
         """How many ids ever entered our bloom filter (rollover state depends on it)."""
         return self._bloom.inserted
+
+    def acknowledgements_owed(self) -> int:
+        """Delivered content of others no message since acknowledged to its sender."""
+        return len(self._owed)
 
     def missing_ids(self) -> list[str]:
         """Known missing dependencies, oldest first sighting first."""

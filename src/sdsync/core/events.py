@@ -171,13 +171,15 @@ class MessageEvicted(Event):
     It had ``unmet_dependencies`` still missing and was charged ``size_bytes`` (see
     ``ChannelConfig.max_incoming_buffer_bytes``). No :class:`MessageDelivered` follows
     for it unless it arrives again — a later causal history naming it makes it missing,
-    so retrieval asks for it — and then it is received as new.
+    so retrieval asks for it; a store catch-up fetches it again by ``retrieval_hint``, the
+    envelope hash it came with — and then it is received as new.
     """
 
     reason: DropReason
     sender_id: str
     unmet_dependencies: int
     size_bytes: int
+    retrieval_hint: bytes | None = None
     type = "message_evicted"
 
 

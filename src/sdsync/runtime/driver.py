@@ -48,6 +48,7 @@ from typing import Literal
 from sdsync.core import (
     Event,
     MessageChannel,
+    MessageEvicted,
     MessageReceived,
     SyncReceived,
     SyncStatus,
@@ -191,11 +192,17 @@ class ChannelDriver:
         return self._after_receive(events, now_ms)
 
     def _after_receive(self, events: list[Event], now_ms: int) -> Step:
+        owing = self.channel.acknowledgements_owed() > 0
         for event in events:
             if isinstance(event, MessageReceived):
                 self._sync.after_received_content(now_ms)
             elif isinstance(event, SyncReceived):
-                self._sync.after_received_sync(now_ms)
+                self._sync.after_received_sync(now_ms, owing=owing)
+            elif isinstance(event, MessageEvicted) and event.retrieval_hint is not None:
+                # Heard, but not kept: the next catch-up must fetch it again.
+                self._seen.pop(event.retrieval_hint, None)
+        if owing:
+            self._sync.owe()
         return self._with_status(Step([], events))
 
     def receive_found(
@@ -375,6 +382,8 @@ class ChannelDriver:
         # The channel's known missing ids are the one record of gaps, however learnt.
         sweep = self.channel.sweep_incoming(now_ms)
         step.events.extend(sweep.events)
+        if self.channel.acknowledgements_owed():  # it delivered what waited past the timeout
+            self._sync.owe()
         if sweep.missing and self.query_stores and now_ms >= self._next_store_query:
             self._next_store_query = now_ms + self.config.store_query_ms
             step.actions.append(QueryStore(tuple(sweep.missing)))

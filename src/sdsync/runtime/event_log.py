@@ -127,8 +127,10 @@ def to_row(event: Reported) -> Row:
             return (event.type, mid, None, count, None, acker, None, None)
         case MessageMissing(retrieval_hint=hint, sender_id=sender):
             return (event.type, mid, sender, None, None, None, None, hint)
-        case MessageEvicted(reason=why, sender_id=s, unmet_dependencies=n, size_bytes=size):
-            return (event.type, mid, s, size, n, why.value, None, None)
+        case MessageEvicted(
+            reason=why, sender_id=s, unmet_dependencies=n, size_bytes=size, retrieval_hint=h
+        ):
+            return (event.type, mid, s, size, n, why.value, None, h)
         case EventsDiscarded(first_seq=first, ready=ready):
             return (event.type, mid, None, first, ready, None, None, None)
         case MessageLost() | SendFailed() | PeriodicSync():
@@ -152,7 +154,9 @@ def from_row(seq: int, row: Row) -> Delivery:
     elif kind == MessageMissing.type:
         event = MessageMissing(mid, hint, sender)
     elif kind == MessageEvicted.type:
-        event = MessageEvicted(mid, DropReason(text or ""), sender or "", flag or 0, number or 0)
+        event = MessageEvicted(
+            mid, DropReason(text or ""), sender or "", flag or 0, number or 0, hint
+        )
     elif kind == EventsDiscarded.type:
         event = EventsDiscarded(mid, number or 0, seq, flag or 0)
     else:

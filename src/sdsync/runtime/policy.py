@@ -105,11 +105,15 @@ class SyncTimer:
     our own content or a received sync, and 0.5 after received content (acknowledge soon).
     With ``suppress`` a received sync first defers ours by one full interval.
 
-    Unlike js-waku, a received sync never defers an acknowledgement we owe: once content
-    arrived, our next sync is due by the time its draw gave (``owed_ms``) until a message
-    of ours goes out. Otherwise, in a group whose others keep syncing, each of their
-    syncs pushed ours back again, and a sender waited for our acknowledgement for as long
-    as they talked (issue 39: a chat that left before it was acknowledged).
+    Unlike js-waku, a received sync never defers an acknowledgement we owe (the channel's
+    ``acknowledgements_owed``): once content arrived, our next sync is due by the time its
+    draw gave (``owed_ms``) until a message of ours goes out, or until messages of others
+    have named everything we owe in their causal histories (its senders heard those too).
+    Otherwise, in a group whose others keep syncing, each of their syncs pushed ours back
+    again, and a sender waited for its acknowledgement as long as they talked (issue 39: a
+    chat that left before it was acknowledged) — and without the second way out, every
+    recipient of a message synced within half an interval, though one sync acknowledged it
+    for all (76 % more bytes in a group of 50).
     """
 
     __slots__ = ("due_ms", "interval_ms", "owed_ms", "rng", "suppress")
@@ -135,7 +139,10 @@ class SyncTimer:
         self.owed_ms = None
         self.reset(now_ms, 1.0)
 
-    def after_received_sync(self, now_ms: int) -> None:
+    def after_received_sync(self, now_ms: int, *, owing: bool) -> None:
+        """``owing``: whether we still owe an acknowledgement after the sync was read."""
+        if not owing:
+            self.owed_ms = None
         start = now_ms + self.interval_ms if self.suppress else now_ms
         self.reset(start, 1.0)
         if self.owed_ms is not None:
@@ -144,4 +151,8 @@ class SyncTimer:
     def after_received_content(self, now_ms: int) -> None:
         # Only ever brings the sync forward: an acknowledgement is wanted soon.
         self.due_ms = min(self.due_ms, now_ms + int(self.rng.uniform(0, self.interval_ms * 0.5)))
-        self.owed_ms = self.due_ms if self.owed_ms is None else min(self.owed_ms, self.due_ms)
+
+    def owe(self) -> None:
+        """We owe an acknowledgement (we delivered content): the sync due now stays due."""
+        if self.owed_ms is None:
+            self.owed_ms = self.due_ms
