@@ -122,9 +122,14 @@ def test_pushes_only_on_topics_the_node_archives(
     on_known = make_message(rng, T0 + 2)
     stranger = make_message(rng, T0 + 3, pubsub_topic="/waku/2/rs/66/6")
 
+    refusals: list[str] = []
+
     async def push(base: str, message: StoredMessage, http: aiohttp.ClientSession) -> int:
         session_id = await reconcile(http, base, keys([known, message]))
-        return (await post(http, base + messages_path(session_id), encode_entry(message)))[0]
+        status, body, _ = await post(http, base + messages_path(session_id), encode_entry(message))
+        if status == 403:
+            refusals.append(body.decode())
+        return status
 
     async def scenario() -> None:
         async with (
@@ -147,6 +152,12 @@ def test_pushes_only_on_topics_the_node_archives(
     asyncio.run(scenario())
     assert sqlite_archive.get([stranger.message_hash]) == []
     assert len(sqlite_archive.get([on_known.message_hash])) == 1
+    # Issue 39: the pushing node's operator learns why, and what either side can do.
+    held, given = refusals
+    for refusal in refusals:
+        assert "topic_not_archived" in refusal and "/waku/2/rs/66/6" in refusal
+        assert "--pubsub-topic /waku/2/rs/66/6" in refusal and "store sync` on its side" in refusal
+    assert "topics it holds already" in held and "its --pubsub-topic and" in given
 
 
 def test_one_client_cannot_hold_every_session(sqlite_archive: SqlArchive, tmp_path: Path) -> None:

@@ -57,11 +57,14 @@ def check_pushed(
     wanted: Mapping[bytes, int],
     window: tuple[int, int],
     archived_topic: Mapping[str, bool],
+    *,
+    configured: bool,
 ) -> None:
     """Refuse a batch with any message the session may not archive.
 
     ``wanted`` maps the hashes still expected to the timestamps claimed for them;
-    ``archived_topic`` says, per pubsub topic of the batch, whether this node archives it.
+    ``archived_topic`` says, per pubsub topic of the batch, whether this node archives it;
+    ``configured``: whether its topics were given (else they are those it holds).
     """
     start, end = window
     for message in messages:
@@ -78,7 +81,18 @@ def check_pushed(
                 f" not the {claimed} its item claimed inside the window",
             )
         if not archived_topic.get(message.pubsub_topic, False):
-            raise SyncRefused(
-                "topic_not_archived",
-                f"this node does not archive pubsub topic {message.pubsub_topic!r}",
-            )
+            raise SyncRefused("topic_not_archived", _not_archived(message.pubsub_topic, configured))
+
+
+def _not_archived(topic: str, configured: bool) -> str:
+    # Read by the peer's operator, who may run either node: say how either side gets there.
+    rule = (
+        "it takes pushes only on its --pubsub-topic and --relay-shard topics"
+        if configured
+        else "with no --pubsub-topic it takes pushes only on topics it holds already"
+        " (a peer may add to a conversation it keeps, not start one)"
+    )
+    return (
+        f"this node does not archive pubsub topic {topic!r}: {rule}; start it with"
+        f" --pubsub-topic {topic}, or let it pull: run `sdsync store sync` on its side"
+    )

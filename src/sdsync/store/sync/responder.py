@@ -444,7 +444,13 @@ async def push_messages(request: web.Request) -> web.Response:
             raise SyncRefused("transfer_budget", "the session's transfer budget is used up")
         messages = await asyncio.to_thread(decode_batch, body, session.wanted)
         await _learn_topics(node, table.config, session, messages)
-        check_pushed(messages, session.wanted, session.window, session.archived_topics)
+        check_pushed(
+            messages,
+            session.wanted,
+            session.window,
+            session.archived_topics,
+            configured=bool(table.config.pubsub_topics),
+        )
     except (RemoteProtocolError, SyncRefused) as exc:
         node.metrics.rejected.labels(source=SOURCE).inc()
         table.drop(session_id)
