@@ -305,3 +305,18 @@ def test_a_third_participants_sync_settles_what_we_owe_and_the_senders_own_does_
             else:
                 assert b.channel.acknowledgements_owed() == 0
                 assert next_sync_after(b, START + 3) >= START + 3 + interval  # suppressed
+
+
+def test_js_wakus_rule_lets_a_received_sync_defer_what_we_owe() -> None:
+    """RuntimeConfig.defer_owed_acknowledgements: the comparison bench/sync_policy.py runs."""
+    interval = RUNTIME.sync_interval_ms
+    js_waku = replace(RUNTIME, defer_owed_acknowledgements=True)
+    for seed in range(20):
+        a = driver("a", replace(RUNTIME, max_attempts=1), seed=seed)
+        content = a.publish(b"hello", START).transmit.data
+        own = a.channel.send_sync(START + 2)
+        assert own is not None
+        deferred = driver("b", js_waku, seed=seed + 100)
+        deferred.receive(content, START + 1)
+        deferred.receive(own.data, START + 3)  # names only the sender's own message
+        assert next_sync_after(deferred, START + 3) >= START + 3 + interval

@@ -191,8 +191,14 @@ class ChannelDriver:
         self.saw(retrieval_hint)
         return self._after_receive(events, now_ms)
 
+    def _owing(self) -> bool:
+        """Whether an acknowledgement we owe keeps our sync due (see SyncTimer)."""
+        if self.config.defer_owed_acknowledgements:
+            return False
+        return self.channel.acknowledgements_owed() > 0
+
     def _after_receive(self, events: list[Event], now_ms: int) -> Step:
-        owing = self.channel.acknowledgements_owed() > 0
+        owing = self._owing()
         for event in events:
             if isinstance(event, MessageReceived):
                 self._sync.after_received_content(now_ms)
@@ -382,7 +388,7 @@ class ChannelDriver:
         # The channel's known missing ids are the one record of gaps, however learnt.
         sweep = self.channel.sweep_incoming(now_ms)
         step.events.extend(sweep.events)
-        if self.channel.acknowledgements_owed():  # it delivered what waited past the timeout
+        if self._owing():  # it delivered what waited past the timeout
             self._sync.owe()
         if sweep.missing and self.query_stores and now_ms >= self._next_store_query:
             self._next_store_query = now_ms + self.config.store_query_ms

@@ -28,6 +28,11 @@ class RuntimeConfig:
     # lets one sync serve everyone: in the simulator (30 participants, 20 % loss, 3 seeds)
     # 45 % fewer syncs and 30 % fewer bytes per message at the same time to consistency.
     suppress_sync_after_received_sync: bool = True
+    # js-waku lets a received sync defer even the sync that acknowledges content we just
+    # delivered; we keep that one due until a message (ours, or another participant's
+    # naming the content) acknowledged it (SyncTimer). True restores js-waku's policy, for
+    # comparison (bench/sync_policy.py).
+    defer_owed_acknowledgements: bool = False
     # Large groups: the sync interval grows with the group, max(sync_interval_ms,
     # sync_ms_per_participant × participants), once the application says how many there
     # are (ChannelDriver / ReliableChannel.set_participant_count, as SDS-R's response

@@ -124,6 +124,9 @@ class ProtocolConfig:
     # size, as an application calling set_participant_count does), which keeps the
     # group's sync traffic from growing with its size (scenarios/participants-1000.toml).
     sync_ms_per_participant: int = _RUNTIME.sync_ms_per_participant
+    # js-waku's sync policy: a received sync defers even an acknowledgement we owe
+    # (RuntimeConfig.defer_owed_acknowledgements; bench/sync_policy.py compares the two).
+    defer_owed_acknowledgements: bool = _RUNTIME.defer_owed_acknowledgements
 
 
 @dataclass(frozen=True, slots=True)

@@ -302,6 +302,7 @@ class Simulation:
             store_catchup_margin_ms=proto.store_catchup_margin_ms,
             store_catchup_page_size=proto.store_catchup_page_size,
             store_catchup_seen_hashes=proto.store_catchup_seen_hashes,
+            defer_owed_acknowledgements=proto.defer_owed_acknowledgements,
         )
         self.channel_ids = [f"channel-{c}" for c in range(config.channels)]
         self.content_topics = [content_topic(c) for c in self.channel_ids]
