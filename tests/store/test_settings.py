@@ -109,6 +109,9 @@ def test_planning_without_identity_writes_nothing(tmp_path: Path) -> None:
         ({"web": True, "web_address": ["/ip4/1.2.3.4/tcp/1"]}, "web_address"),
         ({**SHARD, "nodekey": "00" * 32}, "nodekey"),
         ({**SHARD, "nodekey": "07" * 32, "nodekey_file": "k"}, "nodekey"),
+        ({**SHARD, "relay_exempt_ip": ["localhost"]}, "relay_exempt_ip"),  # matched nothing
+        ({**SHARD, "relay_rate_limit": "fast"}, "relay_rate_limit"),  # once wrote the key
+        ({"http_exempt_ip": ["127.0.0.1", "10.0.0.0/8"]}, "http_exempt_ip"),
     ],
 )
 def test_a_bad_value_is_refused_naming_its_setting(
@@ -119,6 +122,12 @@ def test_a_bad_value_is_refused_naming_its_setting(
     assert refused.value.option == option
     assert option in BY_NAME
     assert list(tmp_path.iterdir()) == []  # refused before anything was written
+
+
+def test_exempt_addresses_are_kept_as_a_connection_spells_them(tmp_path: Path) -> None:
+    values = {**SHARD, "data_dir": tmp_path, "relay_exempt_ip": ["::0001", "none"]}
+    limits = plan_node(values, identity=False).relay.limits
+    assert limits is not None and limits.exempt_ips == frozenset({"::1"})
 
 
 def test_a_name_no_setting_has_is_the_callers_misuse() -> None:

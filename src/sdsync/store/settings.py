@@ -623,17 +623,19 @@ class _Planner:
         policies = self._retention(v["retention"])
         config = self._config(relay_topics, served, policies)
         web = WebOptions(advertise=self._web_addresses()) if v["web"] else None
+        relay_rate = _rate(v["relay_rate_limit"], "relay_rate_limit")
+        rate_per_ip = _per_ip(v, "relay_rate_limit_per_ip", relay_rate)
+        limits = self._connection_limits() if relay_topics else None
         # Last: the one step that may write (the key, at first start).
         source = self._nodekey() if identity and relay_topics else None
-        relay_rate = _rate(v["relay_rate_limit"], "relay_rate_limit")
         relay = RelayOptions(
             key=source.key if source is not None else None,
             listen=relay_listen,
             peers=tuple(v["relay_peer"] or ()),
             cluster_id=self.cluster_id,
             rate=relay_rate,
-            rate_per_ip=_per_ip(v, "relay_rate_limit_per_ip", relay_rate),
-            limits=self._connection_limits() if relay_topics else None,
+            rate_per_ip=rate_per_ip,
+            limits=limits,
             light_clients=v["light"],
             store_sync=config.waku_sync is not None,
         )
@@ -677,7 +679,7 @@ class _Planner:
             http=HttpLimits(
                 idle_timeout_s=v["http_idle_timeout"],
                 max_connections_per_ip=v["http_max_connections_per_ip"],
-                exempt_ips=_exempt_ips(v["http_exempt_ip"], _HTTP.exempt_ips),
+                exempt_ips=_exempt_ips(v["http_exempt_ip"], _HTTP.exempt_ips, "http_exempt_ip"),
                 trusted_proxies=self.trusted_proxies,
                 pages_rate=_rate(v["http_pages_rate_limit"], "http_pages_rate_limit"),
             ),
@@ -762,7 +764,9 @@ class _Planner:
             pending_per_ip=v["relay_pending_handshakes_per_ip"],
             handshake_timeout_s=v["relay_handshake_timeout"],
             max_connections=v["relay_max_connections"],
-            exempt_ips=_exempt_ips(v["relay_exempt_ip"], _CONNECTIONS.exempt_ips),
+            exempt_ips=_exempt_ips(
+                v["relay_exempt_ip"], _CONNECTIONS.exempt_ips, "relay_exempt_ip"
+            ),
             trusted_proxies=self.trusted_proxies,
         )
 
@@ -847,8 +851,9 @@ def _addresses(given: Iterable[str], name: str) -> frozenset[str]:
         raise OptionError(name, str(exc)) from None
 
 
-def _exempt_ips(given: Iterable[str] | None, default: frozenset[str]) -> frozenset[str]:
-    """A repeatable exemption: ``default`` if not given, none for ``none``."""
+def _exempt_ips(given: Iterable[str] | None, default: frozenset[str], name: str) -> frozenset[str]:
+    """A repeatable exemption: ``default`` if not given, none for ``none``; a value that
+    is not an IP address (``localhost``) is refused, never silently matched by nothing."""
     if given is None:
         return default
-    return frozenset(ip for ip in given if ip != "none")
+    return _addresses((ip for ip in given if ip != "none"), name)
