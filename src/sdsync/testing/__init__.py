@@ -5,6 +5,8 @@ use and the library itself never imports (tests/test_layers.py checks).
 * :mod:`~sdsync.testing.nwaku` — an nwaku node (the reference Waku node) on loopback, likewise;
 * :mod:`~sdsync.testing.hostile` — a node's memory and an honest peer's service, measured
   while a hostile-peer test attacks it;
+* :mod:`~sdsync.testing.proxy` — a reverse proxy on loopback that names each client in
+  ``X-Forwarded-For``, one port per client address, as a TLS proxy in front of a node does;
 * :mod:`~sdsync.testing.pgcluster` — throwaway PostgreSQL clusters for the archive's tests;
 * :mod:`~sdsync.testing.memory` — :class:`~sdsync.testing.memory.MemoryNetwork`, an
   in-process network with seeded loss, bursts, latency, duplication and partitions, its

@@ -54,7 +54,11 @@ replaces one behaviour of the pinned py-libp2p:
   :func:`_upgrade_seen` wraps the listener's handler of an upgrade request to keep it
   (:data:`_UPGRADE`, a context variable: the listener hands the connection to the swarm
   in the same task, so the swarm reads the request that connection came with, and no
-  private attribute of either is touched);
+  private attribute of either is touched). Where TCP and WebSocket listen on one host
+  and port (``--web`` without ``--relay-listen``: both on port 0) py-libp2p serves both
+  from one socket and upgrades WebSocket connections itself, through trio-websocket's
+  ``wrap_server_stream``: :func:`_server_stream_seen` keeps the request there, and the
+  peer from the socket under py-libp2p's peeking stream (the request knows none);
 * :class:`RefusalIsNoError` logs a peer's refusal of a protocol (multistream "na") at
   DEBUG: py-libp2p logs each one as a seven-line ERROR, yet it is routine (every light
   client, ours or js-waku's, refuses the relay protocol that pubsub opens to each new
@@ -78,6 +82,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import trio
+import trio_websocket
 from google.protobuf.message import DecodeError
 from libp2p.abc import IHost, IMuxedConn, INetConn, INetStream
 from libp2p.custom_types import TProtocol
@@ -531,10 +536,15 @@ class WebSocketUpgrade:
     forwarded_for: tuple[str, ...]
 
     @classmethod
-    def of(cls, request: Any) -> WebSocketUpgrade:
-        """From trio-websocket's ``WebSocketRequest`` (header names in lower case)."""
+    def of(cls, request: Any, stream: Any = None) -> WebSocketUpgrade:
+        """From trio-websocket's ``WebSocketRequest`` (header names in lower case), read
+        from ``stream`` (whose socket names the peer when the request cannot)."""
         remote = getattr(request, "remote", None)  # an Endpoint, or a str if none
         address, port = getattr(remote, "address", None), getattr(remote, "port", 0)
+        sock = getattr(stream, "socket", None)
+        if address is None and sock is not None:
+            with contextlib.suppress(OSError, ValueError):
+                address, port, *_ = sock.getpeername()
         peer = (str(address), int(port)) if address is not None else None
         name = FORWARDED_FOR.lower().encode()
         forwarded = tuple(
@@ -561,6 +571,15 @@ async def _upgrade_seen(listener: WebsocketListener, request: Any) -> None:
         _UPGRADE.reset(token)
 
 
+async def _server_stream_seen(nursery: trio.Nursery, stream: Any, *args: Any, **kw: Any) -> Any:
+    """trio-websocket's ``wrap_server_stream``, with the upgrade request kept in
+    :data:`_UPGRADE` (module doc). Not reset: py-libp2p's shared-port listener runs each
+    connection in a task of its own, and hands it to the swarm in that task."""
+    request = await _wrap_server_stream(nursery, stream, *args, **kw)
+    _UPGRADE.set(WebSocketUpgrade.of(request, stream))
+    return request
+
+
 def cached_peer_record(host: IHost) -> tuple[bytes, bool]:
     """``env_to_send_in_RPC(host)``: our signed peer record, and whether it was made
     afresh; the real one is asked at most once per ``PEER_RECORD_CHECK_S`` per host, which
@@ -576,6 +595,7 @@ def cached_peer_record(host: IHost) -> tuple[bytes, bool]:
 
 _env_to_send_in_rpc = peerstore.env_to_send_in_RPC
 _handle_websocket_connection = WebsocketListener._handle_websocket_connection
+_wrap_server_stream = trio_websocket.wrap_server_stream
 _PEER_RECORDS: weakref.WeakKeyDictionary[IHost, tuple[float, bytes]] = weakref.WeakKeyDictionary()
 
 
@@ -594,7 +614,8 @@ class RefusalIsNoError(logging.Filter):
 
 # Once, when the host first imports us: a filter on the very logger that says it; the
 # cached record where gossipsub (publish, IWANT answers, control) looks it up; and the
-# WebSocket listener's handler of upgrade requests that keeps each request.
+# WebSocket listeners' handlers of upgrade requests, which keep each request.
 logging.getLogger(_REFUSAL_LOGGER).addFilter(RefusalIsNoError())
 setattr(gossipsub, "env_to_send_in_RPC", cached_peer_record)  # noqa: B010 (not re-exported)
 setattr(WebsocketListener, "_handle_websocket_connection", _upgrade_seen)  # noqa: B010
+setattr(trio_websocket, "wrap_server_stream", _server_stream_seen)  # noqa: B010
