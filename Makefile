@@ -104,7 +104,7 @@ soak: $(STAMP) tests/interop/waku_light/node_modules/.installed-stamp chromium
 	SDSYNC_SOAK=1 $(PY) -m pytest -n 2 --dist load $(PYTEST_ARGS) tests/reliability/test_crash_harness.py
 	SDSYNC_SOAK=1 $(PY) -m pytest $(PYTEST_ARGS) tests/interop/test_js_waku_filter_load.py
 	SDSYNC_SOAK=1 $(PY) -m pytest $(PYTEST_ARGS) tests/transport/test_libp2p_hostile.py
-	SDSYNC_SOAK=1 $(PY) -m pytest -s $(PYTEST_ARGS) tests/store/test_hostile_node.py
+	SDSYNC_SOAK=1 $(PY) -m pytest -s $(PYTEST_ARGS) tests/store/test_hostile_node.py tests/store/test_public_pages.py
 	SDSYNC_SOAK=1 $(PY) -m pytest -s $(PYTEST_ARGS) tests/store/test_kill_acknowledged.py
 	SDSYNC_SOAK=1 $(PY) -m pytest -s $(PYTEST_ARGS) tests/web/test_node_restart.py
 	SDSYNC_SOAK=1 $(PY) -m pytest $(PYTEST_ARGS) tests/store/test_store_budgets_hostile.py \

@@ -9,7 +9,10 @@ connection or request from the proxy as the client's that the proxy names in
 
 Each test runs a real ``sdsync store serve`` (tests/storeprocess.py) attacked on
 loopback by the raw py-libp2p hosts of tests/store/test_hostile_node.py. The proxy is
-:class:`Proxy`, in this process; the client addresses it names are 127.0.0.x.
+:class:`Proxy`, in this process; the client addresses it names are 127.0.0.x. The two
+attacks (250 connections from 127.0.0.1; a greedy client behind a trusted proxy) are
+watched as test_hostile_node.py's rows are: an honest peer served throughout, the
+node's RSS growth bounded, and its RSS back within 50 MB of its start within 60 s.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from transporttest import PATIENCE_S, run
 
 from sdsync.errors import OptionError
 from sdsync.store.settings import plan_node
+from sdsync.testing.hostile import Watched, assert_given_back
+from sdsync.testing.proxy import Proxy
 from sdsync.transport.forwarded import client_ip
 from sdsync.transport.settings import ConnectionLimits
 from sdsync.waku.store.rpc import STORE_QUERY_PROTOCOL, StoreQueryResponse
@@ -45,6 +50,7 @@ from libp2p.crypto.ed25519 import create_new_key_pair  # noqa: E402
 from libp2p.peer.peerinfo import info_from_p2p_addr  # noqa: E402
 from test_hostile_node import (  # noqa: E402
     ATTACK_PATIENCE_S,
+    HOLD_RSS_BUDGET,
     HOLD_S,
     HONEST_QUERY,
     ONE_DIAL,
@@ -53,6 +59,9 @@ from test_hostile_node import (  # noqa: E402
     attack,
     node,
     refused_connections,
+    report,
+    settled,
+    watch,
 )
 
 from sdsync.transport import Libp2pTransport  # noqa: E402
@@ -189,14 +198,15 @@ def test_connections_from_loopback_are_held_to_the_per_ip_limit(tmp_path: Path) 
             await held(attackers, 2 * HELD, lambda: asyncio.sleep(HOLD_S), at_once=HELD)
 
         result = attack(store, hold, honest)
+        back = settled(store, result)
         refused = refused_per_ip(store)
-        print(
-            f"\n{attackers.connected}/{2 * HELD} held from 127.0.0.1, {refused:.0f} refused;"
-            f" {result}"
-        )
+        figures = f"{refused:.0f} per-IP; {attackers.connected}/{2 * HELD} held from 127.0.0.1"
+        report("loopback", result, figures, back)
         assert attackers.connected == PER_IP, attackers.failed
         assert refused == 2 * HELD - PER_IP
         assert_served(result)
+        assert result.rss_growth < HOLD_RSS_BUDGET, result
+        assert_given_back(back, result)
 
 
 def test_loopback_named_exempt_is_not_held_to_the_limit(tmp_path: Path) -> None:
@@ -210,53 +220,6 @@ def test_loopback_named_exempt_is_not_held_to_the_limit(tmp_path: Path) -> None:
 
 
 # -- libp2p over WebSocket, through a proxy
-
-
-class Proxy:
-    """A reverse proxy of WebSocket connections on 127.0.0.1, forwarding to ``upstream``
-    (host, port) from ``source``. Each of its ports stands for clients at one address
-    (:meth:`port_for`), which it appends to the upgrade request's X-Forwarded-For, as a
-    proxy appends the address it hears a client from: the test's clients cannot choose
-    their source address over py-libp2p's WebSocket transport."""
-
-    def __init__(self, upstream: tuple[str, int], source: str) -> None:
-        self.upstream, self.source = upstream, source
-        self._servers: list[asyncio.Server] = []
-        self._writers: list[asyncio.StreamWriter] = []
-
-    async def port_for(self, client: str) -> int:
-        server = await asyncio.start_server(functools.partial(self._forward, client), LOOPBACK, 0)
-        self._servers.append(server)
-        port: int = server.sockets[0].getsockname()[1]
-        return port
-
-    async def _forward(
-        self, client: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        self._writers.append(writer)
-        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
-            head = await reader.readuntil(b"\r\n\r\n")
-            up_reader, up_writer = await asyncio.open_connection(
-                *self.upstream, local_addr=(self.source, 0)
-            )
-            self._writers.append(up_writer)
-            up_writer.write(head[:-2] + f"X-Forwarded-For: {client}\r\n\r\n".encode())
-            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
-        writer.close()
-
-    async def close(self) -> None:
-        for server in self._servers:
-            server.close()
-        for writer in self._writers:
-            writer.close()
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    with contextlib.suppress(ConnectionError):
-        while chunk := await reader.read(65536):
-            writer.write(chunk)
-            await writer.drain()
-    writer.close()
 
 
 @contextlib.asynccontextmanager
@@ -292,10 +255,17 @@ WS_LISTEN = "/ip4/127.0.0.1/tcp/0/ws"
 WS_FLAGS = ("--relay-listen", WS_LISTEN)
 
 
-def test_a_websocket_peers_ip_is_its_socket_or_the_client_a_trusted_proxy_names() -> None:
+@pytest.mark.parametrize(
+    "listen", [[WS_LISTEN], ["/ip4/127.0.0.1/tcp/0", WS_LISTEN]], ids=["ws", "tcp+ws-one-port"]
+)
+def test_a_websocket_peers_ip_is_its_socket_or_the_client_a_trusted_proxy_names(
+    listen: list[str],
+) -> None:
     """What every per-IP budget of a peer asks (``peer_ip``: LightPush, relay bytes,
     store answers, Filter): a WebSocket peer had none at all (py-libp2p's connection
-    reports no address), so those budgets passed it by."""
+    reports no address), so those budgets passed it by. TCP and WebSocket on one port
+    are one socket, whose WebSocket upgrades py-libp2p makes itself (``--web``'s
+    default): there too (tests/web/test_page_behind_proxy.py found it)."""
 
     async def peer_ip(node: Libp2pTransport, address: str) -> str | None:
         async with Libp2pTransport(relay=False, listen=[WS_LISTEN]) as client:
@@ -307,13 +277,14 @@ def test_a_websocket_peers_ip_is_its_socket_or_the_client_a_trusted_proxy_names(
 
     async def scenario() -> None:
         limits = ConnectionLimits(trusted_proxies=frozenset({LOOPBACK}))
-        async with Libp2pTransport(relay=False, listen=[WS_LISTEN], limits=limits) as node:
-            forwarding = Proxy((LOOPBACK, int(node.listen_addrs[0].split("/")[4])), LOOPBACK)
+        async with Libp2pTransport(relay=False, listen=listen, limits=limits) as node:
+            ws = next(addr for addr in node.listen_addrs if "/ws/" in addr)
+            forwarding = Proxy((LOOPBACK, int(ws.split("/")[4])), LOOPBACK)
             try:
                 port = await forwarding.port_for("127.0.0.5")
                 proxied = f"/ip4/{LOOPBACK}/tcp/{port}/ws/p2p/{node.peer_id}"
                 assert await peer_ip(node, proxied) == "127.0.0.5"
-                assert await peer_ip(node, node.listen_addrs[0]) == LOOPBACK
+                assert await peer_ip(node, ws) == LOOPBACK
             finally:
                 await forwarding.close()
 
@@ -325,20 +296,38 @@ FORWARDED = 2 * PER_IP  # connections held for one forwarded client
 
 def test_a_trusted_proxys_clients_are_each_held_to_their_own_limit(tmp_path: Path) -> None:
     """Through a proxy at 127.0.0.1 named ``--trusted-proxy``: a client (127.0.0.5)
-    holds 5 connections of the 10 it tries, while another (127.0.0.6) is served. Before,
-    every WebSocket connection counted as one address: the other client was refused."""
+    holds 5 connections of the 10 it tries (each held HOLD_S), while another (127.0.0.6)
+    is served, once they are all held and on every probe meanwhile. Before, every
+    WebSocket connection counted as one address: the other client was refused."""
     with node(tmp_path, *WS_FLAGS, "--trusted-proxy", LOOPBACK) as store:
 
-        async def scenario() -> None:
+        async def scenario() -> tuple[Watched, ThroughProxy, ThroughProxy]:
             async with proxy(store, LOOPBACK) as forwarding:
                 greedy = ThroughProxy(store, await forwarding.port_for("127.0.0.5"))
                 other = ThroughProxy(store, await forwarding.port_for("127.0.0.6"))
-                await held(greedy, FORWARDED, lambda: honest_query(store, other))
-                assert greedy.connected == PER_IP, greedy.failed
-                assert other.connected == 1
 
-        asyncio.run(scenario())
-        assert refused_per_ip(store) == FORWARDED - PER_IP
+                async def while_held() -> None:
+                    await honest_query(store, other)
+                    await asyncio.sleep(HOLD_S)
+
+                async with watch(store, functools.partial(honest_query, store, other)) as seen:
+                    await held(greedy, FORWARDED, while_held)
+                return seen.result, greedy, other
+
+        result, greedy, other = asyncio.run(scenario())
+        back = settled(store, result)
+        refused = refused_per_ip(store)
+        figures = (
+            f"{refused:.0f} per-IP; {greedy.connected}/{FORWARDED} held for 127.0.0.5,"
+            f" {other.connected} for 127.0.0.6"
+        )
+        report("trusted proxy", result, figures, back)
+        assert greedy.connected == PER_IP, greedy.failed
+        assert other.connected >= result.probes + 1, other.failed
+        assert refused == FORWARDED - PER_IP
+        assert_served(result)
+        assert result.rss_growth < HOLD_RSS_BUDGET, result
+        assert_given_back(back, result)
 
 
 def test_forwarded_for_from_an_untrusted_address_is_not_believed(tmp_path: Path) -> None:

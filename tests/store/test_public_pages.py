@@ -3,19 +3,28 @@ are for anyone, so a loop of them from one address must neither make the node sc
 archive per request nor go on without bound. The archive is measured in the background
 (at most once per interval, whatever the request rate), and each address is held to the
 pages' rate (429 past it, with Retry-After); the token's holder is not counted, nor is
-another address."""
+another address.
+
+The first tests run the node in process, counting its archive's scans; the last runs a
+real ``sdsync store serve`` (tests/storeprocess.py) looped on from 127.0.0.2 while
+tests/store/test_hostile_node.py's honest peer probes, measuring the node's RSS and
+whether it gives back what the loop took."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 from storetest import TOKEN, make_messages, running
+from testdeps import require
 
 from sdsync.store import SqlArchive
-from sdsync.store.server import HttpLimits
+from sdsync.store.server import DEFAULT_PAGES_RATE, HttpLimits
+from sdsync.testing.hostile import assert_given_back, soak_scale
 from sdsync.waku.ratelimit import RateLimit
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -98,3 +107,82 @@ def test_the_page_shows_the_archive_as_measured_in_the_background(
             assert (await node.archive_summary()).messages == 12  # not measured per request
 
     asyncio.run(scenario())
+
+
+# -- on a real node, looped on from one address
+
+
+LOOP_S = soak_scale(15.0, 120.0)
+LOOPERS = 8  # requests in flight at once, from ATTACKER_IP
+#: In the window the node measures (a page that scanned it per request would read these).
+LOOP_ARCHIVE = soak_scale(50_000, 200_000)
+LOOP_RSS_BUDGET = 100 * 2**20
+PAGE_ROUTES = ("GET /status", "GET /metrics")
+
+
+def test_a_status_and_metrics_loop_on_a_real_node_is_paced_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    """Issue 38, attack 3 on a real node: LOOPERS clients at 127.0.0.2 ask for ``/status``
+    and ``/metrics`` in turn, as fast as they are answered, for LOOP_S, with LOOP_ARCHIVE
+    messages in the archive. Past the address's pace (``--http-pages-rate-limit``, 100 at
+    once, 10 a second) each is answered 429 and counted, while an honest peer is served
+    (a libp2p store query and ``/health`` from 127.0.0.1, ``/status`` and ``/metrics``
+    from 127.0.0.3); the node's RSS comes back within 50 MB of its start. With
+    ``--http-pages-rate-limit off`` none was refused (6,492 answered in 15 s)."""
+    # Here, not at the top: the tests above need no p2p extra.
+    require("sdsync.transport.libp2p", "needs the 'p2p' extra")
+    from test_hostile_node import (
+        ATTACKER_IP,
+        assert_served,
+        attack,
+        fill_sync_window,
+        honest_http_probe,
+        honest_probe,
+        node,
+        refused,
+        report,
+        settled,
+    )
+
+    with node(tmp_path) as store:
+        asyncio.run(fill_sync_window(store, LOOP_ARCHIVE))
+        codes: Counter[int] = Counter()
+
+        async def loop() -> None:
+            connector = aiohttp.TCPConnector(local_addr=(ATTACKER_IP, 0), limit=LOOPERS)
+            deadline = time.monotonic() + LOOP_S
+            async with aiohttp.ClientSession(store.url, connector=connector) as http:
+
+                async def looper() -> None:
+                    while time.monotonic() < deadline:
+                        for path in ("/status", "/metrics"):
+                            async with http.get(path) as answer:
+                                await answer.read()
+                                codes[answer.status] += 1
+
+                await asyncio.gather(*(looper() for _ in range(LOOPERS)))
+
+        async def probe() -> None:
+            await honest_probe(store)
+            await honest_http_probe(store, "/status", "/metrics")
+
+        started = time.monotonic()
+        result = attack(store, loop, probe)
+        elapsed = time.monotonic() - started
+        back = settled(store, result)
+        counted = sum(refused(store, route, "pages_rate_limited") for route in PAGE_ROUTES)
+        rate = DEFAULT_PAGES_RATE
+        report(
+            "pages",
+            result,
+            f"{counted:.0f} answered 429 ({dict(codes)} in {elapsed:.0f} s,"
+            f" {codes.total() / elapsed:.0f} a second)",
+            back,
+        )
+        assert set(codes) == {200, 429}, codes
+        assert codes[200] <= rate.volume + rate.per_s * elapsed + 1
+        assert counted == codes[429]
+        assert_served(result)
+        assert result.rss_growth < LOOP_RSS_BUDGET, result
+        assert_given_back(back, result)

@@ -21,6 +21,16 @@ generous budgets and liveness bounds it states, never against a measured speed.
 :func:`process_cpu_s` reads what CPU a process has used, for a test that sets what one
 kind of request costs the node against another's, both measured in the same run.
 
+Once an attack ends the node must give back what it took (:mod:`sdsync.store.memory`):
+:func:`given_back` reads the process's RSS every half second from then on, until it is
+within :data:`KEPT_BUDGET` of where it was before the attack or :data:`GIVE_BACK_S` have
+passed, and says what it last read and when (a :class:`GivenBack`), which
+:func:`assert_given_back` holds to the budget. Under ``SDSYNC_GIVE_BACK_WHOLE=1`` it
+reads on to the end of :data:`GIVE_BACK_S` whatever it reads first: the issue's figure,
+"RSS a minute after the attack" (``bench/hostile_attacks.py`` sets it).
+:func:`load_average` is the machine's 1-minute load average, printed beside every
+figure: the attacks share the CPU with whatever else runs.
+
 :func:`soak_scale` picks an attack's size: the small one for ``make test``, the large
 one under ``SDSYNC_SOAK=1`` (``make soak``). Linux only (``/proc``).
 """
@@ -38,7 +48,19 @@ from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
 
-__all__ = ["Watch", "Watched", "process_cpu_s", "process_rss", "soak_scale"]
+__all__ = [
+    "GIVE_BACK_S",
+    "KEPT_BUDGET",
+    "GivenBack",
+    "Watch",
+    "Watched",
+    "assert_given_back",
+    "given_back",
+    "load_average",
+    "process_cpu_s",
+    "process_rss",
+    "soak_scale",
+]
 
 T = TypeVar("T")
 _MB = 2**20
@@ -62,6 +84,11 @@ def process_cpu_s(pid: int) -> float:
     # /proc/PID/stat: the fields after the command's closing parenthesis, from state on.
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def load_average() -> float:
+    """The machine's load average over the last minute (/proc/loadavg)."""
+    return float(Path("/proc/loadavg").read_text().split()[0])
 
 
 def soak_scale(small: T, large: T) -> T:
@@ -180,3 +207,63 @@ class Watch:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.every_s):
                     await self._stop.wait()
+
+
+#: What an attack may leave the node holding once it ends: its RSS comes back within this
+#: of where it was before the attack (the issue's bound) ...
+KEPT_BUDGET = 50 * _MB
+#: ... within this of the attack's end (a liveness bound: the node looks at its memory
+#: every 5 s, and once more 30 s after a load, sdsync.store.memory).
+GIVE_BACK_S = 60.0
+
+
+@dataclass(frozen=True)
+class GivenBack:
+    """What :func:`given_back` read: RSS over where it was before the attack, in bytes,
+    ``after_s`` seconds after the attack's end; ``within_s``, when it first came within
+    the budget (None: not within ``GIVE_BACK_S``)."""
+
+    kept: int
+    after_s: float
+    within_s: float | None
+
+    def __str__(self) -> str:
+        came = "never" if self.within_s is None else f"{self.within_s:.1f} s"
+        return (
+            f"{self.kept / _MB:+.0f} MB kept {self.after_s:.0f} s after"
+            f" (within {KEPT_BUDGET / _MB:.0f} MB: {came})"
+        )
+
+
+def given_back(
+    pid: int,
+    rss_before: int,
+    *,
+    budget: int = KEPT_BUDGET,
+    within_s: float = GIVE_BACK_S,
+    poll_s: float = 0.5,
+) -> GivenBack:
+    """Process ``pid``'s RSS over ``rss_before``, read every ``poll_s`` from now (the
+    attack's end) until it is within ``budget`` or ``within_s`` has passed; under
+    ``SDSYNC_GIVE_BACK_WHOLE=1``, until ``within_s`` has passed (see the module)."""
+    whole = os.environ.get("SDSYNC_GIVE_BACK_WHOLE") == "1"
+    started = time.monotonic()
+    within: float | None = None
+    while True:
+        kept, after = process_rss(pid) - rss_before, time.monotonic() - started
+        if within is None and kept <= budget:
+            within = after
+            if not whole:
+                break
+        if after >= within_s:
+            break
+        time.sleep(poll_s)
+    return GivenBack(kept, after, within)
+
+
+def assert_given_back(back: GivenBack, watched: Watched) -> None:
+    """Raise AssertionError unless the node gave back what the attack ``watched`` saw took:
+    its RSS within :data:`KEPT_BUDGET` of where it was before (``back``, from
+    :func:`given_back`)."""
+    if back.kept > KEPT_BUDGET:
+        raise AssertionError(f"not given back: {back}; {watched}")
