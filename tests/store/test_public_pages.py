@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from storetest import TOKEN, make_messages, running
 from testdeps import require
 
@@ -120,6 +121,7 @@ LOOP_RSS_BUDGET = 100 * 2**20
 PAGE_ROUTES = ("GET /status", "GET /metrics")
 
 
+@pytest.mark.processes  # a real node, started through a name the marker's reading misses
 def test_a_status_and_metrics_loop_on_a_real_node_is_paced_and_leaves_nothing(
     tmp_path: Path,
 ) -> None:
