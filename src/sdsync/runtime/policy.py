@@ -111,9 +111,9 @@ class SyncTimer:
     With ``suppress`` a received sync first defers ours by one full interval.
 
     Unlike js-waku, a received sync never defers an acknowledgement we owe (the channel's
-    ``acknowledgements_owed``): once content arrived, our next sync is due by the time its
-    draw gave (``owed_ms``) until a message of ours goes out, or until messages of others
-    have named everything we owe in their causal histories (its senders heard those too).
+    ``acknowledgements_owed``): once we delivered content, the sync due then stays due
+    (``owed_ms``) until a message of ours goes out, or until messages of others have named
+    everything we owe in their causal histories (its senders heard those too).
     Otherwise, in a group whose others keep syncing, each of their syncs pushed ours back
     again, and a sender waited for its acknowledgement as long as they talked (issue 39: a
     chat that left before it was acknowledged) — and without the second way out, every
