@@ -36,21 +36,10 @@ from typing import Any
 from sdsync.sim.config import NetworkConfig, ProtocolConfig, SimConfig, WorkloadConfig
 from sdsync.sim.engine import Simulation
 
-SCENARIOS: dict[str, Callable[[int, bool], SimConfig]] = {
-    "group": lambda seed, defer: SimConfig(
-        seed=seed,
-        participants=50,
-        network=NetworkConfig(loss=0.3),
-        workload=WorkloadConfig(messages=2_000, duration_ms=60_000),
-        protocol=ProtocolConfig(defer_owed_acknowledgements=defer),
-    ),
-    "talk": lambda seed, defer: SimConfig(
-        seed=seed,
-        participants=3,
-        network=NetworkConfig(loss=0.1),
-        workload=WorkloadConfig(messages=60, duration_ms=600_000),
-        protocol=ProtocolConfig(defer_owed_acknowledgements=defer),
-    ),
+# Participants, independent loss, content messages, and the time they are spread over.
+SCENARIOS: dict[str, tuple[int, float, int, int]] = {
+    "group": (50, 0.3, 2_000, 60_000),
+    "talk": (3, 0.1, 60, 600_000),
 }
 POLICIES = {"ours": False, "js-waku": True}
 
@@ -76,8 +65,19 @@ def ack_delays_s(sim: Simulation) -> list[float]:
     return [(acked[m] - t) / 1000 for m, t in sent.items() if m in acked]
 
 
+def config(scenario: str, policy: str, seed: int) -> SimConfig:
+    participants, loss, messages, duration_ms = SCENARIOS[scenario]
+    return SimConfig(
+        seed=seed,
+        participants=participants,
+        network=NetworkConfig(loss=loss),
+        workload=WorkloadConfig(messages=messages, duration_ms=duration_ms),
+        protocol=ProtocolConfig(defer_owed_acknowledgements=POLICIES[policy]),
+    )
+
+
 def run_one(scenario: str, policy: str, seed: int) -> dict[str, Any]:
-    sim = Simulation(SCENARIOS[scenario](seed, POLICIES[policy]))
+    sim = Simulation(config(scenario, policy, seed))
     sim.run()
     summary = sim.recorder.summary()
     delays = ack_delays_s(sim)
@@ -98,7 +98,7 @@ def run_one(scenario: str, policy: str, seed: int) -> dict[str, Any]:
     }
 
 
-FIGURES = (
+FIGURES: tuple[tuple[str, str, Callable[[float], str]], ...] = (
     ("bytes_per_message", "bytes/msg", lambda v: f"{v / 1e6:.2f} MB"),
     ("syncs", "syncs", lambda v: f"{v:,.0f}"),
     ("ttc_p50_s", "TTC p50", lambda v: f"{v:.1f} s"),

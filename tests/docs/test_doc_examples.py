@@ -472,15 +472,21 @@ def test_every_command_is_in_a_tagged_block() -> None:
     assert not untagged, untagged
 
 
+def written(tmp_path: Path, text: str) -> list[Example]:
+    """The examples of a document ``doc.md`` holding ``text`` (the runner's own tests)."""
+    document = tmp_path / "doc.md"
+    document.write_text(text)
+    return examples(document)
+
+
 def test_the_runner_fails_a_failing_example(tmp_path: Path) -> None:
     """A doc example that fails is a failing test: a wrong exit, a missing output."""
-    document = tmp_path / "doc.md"
-    document.write_text(
+    first, second, third = written(
+        tmp_path,
         "<!-- docs-test: expect ^hello -->\n```sh\necho hello\n```\n"
         "<!-- docs-test: exit 3 -->\n```sh\nexit 3\n```\n"
-        "```python\nimport sys\nawait __import__('asyncio').sleep(0)\nsys.exit(2)\n```\n"
+        "```python\nimport sys\nawait __import__('asyncio').sleep(0)\nsys.exit(2)\n```\n",
     )
-    first, second, third = examples(document)
     playground = Playground.make(tmp_path / "p")
     assert re.search(first.expect[0], playground.run(first))
     playground.run(second)
@@ -490,13 +496,12 @@ def test_the_runner_fails_a_failing_example(tmp_path: Path) -> None:
 
 def test_a_value_printed_by_one_block_is_pasted_into_another(tmp_path: Path) -> None:
     """A named group of a serve regex captures; ``with`` pastes it over a placeholder."""
-    document = tmp_path / "doc.md"
-    document.write_text(
+    serve, paste = written(
+        tmp_path,
         "<!-- docs-test: serve ready on (?P<PORT>\\d+) -->\n"
         "```sh\necho ready on 4242; sleep 60\n```\n"
-        "<!-- docs-test: with 1234 = PORT;\n     expect ^:4242$ -->\n```sh\necho :1234\n```\n"
+        "<!-- docs-test: with 1234 = PORT;\n     expect ^:4242$ -->\n```sh\necho :1234\n```\n",
     )
-    serve, paste = examples(document)
     assert paste.paste == (("1234", "PORT"),) and paste.expect == ("^:4242$",)
     playground = Playground.make(tmp_path / "p")
     try:
@@ -509,12 +514,11 @@ def test_a_value_printed_by_one_block_is_pasted_into_another(tmp_path: Path) -> 
 def test_a_capture_that_never_comes_fails_naming_its_regex(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    document = tmp_path / "doc.md"
-    document.write_text(
+    ends, hangs = written(
+        tmp_path,
         "<!-- docs-test: serve listening on (?P<A>/ip4/\\S+) -->\n```sh\necho starting\n```\n"
-        "<!-- docs-test: serve listening on (?P<A>/ip4/\\S+) -->\n```sh\nsleep 60\n```\n"
+        "<!-- docs-test: serve listening on (?P<A>/ip4/\\S+) -->\n```sh\nsleep 60\n```\n",
     )
-    ends, hangs = examples(document)
     playground = Playground.make(tmp_path / "p")
     monkeypatch.setattr(sys.modules[__name__], "OUTPUT_TIMEOUT_S", 1.0)
     try:
@@ -527,12 +531,11 @@ def test_a_capture_that_never_comes_fails_naming_its_regex(
 
 
 def test_a_placeholder_not_in_the_block_or_a_value_not_captured_fails(tmp_path: Path) -> None:
-    document = tmp_path / "doc.md"
-    document.write_text(
+    elsewhere, uncaptured = written(
+        tmp_path,
         "<!-- docs-test: with /ip4/…/p2p/… = A -->\n```sh\necho /ip4/1.2.3.4/p2p/x\n```\n"
-        "<!-- docs-test: with /ip4/…/p2p/… = A -->\n```sh\necho /ip4/…/p2p/…\n```\n"
+        "<!-- docs-test: with /ip4/…/p2p/… = A -->\n```sh\necho /ip4/…/p2p/…\n```\n",
     )
-    elsewhere, uncaptured = examples(document)
     playground = Playground.make(tmp_path / "p")
     with pytest.raises(AssertionError, match="no '/ip4/…/p2p/…' in the block"):
         playground.run(elsewhere)
@@ -556,9 +559,7 @@ read line; echo "$line" > INBOX; cat{last}
 def test_terminals_run_each_command_with_what_is_typed_and_end_on_ctrl_d(tmp_path: Path) -> None:
     """Each command a process: terminal 2 starts with what terminal 1 printed pasted in,
     a line is typed into it, and both end at end of input."""
-    document = tmp_path / "doc.md"
-    document.write_text(SCENE.format(more="; expect got hello", last=""))
-    (scene,) = examples(document)
+    (scene,) = written(tmp_path, SCENE.format(more="; expect got hello", last=""))
     assert [step.verb for step in scene.steps] == ["wait", "type", "wait"]
     assert len(commands(scene.body)) == 2
     output = Playground.make(tmp_path / "p").run(scene)
@@ -569,14 +570,13 @@ def test_a_failing_terminal_fails_the_example(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A wrong exit, a wait that never matches, a server: each is checked."""
-    document = tmp_path / "doc.md"
-    document.write_text(
+    exits_3, never, server = written(
+        tmp_path,
         SCENE.format(more="", last="; exit 3")
         + SCENE.format(more="; terminal 2 wait never", last="")
         + "<!-- docs-test: terminal 1 serve up; terminal 2 wait done -->\n"
-        "```sh\necho up; sleep 60\necho done\n```\n"
+        "```sh\necho up; sleep 60\necho done\n```\n",
     )
-    exits_3, never, server = examples(document)
     playground = Playground.make(tmp_path / "p")
     with pytest.raises(AssertionError, match=r"terminal 2 exited 3, not 0"):
         playground.run(exits_3)
