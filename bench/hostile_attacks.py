@@ -50,6 +50,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from sdsync.testing.hostile import load_average
+
 ROOT = Path(__file__).resolve().parent.parent
 _MB = 2**20
 
@@ -82,8 +84,6 @@ class LoadSampler:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        from sdsync.testing.hostile import load_average
-
         while not self._stop.is_set():
             self.samples.append(load_average())
             self._stop.wait(1.0)
@@ -209,7 +209,7 @@ def main() -> int:
     reported = importlib.import_module("test_hostile_node").REPORTED
     print(
         f"{len(chosen)} attacks, {'soak' if args.soak else 'test'} sizes;"
-        f" load average at the start {Path('/proc/loadavg').read_text().split()[0]}",
+        f" load average at the start {load_average():.2f}",
         flush=True,
     )
     rows = []

@@ -22,7 +22,7 @@ import contextlib
 import functools
 import ipaddress
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -222,15 +222,10 @@ def test_loopback_named_exempt_is_not_held_to_the_limit(tmp_path: Path) -> None:
 # -- libp2p over WebSocket, through a proxy
 
 
-@contextlib.asynccontextmanager
-async def proxy(store: StoreProcess, source: str) -> AsyncIterator[Proxy]:
+def proxy(store: StoreProcess, source: str) -> Proxy:
     """A :class:`Proxy` to ``store``'s WebSocket listener, connecting from ``source``."""
     ws = next(addr for addr in store.relay_addrs if "/ws/" in addr)
-    forwarding = Proxy((LOOPBACK, int(ws.split("/")[4])), source)
-    try:
-        yield forwarding
-    finally:
-        await forwarding.close()
+    return Proxy((LOOPBACK, int(ws.split("/")[4])), source)
 
 
 class ThroughProxy(Attackers):
@@ -279,14 +274,11 @@ def test_a_websocket_peers_ip_is_its_socket_or_the_client_a_trusted_proxy_names(
         limits = ConnectionLimits(trusted_proxies=frozenset({LOOPBACK}))
         async with Libp2pTransport(relay=False, listen=listen, limits=limits) as node:
             ws = next(addr for addr in node.listen_addrs if "/ws/" in addr)
-            forwarding = Proxy((LOOPBACK, int(ws.split("/")[4])), LOOPBACK)
-            try:
+            async with Proxy((LOOPBACK, int(ws.split("/")[4])), LOOPBACK) as forwarding:
                 port = await forwarding.port_for("127.0.0.5")
                 proxied = f"/ip4/{LOOPBACK}/tcp/{port}/ws/p2p/{node.peer_id}"
                 assert await peer_ip(node, proxied) == "127.0.0.5"
                 assert await peer_ip(node, ws) == LOOPBACK
-            finally:
-                await forwarding.close()
 
     run(scenario)
 

@@ -235,29 +235,22 @@ class GivenBack:
         )
 
 
-def given_back(
-    pid: int,
-    rss_before: int,
-    *,
-    budget: int = KEPT_BUDGET,
-    within_s: float = GIVE_BACK_S,
-    poll_s: float = 0.5,
-) -> GivenBack:
-    """Process ``pid``'s RSS over ``rss_before``, read every ``poll_s`` from now (the
-    attack's end) until it is within ``budget`` or ``within_s`` has passed; under
-    ``SDSYNC_GIVE_BACK_WHOLE=1``, until ``within_s`` has passed (see the module)."""
+def given_back(pid: int, rss_before: int) -> GivenBack:
+    """Process ``pid``'s RSS over ``rss_before``, read every half second from now (the
+    attack's end) until it is within :data:`KEPT_BUDGET` or :data:`GIVE_BACK_S` have
+    passed; under ``SDSYNC_GIVE_BACK_WHOLE=1``, until they have passed (see the module)."""
     whole = os.environ.get("SDSYNC_GIVE_BACK_WHOLE") == "1"
     started = time.monotonic()
     within: float | None = None
     while True:
         kept, after = process_rss(pid) - rss_before, time.monotonic() - started
-        if within is None and kept <= budget:
+        if within is None and kept <= KEPT_BUDGET:
             within = after
             if not whole:
                 break
-        if after >= within_s:
+        if after >= GIVE_BACK_S:
             break
-        time.sleep(poll_s)
+        time.sleep(0.5)
     return GivenBack(kept, after, within)
 
 
